@@ -1,0 +1,720 @@
+"""Per-layer expert slot pools on the device, fed from an ``ExpertStore``.
+
+Each layer owns ``S`` slots. For every expert tensor name there is one device tensor shaped
+``[S, *shape]`` (e.g. ``gate_up [S, 2I, H]``), and a device ``int32`` map ``expert_to_slot``
+``[E]`` (``-1`` for experts that are not resident) that a grouped kernel can read. Both are
+written only through the cache's copy engine, in stream order:
+
+    wait(last use of the slot) -> map[old] = -1 -> copy tensors -> map[new] = slot -> readiness
+
+so ``map[e] == s`` on the device implies slot ``s`` holds expert ``e`` completely, and no slot
+is overwritten while a kernel recorded before its last-use event still reads it. Map updates
+are 4-byte copies from a constant host table, so they need neither a kernel nor a host sync.
+
+Verification uses ``acquire``: it yields *waves* of experts in readiness order (resident ones
+first, then each loaded expert as its copy completes); the consumer computes a wave and
+releases it (or simply asks for the next wave, which releases the previous one). Slots of
+queued or in-use experts are protected from eviction. When a layer needs more experts than it
+has slots, the released slots are reused for the remaining experts: more waves, never a
+deadlock.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+
+from specter_cache.cache_stats import CacheStats
+from specter_cache.copy_engine import (
+    CopyEngine,
+    CudaCopyEngine,
+    TransferEvent,
+    default_copy_engine,
+)
+from specter_cache.expert_store import ExpertStore
+from specter_cache.replacement_policy import ReplacementPolicy, make_policy
+
+
+class SlotInfo(NamedTuple):
+    """Host view of one slot.
+
+    Attributes:
+        expert: the expert held (or being loaded), ``-1`` for an empty slot.
+        ready: whether its load has completed (as far as the host can tell without blocking).
+        protected: how many queued or in-use claims protect it from eviction.
+    """
+
+    expert: int
+    ready: bool
+    protected: int
+
+
+class _LayerPool:
+    """Slots of one layer: device tensors plus the host bookkeeping that mirrors them."""
+
+    def __init__(self, store: ExpertStore, layer: int, slots: int, device: torch.device):
+        layout = store.layout(layer)
+        self.num_slots = slots
+        self.names = layout.names
+        self.tensors = {
+            name: torch.empty((slots, *spec.shape), dtype=spec.dtype, device=device)
+            for name, spec in layout.specs.items()
+        }
+        # Per-slot views, made once: the load path stays free of view construction.
+        self.slot_views = [[self.tensors[n][s] for n in self.names] for s in range(slots)]
+        self.expert_to_slot = torch.full((store.num_experts,), -1, dtype=torch.int32, device=device)
+        self.map_views = [self.expert_to_slot[e : e + 1] for e in range(store.num_experts)]
+        self.slot_expert = [-1] * slots
+        self.expert_slot: dict[int, int] = {}
+        self.ready: list[TransferEvent | None] = [None] * slots
+        self.last_use: list[TransferEvent | None] = [None] * slots
+        self.protect = [0] * slots
+        self.empty = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
+        self.prefetched: set[int] = set()  # loaded by prefetch, not yet used by an acquire
+        self.needed_window: set[int] = set()  # needed by acquires since take_needed()
+
+
+def _as_expert_list(experts: object, num_experts: int, where: str) -> list[int]:
+    """Unique expert ids in first-seen order, validated."""
+    if isinstance(experts, torch.Tensor):
+        if experts.dim() > 1:
+            experts = experts.reshape(-1)
+        # A device tensor costs one host sync here: the cache's bookkeeping is on the host.
+        # Callers on a hot path pass the host list they already have.
+        experts = experts.tolist()
+    elif hasattr(experts, "tolist") and not isinstance(experts, list | tuple | range):
+        experts = experts.tolist()
+    if isinstance(experts, int | str | bytes) or not isinstance(experts, Sequence):
+        raise TypeError(f"{where}: experts must be a sequence of ints, got {type(experts)}")
+    out: dict[int, None] = {}
+    for e in experts:
+        if not isinstance(e, int) or isinstance(e, bool) or not 0 <= e < num_experts:
+            raise ValueError(f"{where}: expert ids must be ints in [0, {num_experts}), got {e!r}")
+        out[e] = None
+    return list(out)
+
+
+class Wave:
+    """A group of ready experts of one layer, handed to the consumer by ``acquire``.
+
+    Attributes:
+        layer: the layer.
+        experts: expert ids of the wave (ready: the consumer's compute stream already waits
+            for their copies).
+        slots: their slots, aligned with ``experts``.
+    """
+
+    __slots__ = ("_acquisition", "_released", "experts", "layer", "slots")
+
+    def __init__(self, acquisition: Acquisition, experts: tuple[int, ...], slots: tuple[int, ...]):
+        self._acquisition = acquisition
+        self.layer = acquisition.layer
+        self.experts = experts
+        self.slots = slots
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        """Whether the wave's slots have been released."""
+        return self._released
+
+    def release(self) -> None:
+        """Record a last-use event on the current stream and unprotect the wave's slots.
+
+        Call it after enqueueing the work that reads the slots. Idempotent.
+        """
+        if not self._released:
+            self._acquisition._release(self)
+
+    def __repr__(self) -> str:
+        return f"Wave(layer={self.layer}, experts={list(self.experts)}, slots={list(self.slots)})"
+
+
+class Acquisition:
+    """One layer's needed experts, handed out in waves (see ``ExpertCache.acquire``).
+
+    Iterate it once. Asking for the next wave releases the waves handed out before; leaving
+    the loop (normally, by ``break`` or by an exception) releases everything still held.
+
+    Attributes:
+        layer: the layer.
+        experts: the needed experts, unique, in the order given.
+        hits: those resident or in flight when the acquisition started.
+        misses: those it had to load.
+    """
+
+    def __init__(self, cache: ExpertCache, layer: int, experts: object):
+        self._cache = cache
+        self.layer = layer
+        pool = cache._pools[layer]
+        st = cache._stats.layers[layer]
+        policy = cache._policy
+        needed = _as_expert_list(experts, cache.num_experts, f"acquire(layer={layer})")
+        self.experts = tuple(needed)
+        self.hits = tuple(e for e in needed if e in pool.expert_slot)
+        self.misses = tuple(e for e in needed if e not in pool.expert_slot)
+        st.acquires += 1
+        st.hits += len(self.hits)
+        st.misses += len(self.misses)
+        if len(needed) > pool.num_slots:
+            st.overflow_acquires += 1
+        for e in needed:
+            if e in pool.prefetched:
+                pool.prefetched.discard(e)
+                st.prefetch_used += 1
+        pool.needed_window.update(needed)
+        self._ready: list[tuple[int, int]] = []
+        self._pending: list[tuple[int, int, TransferEvent]] = []
+        for e in self.hits:
+            self._claim(e, pool.expert_slot[e])
+            policy.on_access(layer, e)
+        self._unissued = deque(self.misses)
+        self._outstanding: list[Wave] = []
+        self._closed = False
+        self._iterated = False
+        self._issue()
+
+    # ------------------------------------------------------------------------- internals
+    def _claim(self, expert: int, slot: int) -> None:
+        pool = self._cache._pools[self.layer]
+        pool.protect[slot] += 1
+        ev = pool.ready[slot]
+        if ev is not None and ev.query():
+            pool.ready[slot] = ev = None  # complete: never query it again
+        if ev is None:
+            self._ready.append((expert, slot))
+        else:
+            self._pending.append((expert, slot, ev))
+
+    def _issue(self) -> None:
+        """Load as many unissued misses as there are evictable slots."""
+        if not self._unissued:
+            return
+        cache, layer = self._cache, self.layer
+        pool = cache._pools[layer]
+        st = cache._stats.layers[layer]
+        engine = cache._engine
+        nbytes = cache._store.expert_bytes(layer)
+        started = time.perf_counter() if engine.is_synchronous else None
+        with engine.copy_context():
+            while self._unissued:
+                e = self._unissued[0]
+                if e in pool.expert_slot:  # loaded meanwhile by a prefetch or another acquire
+                    self._unissued.popleft()
+                    self._claim(e, pool.expert_slot[e])
+                    continue
+                slot = cache._free_slot(layer, ())
+                if slot is None:
+                    break
+                self._unissued.popleft()
+                cache._load(layer, e, slot)
+                cache._policy.on_access(layer, e)
+                pool.protect[slot] += 1
+                self._pending.append((e, slot, pool.ready[slot]))  # type: ignore[arg-type]
+                st.demand_loads += 1
+                st.demand_bytes += nbytes
+                st.bytes_moved += nbytes
+        if started is not None:
+            # Synchronous CPU copies: the consumer waits for them right here.
+            st.stall_seconds += time.perf_counter() - started
+
+    def _next_wave(self) -> Wave | None:
+        if not self._ready:
+            self._issue()
+            if not self._pending:
+                if self._unissued:
+                    raise RuntimeError(
+                        f"acquire(layer={self.layer}): {len(self._unissued)} experts still "
+                        f"need a slot, but all {self._cache._pools[self.layer].num_slots} slots "
+                        "are protected by other open acquisitions of this layer; release or "
+                        "close those first"
+                    )
+                return None
+            done: list[tuple[int, int, TransferEvent]] = []
+            rest: list[tuple[int, int, TransferEvent]] = []
+            for item in self._pending:
+                (done if item[2].query() else rest).append(item)
+            if not done:
+                # Nothing has arrived: the compute stream waits for the earliest copy.
+                first = rest.pop(0)
+                self._cache._wait(self.layer, first[2])
+                done = [first]
+            self._pending = rest
+            self._ready = [(e, s) for e, s, _ in done]
+        experts = tuple(e for e, _ in self._ready)
+        slots = tuple(s for _, s in self._ready)
+        self._ready = []
+        return Wave(self, experts, slots)
+
+    def _release(self, wave: Wave) -> None:
+        pool = self._cache._pools[self.layer]
+        last_use = self._cache._engine.record_compute()
+        for s in wave.slots:
+            pool.last_use[s] = last_use
+            pool.protect[s] -= 1
+        wave._released = True
+        self._outstanding.remove(wave)
+
+    def _waves(self) -> Iterator[Wave]:
+        st = self._cache._stats.layers[self.layer]
+        try:
+            while True:
+                wave = self._next_wave()
+                if wave is None:
+                    return
+                self._outstanding.append(wave)
+                st.waves += 1
+                yield wave
+                # Asking for the next wave means the previous ones have been enqueued.
+                for w in list(self._outstanding):
+                    w.release()
+        finally:
+            self.close()
+
+    # ---------------------------------------------------------------------------- public
+    def __iter__(self) -> Iterator[Wave]:
+        if self._iterated:
+            raise RuntimeError("an Acquisition can be iterated only once; acquire again")
+        self._iterated = True
+        return self._waves()
+
+    @property
+    def closed(self) -> bool:
+        """Whether every claim of the acquisition has been released."""
+        return self._closed
+
+    def close(self) -> None:
+        """Release every wave and claim still held; unissued loads are dropped. Idempotent."""
+        if self._closed:
+            return
+        for w in list(self._outstanding):
+            w.release()
+        pool = self._cache._pools[self.layer]
+        for _, s in self._ready:
+            pool.protect[s] -= 1
+        for _, s, _ in self._pending:
+            pool.protect[s] -= 1
+        self._ready, self._pending = [], []
+        self._unissued.clear()
+        self._closed = True
+
+    def __enter__(self) -> Acquisition:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ExpertCache:
+    """Device slot pools for the experts of an ``ExpertStore``.
+
+    Args:
+        store: host copy of every expert.
+        slots_per_layer: slots per layer, one int for all layers or one per layer, each in
+            ``[1, E]``.
+        budget_bytes: alternatively, device bytes for all slots: every layer gets
+            ``min(E, budget_bytes // sum of one expert's bytes over layers)`` slots.
+        device: ``"cuda"`` (a copy stream, events) or ``"cpu"`` (synchronous copies).
+        policy: ``"lru"``, ``"lfu"``, ``"predictive"`` or a ``ReplacementPolicy`` instance.
+        copy_engine: override the copy engine (e.g. ``DeferredCopyEngine`` in CPU tests).
+
+    Raises:
+        ValueError: both or neither of ``slots_per_layer`` and ``budget_bytes``, a slot count
+            outside ``[1, E]``, a budget below one expert per layer, or an unsupported device.
+        TypeError: ``store`` is not an ``ExpertStore``.
+
+    Example:
+        >>> layout = ExpertLayout({"w": ((4, 4), torch.float32)})
+        >>> store = ExpertStore(1, 8, layout)
+        >>> for e in range(8):
+        ...     store.put(0, e, {"w": torch.full((4, 4), float(e))})
+        >>> cache = ExpertCache(store, slots_per_layer=2, device="cpu")
+        >>> for wave in cache.acquire(0, [3, 5, 7]):  # 3 experts, 2 slots: several waves
+        ...     w = cache.slot_tensors(0)["w"][list(wave.slots)]
+        >>> cache.stats()["total"]["misses"]
+        3
+    """
+
+    def __init__(
+        self,
+        store: ExpertStore,
+        *,
+        slots_per_layer: int | Sequence[int] | None = None,
+        budget_bytes: int | None = None,
+        device: torch.device | str = "cuda",
+        policy: str | ReplacementPolicy = "lru",
+        copy_engine: CopyEngine | None = None,
+    ):
+        if not isinstance(store, ExpertStore):
+            raise TypeError(f"store must be an ExpertStore, got {type(store).__name__}")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        L, E = store.num_layers, store.num_experts
+        slots = self._resolve_slots(store, slots_per_layer, budget_bytes)
+        engine = copy_engine if copy_engine is not None else default_copy_engine(device)
+        if engine.device.type != device.type:
+            raise ValueError(f"copy engine moves to {engine.device}, the cache is on {device}")
+        if device.type == "cuda" and not store.is_pinned:
+            warnings.warn(
+                "ExpertStore memory is not pinned: host-to-device copies will not overlap "
+                f"compute ({store.pinning_note})",
+                stacklevel=2,
+            )
+        self._store = store
+        self._device = device
+        self._engine = engine
+        self._policy = make_policy(policy)
+        self._policy.reset(L, E)
+        self._pools = [_LayerPool(store, layer, slots[layer], device) for layer in range(L)]
+        # Constant slot-id table the map updates copy from: entry s + 1 holds s, entry 0 holds -1.
+        ids = torch.arange(-1, max(slots), dtype=torch.int32)
+        if device.type == "cuda" and store.is_pinned:
+            ids = ids.pin_memory()
+        self._slot_ids = ids
+        self._slot_id_views = [ids[i : i + 1] for i in range(len(ids))]
+        self._stats = CacheStats(L)
+        self._stall_events: list[tuple[int, TransferEvent, TransferEvent]] = []
+        self._transfers: list[tuple[int, TransferEvent, TransferEvent]] = []
+
+    @staticmethod
+    def _resolve_slots(
+        store: ExpertStore, slots_per_layer: int | Sequence[int] | None, budget_bytes: int | None
+    ) -> list[int]:
+        L, E = store.num_layers, store.num_experts
+        if (slots_per_layer is None) == (budget_bytes is None):
+            raise ValueError("give exactly one of slots_per_layer and budget_bytes")
+        if budget_bytes is not None:
+            per_slot = sum(store.expert_bytes(layer) for layer in range(L))
+            if not isinstance(budget_bytes, int) or budget_bytes < per_slot:
+                raise ValueError(
+                    f"budget_bytes={budget_bytes!r} is below one slot per layer "
+                    f"({per_slot} bytes); give at least that"
+                )
+            return [min(E, budget_bytes // per_slot)] * L
+        if isinstance(slots_per_layer, int):
+            slots = [slots_per_layer] * L
+        else:
+            slots = list(slots_per_layer)  # type: ignore[arg-type]
+            if len(slots) != L:
+                raise ValueError(f"slots_per_layer needs {L} entries (one per layer), got {slots}")
+        for s in slots:
+            if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= E:
+                raise ValueError(f"slots per layer must be ints in [1, {E}], got {s!r}")
+        return slots
+
+    # -------------------------------------------------------------------------- properties
+    @property
+    def store(self) -> ExpertStore:
+        """The host store."""
+        return self._store
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the slots."""
+        return self._device
+
+    @property
+    def copy_engine(self) -> CopyEngine:
+        """The engine that moves experts (its stream on CUDA)."""
+        return self._engine
+
+    @property
+    def policy(self) -> ReplacementPolicy:
+        """The replacement policy."""
+        return self._policy
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers ``L``."""
+        return self._store.num_layers
+
+    @property
+    def num_experts(self) -> int:
+        """Experts per layer ``E``."""
+        return self._store.num_experts
+
+    @property
+    def slots_per_layer(self) -> tuple[int, ...]:
+        """Slots of each layer."""
+        return tuple(p.num_slots for p in self._pools)
+
+    @property
+    def device_bytes(self) -> int:
+        """Device bytes of all slot tensors (the maps excluded)."""
+        return sum(
+            p.num_slots * self._store.expert_bytes(layer) for layer, p in enumerate(self._pools)
+        )
+
+    def slot_tensors(self, layer: int) -> dict[str, torch.Tensor]:
+        """name -> ``[S, *shape]`` device tensor of ``layer``'s slots (do not reassign)."""
+        return self._pools[self._check_layer(layer)].tensors
+
+    def expert_to_slot(self, layer: int) -> torch.Tensor:
+        """``[E]`` int32 device map of ``layer``: slot of each expert, ``-1`` if not resident.
+
+        Kept current in copy-stream order: an entry ``map[e] = s`` appears only after slot
+        ``s`` holds ``e`` completely. Only the experts of a wave are guaranteed ready for the
+        compute stream.
+        """
+        return self._pools[self._check_layer(layer)].expert_to_slot
+
+    def slot_states(self, layer: int) -> list[SlotInfo]:
+        """Host view of every slot of ``layer`` (for inspection and tests)."""
+        pool = self._pools[self._check_layer(layer)]
+        return [
+            SlotInfo(e, pool.ready[s] is None or pool.ready[s].query(), pool.protect[s])  # type: ignore[union-attr]
+            for s, e in enumerate(pool.slot_expert)
+        ]
+
+    def resident_experts(self, layer: int) -> list[int]:
+        """Experts of ``layer`` that hold a slot (loaded or in flight), by slot order."""
+        return [e for e in self._pools[self._check_layer(layer)].slot_expert if e >= 0]
+
+    def slot_of(self, layer: int, expert: int) -> int:
+        """Slot of ``expert`` (loaded or in flight), ``-1`` if it is not resident."""
+        pool = self._pools[self._check_layer(layer)]
+        return pool.expert_slot.get(expert, -1)
+
+    # ------------------------------------------------------------------------------ queries
+    def lookup(self, layer: int, experts: object) -> tuple[list[int], list[int]]:
+        """Split ``experts`` of ``layer`` into (resident or in flight, missing).
+
+        Args:
+            experts: expert ids (duplicates removed, first-seen order kept).
+
+        Returns:
+            ``(resident, missing)`` lists of expert ids.
+        """
+        pool = self._pools[self._check_layer(layer)]
+        ids = _as_expert_list(experts, self.num_experts, f"lookup(layer={layer})")
+        return [e for e in ids if e in pool.expert_slot], [
+            e for e in ids if e not in pool.expert_slot
+        ]
+
+    # ----------------------------------------------------------------------------- loading
+    def set_plan(self, plan: Mapping[int, Sequence[int]]) -> None:
+        """Hand the planner's ranked per-layer plan to the policy (the predictive one uses it)."""
+        self._policy.set_plan(self._check_plan(plan))
+
+    def prefetch(self, plan: Mapping[int, Sequence[int]]) -> dict[int, list[int]]:
+        """Start loading the planned experts that are not resident, asynchronously.
+
+        Per layer, experts are taken in plan order (most wanted first); each load evicts a
+        policy-chosen expert that is neither protected nor in the layer's plan. When no slot can
+        be freed the rest of that layer's plan is dropped (counted as ``prefetch_dropped``).
+
+        Args:
+            plan: ``layer -> ranked expert ids``.
+
+        Returns:
+            ``layer -> experts whose loads were issued`` (each with a readiness event).
+        """
+        checked = self._check_plan(plan)
+        engine = self._engine
+        issued: dict[int, list[int]] = {}
+        batch_bytes = 0
+        start: TransferEvent | None = None
+        with engine.copy_context():
+            for layer, experts in checked.items():
+                pool = self._pools[layer]
+                st = self._stats.layers[layer]
+                planned = set(experts)
+                loaded: list[int] = []
+                for i, e in enumerate(experts):
+                    if e in pool.expert_slot:
+                        continue
+                    slot = self._free_slot(layer, planned)
+                    if slot is None:
+                        st.prefetch_dropped += sum(
+                            1 for x in experts[i:] if x not in pool.expert_slot
+                        )
+                        break
+                    if start is None:
+                        # Time the batch from its first copy, not from waits on compute.
+                        engine.wait_for(pool.last_use[slot])
+                        start = engine.record(timing=True)
+                    self._load(layer, e, slot)
+                    pool.prefetched.add(e)
+                    loaded.append(e)
+                nbytes = len(loaded) * self._store.expert_bytes(layer)
+                st.prefetch_loads += len(loaded)
+                st.prefetch_bytes += nbytes
+                st.bytes_moved += nbytes
+                batch_bytes += nbytes
+                issued[layer] = loaded
+            if start is not None:
+                self._transfers.append((batch_bytes, start, engine.record(timing=True)))
+        return issued
+
+    def acquire(self, layer: int, experts: object) -> Acquisition:
+        """Claim ``experts`` of ``layer`` for computation; iterate the result for waves.
+
+        Needed experts that are resident are protected at once; missing ones are loaded into
+        evictable slots (more as waves are released). Waves come in readiness order: the
+        resident experts first, then loaded ones as their copies complete (the current compute
+        stream waits on each copy's readiness event; the host does not block).
+
+        Args:
+            layer: the layer.
+            experts: the experts needed (ids; duplicates removed). A device tensor costs one
+                host sync.
+
+        Returns:
+            An ``Acquisition``: ``for wave in cache.acquire(layer, experts): ...``.
+
+        Raises:
+            ValueError: bad layer or expert ids.
+        """
+        return Acquisition(self, self._check_layer(layer), experts)
+
+    def expire_prefetches(self) -> int:
+        """End the prefetch window: prefetched experts not used so far count as wasted.
+
+        Returns:
+            How many prefetched experts were never used.
+        """
+        wasted = 0
+        for pool, st in zip(self._pools, self._stats.layers, strict=True):
+            st.prefetch_wasted += len(pool.prefetched)
+            wasted += len(pool.prefetched)
+            pool.prefetched.clear()
+        return wasted
+
+    def take_needed(self) -> dict[int, set[int]]:
+        """Experts needed by acquires since the last call, per layer (then forgotten)."""
+        out = {layer: p.needed_window for layer, p in enumerate(self._pools) if p.needed_window}
+        for p in self._pools:
+            p.needed_window = set()
+        return out
+
+    def synchronize(self) -> None:
+        """Block the host until every issued copy has completed."""
+        self._engine.synchronize()
+
+    # ------------------------------------------------------------------------- statistics
+    def completed_transfers(self) -> list[tuple[int, float]]:
+        """``(bytes, seconds)`` of prefetch batches completed since the last call.
+
+        Never blocks: batches still in flight are kept for a later call.
+        """
+        done, keep = [], []
+        for item in self._transfers:
+            (done if item[2].query() else keep).append(item)
+        self._transfers = keep
+        return [(n, start.elapsed_seconds(end)) for n, start, end in done]
+
+    def _resolve_stalls(self, block: bool) -> None:
+        keep = []
+        for layer, start, end in self._stall_events:
+            if block or end.query():
+                self._stats.layers[layer].stall_seconds += start.elapsed_seconds(end)
+            else:
+                keep.append((layer, start, end))
+        self._stall_events = keep
+
+    def stats(self) -> dict[str, object]:
+        """Counters per layer and in total, with rates (see ``cache_stats``).
+
+        On CUDA this waits for the stall-timing events it reads (a host sync): call it
+        outside the decode loop.
+        """
+        self._resolve_stalls(block=True)
+        out = self._stats.as_dict()
+        out["slots_per_layer"] = list(self.slots_per_layer)
+        out["device_bytes"] = self.device_bytes
+        out["policy"] = self._policy.name
+        return out
+
+    def reset_stats(self) -> None:
+        """Zero every counter (pending stall timings are dropped)."""
+        self._stall_events.clear()
+        self._stats.reset()
+
+    # --------------------------------------------------------------------------- internals
+    def _check_layer(self, layer: object) -> int:
+        if (
+            not isinstance(layer, int)
+            or isinstance(layer, bool)
+            or not 0 <= layer < self.num_layers
+        ):
+            raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
+        return layer
+
+    def _check_plan(self, plan: Mapping[int, Sequence[int]]) -> dict[int, list[int]]:
+        if not isinstance(plan, Mapping):
+            raise TypeError(f"a plan maps layer -> expert ids, got {type(plan).__name__}")
+        return {
+            self._check_layer(layer): _as_expert_list(
+                experts, self.num_experts, f"plan[layer {layer}]"
+            )
+            for layer, experts in plan.items()
+        }
+
+    def _free_slot(self, layer: int, keep: Sequence[int] | set[int]) -> int | None:
+        """An empty slot, or the slot of a policy-chosen evictable expert not in ``keep``."""
+        pool = self._pools[layer]
+        if pool.empty:
+            return pool.empty.pop()
+        candidates = [
+            e for s, e in enumerate(pool.slot_expert) if pool.protect[s] == 0 and e not in keep
+        ]
+        if not candidates:
+            return None
+        victim = self._policy.choose_victim(layer, candidates)
+        if victim not in candidates:
+            raise RuntimeError(
+                f"policy {self._policy.name!r} chose expert {victim!r} in layer {layer}, which "
+                f"is not one of the evictable candidates {candidates}"
+            )
+        return pool.expert_slot[victim]
+
+    def _load(self, layer: int, expert: int, slot: int) -> None:
+        """Enqueue loading ``expert`` into ``slot`` (inside ``copy_context``)."""
+        pool = self._pools[layer]
+        engine = self._engine
+        old = pool.slot_expert[slot]
+        if old >= 0:
+            del pool.expert_slot[old]
+            self._policy.on_evict(layer, old)
+            st = self._stats.layers[layer]
+            st.evictions += 1
+            if old in pool.prefetched:
+                pool.prefetched.discard(old)
+                st.prefetch_wasted += 1
+        src = self._store.get(layer, expert)
+        engine.wait_for(pool.last_use[slot])
+        if old >= 0:
+            engine.copy(pool.map_views[old], self._slot_id_views[0])
+        for dst, name in zip(pool.slot_views[slot], pool.names, strict=True):
+            engine.copy(dst, src[name])
+        engine.copy(pool.map_views[expert], self._slot_id_views[slot + 1])
+        pool.ready[slot] = engine.record()
+        pool.slot_expert[slot] = expert
+        pool.expert_slot[expert] = slot
+        self._policy.on_insert(layer, expert)
+
+    def _wait(self, layer: int, event: TransferEvent) -> None:
+        """Make the compute stream wait for ``event``, timing the stall."""
+        if isinstance(self._engine, CudaCopyEngine):
+            start = self._engine.record_compute(timing=True)
+            event.wait()
+            self._stall_events.append((layer, start, self._engine.record_compute(timing=True)))
+            if len(self._stall_events) > 1024:
+                self._resolve_stalls(block=False)
+        else:
+            started = time.perf_counter()
+            event.wait()
+            self._stats.layers[layer].stall_seconds += time.perf_counter() - started
+
+    def __repr__(self) -> str:
+        return (
+            f"ExpertCache(layers={self.num_layers}, slots={list(self.slots_per_layer)}, "
+            f"device={self._device}, policy={self._policy.name!r}, "
+            f"device_bytes={self.device_bytes / 1e9:.3f} GB)"
+        )

@@ -1,0 +1,225 @@
+"""The speculation observer: routing counter, prefetch planner and expert cache, tied together.
+
+A speculative-decoding controller (e.g. specter-spec's) calls four methods on the object it
+is given, by duck typing:
+
+* ``on_draft_start(depth)``: a draft of ``depth`` tokens begins; counters are cleared.
+* ``on_draft_token(index)``: draft token ``index`` (0-based) is produced; during its forward
+  the model's MoE layers called ``counter.observe(layer, topk_ids)``. At a chunk boundary the
+  counters are snapshotted (one small device-to-host copy), the plan goes to the cache's policy
+  and the non-resident planned experts are prefetched on the copy stream.
+* ``on_verify_start(num_tokens)``: drafting is over; if still predicting, one last snapshot and
+  prefetch, then the counters are cleared.
+* ``on_verify_end(num_accepted)``: the window closes; prefetched experts the target did not use
+  count as wasted; the planned experts are scored against those the target needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specter_cache.copy_engine import TransferEvent
+from specter_cache.expert_cache import ExpertCache
+from specter_cache.prefetch_planner import PlannerPhase, PrefetchPlanner
+from specter_cache.routing_counter import RoutingCounter
+
+
+class SpeculativePrefetcher:
+    """Implements the speculation observer protocol on top of an ``ExpertCache``.
+
+    Args:
+        cache: the target's expert cache.
+        counter: the draft's routing counters (same ``L`` and ``E`` as the cache).
+        planner: the prefetch planner (default: ``PrefetchPlanner()``).
+        top_m: experts planned per layer at a snapshot; default: the cache's slots per layer.
+
+    Raises:
+        ValueError: counter and cache disagree on ``L`` or ``E``.
+
+    Example:
+        >>> prefetcher = SpeculativePrefetcher(cache, RoutingCounter(L, E, "cpu"))  # doctest: +SKIP
+        >>> prefetcher.on_draft_start(depth=8)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        cache: ExpertCache,
+        counter: RoutingCounter,
+        planner: PrefetchPlanner | None = None,
+        *,
+        top_m: int | Sequence[int] | None = None,
+    ):
+        if (counter.num_layers, counter.num_experts) != (cache.num_layers, cache.num_experts):
+            raise ValueError(
+                f"RoutingCounter is [{counter.num_layers}, {counter.num_experts}] but the cache "
+                f"has {cache.num_layers} layers of {cache.num_experts} experts"
+            )
+        self.cache = cache
+        self.counter = counter
+        self.planner = planner or PrefetchPlanner()
+        if top_m is None:
+            self.top_m: list[int] = list(cache.slots_per_layer)
+        elif isinstance(top_m, int):
+            self.top_m = [top_m] * cache.num_layers
+        else:
+            self.top_m = list(top_m)
+        if len(self.top_m) != cache.num_layers or any(
+            not isinstance(m, int) or m < 1 for m in self.top_m
+        ):
+            raise ValueError(f"top_m must be a positive int or one per layer, got {top_m!r}")
+        self._tokens_done = 0
+        self._drafting = False
+        self._markers: list[TransferEvent] = []
+        self._timed_upto = 0
+        self._planned: list[set[int]] = [set() for _ in range(cache.num_layers)]
+        self.reset_stats()
+
+    # ------------------------------------------------------------------ observer protocol
+    def on_draft_start(self, depth: int) -> None:
+        """A draft of ``depth`` tokens begins (cold start).
+
+        Raises:
+            ValueError: ``depth`` is not a non-negative int.
+        """
+        self.planner.begin_draft(depth)
+        self.counter.clear()
+        self._tokens_done = 0
+        self._drafting = True
+        self._planned = [set() for _ in range(self.cache.num_layers)]
+        self._markers = [self.cache.copy_engine.record_compute(timing=True)]
+        self._timed_upto = 0
+        self._stats["drafts"] += 1
+
+    def on_draft_token(self, index: int) -> None:
+        """Draft token ``index`` (0-based) has been produced; maybe a chunk boundary.
+
+        Raises:
+            RuntimeError: no draft was started.
+            ValueError: ``index`` is not the next token of the draft.
+        """
+        if not self._drafting:
+            raise RuntimeError("on_draft_token() before on_draft_start(); start a draft first")
+        if index != self._tokens_done:
+            raise ValueError(
+                f"draft token index {index!r} out of order: expected {self._tokens_done} "
+                "(indices are 0-based and consecutive within a draft)"
+            )
+        self._tokens_done += 1
+        self._stats["draft_tokens"] += 1
+        self._markers.append(self.cache.copy_engine.record_compute(timing=True))
+        if self.planner.is_boundary(self._tokens_done):
+            self._boundary(drafting_done=False)
+
+    def on_verify_start(self, num_tokens: int) -> None:
+        """Verification of ``num_tokens`` rows begins: final snapshot if still predicting.
+
+        Raises:
+            ValueError: ``num_tokens`` is not a positive int.
+        """
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+        if self._drafting and self.planner.predicting and self._tokens_done > 0:
+            self._boundary(drafting_done=True)
+        self.planner.end_draft()
+        self.counter.clear()
+        self._drafting = False
+        self.cache.take_needed()  # the window of needed experts starts now
+        self._stats["verifications"] += 1
+
+    def on_verify_end(self, num_accepted: int) -> None:
+        """Verification is over: score the plan, expire unused prefetches.
+
+        Raises:
+            ValueError: ``num_accepted`` is not a non-negative int.
+        """
+        if not isinstance(num_accepted, int) or isinstance(num_accepted, bool) or num_accepted < 0:
+            raise ValueError(f"num_accepted must be a non-negative int, got {num_accepted!r}")
+        needed = self.cache.take_needed()
+        st = self._stats
+        for layer, planned in enumerate(self._planned):
+            used = needed.get(layer, set())
+            st["planned_experts"] += len(planned)
+            st["needed_experts"] += len(used)
+            st["planned_and_needed"] += len(planned & used)
+        self._planned = [set() for _ in range(self.cache.num_layers)]
+        self.cache.expire_prefetches()
+        st["accepted_tokens"] += num_accepted
+
+    # ------------------------------------------------------------------------- internals
+    def _feed_measurements(self) -> None:
+        for nbytes, seconds in self.cache.completed_transfers():
+            self.planner.observe_bandwidth(nbytes, seconds)
+        # Per-token draft time from the newest completed marker (never blocks).
+        for j in range(len(self._markers) - 1, self._timed_upto, -1):
+            if self._markers[j].query():
+                start = self._markers[self._timed_upto]
+                seconds = start.elapsed_seconds(self._markers[j])
+                self.planner.observe_token_time(seconds / (j - self._timed_upto))
+                self._timed_upto = j
+                break
+
+    def _boundary(self, *, drafting_done: bool) -> None:
+        self._feed_measurements()
+        cache = self.cache
+        plan = self.counter.snapshot(self.top_m)  # one small device-to-host copy
+        cache.set_plan(plan)
+        batch_experts = batch_bytes = remaining = 0
+        for layer, experts in plan.items():
+            self._planned[layer].update(experts)
+            new = [e for e in experts if cache.slot_of(layer, e) < 0]
+            batch_experts += len(new)
+            batch_bytes += len(new) * cache.store.expert_bytes(layer)
+            remaining += cache.slots_per_layer[layer] - (len(experts) - len(new))
+        decision = self.planner.decide(
+            self._tokens_done,
+            batch_experts=batch_experts,
+            batch_bytes=batch_bytes,
+            remaining_slots=remaining,
+            drafting_done=drafting_done,
+        )
+        issued = cache.prefetch(plan)
+        st = self._stats
+        st["boundaries"] += 1
+        st["prefetch_issued"] += sum(len(v) for v in issued.values())
+        if decision.phase is PlannerPhase.FINAL_CLEANUP:
+            st["cleanups"] += 1
+            st["cleanup_tokens"] += self._tokens_done
+            self.counter.clear()
+
+    # ------------------------------------------------------------------------ statistics
+    def reset_stats(self) -> None:
+        """Zero the prefetcher's counters (the cache's are reset with ``cache.reset_stats``)."""
+        self._stats = {
+            "drafts": 0,
+            "draft_tokens": 0,
+            "verifications": 0,
+            "accepted_tokens": 0,
+            "boundaries": 0,
+            "cleanups": 0,
+            "cleanup_tokens": 0,
+            "prefetch_issued": 0,
+            "planned_experts": 0,
+            "needed_experts": 0,
+            "planned_and_needed": 0,
+        }
+
+    def stats(self) -> dict[str, object]:
+        """The prefetcher's counters plus plan precision and recall.
+
+        ``plan_precision``: planned experts the target then needed / planned experts;
+        ``plan_recall``: needed experts that had been planned / needed experts (per layer,
+        summed over verification windows). ``cache`` holds ``cache.stats()`` (prefetch
+        precision and recall over actual transfers, hits, stall, ...).
+        """
+        st = dict(self._stats)
+        st["plan_precision"] = (
+            st["planned_and_needed"] / st["planned_experts"] if st["planned_experts"] else None
+        )
+        st["plan_recall"] = (
+            st["planned_and_needed"] / st["needed_experts"] if st["needed_experts"] else None
+        )
+        st["mean_cleanup_token"] = st["cleanup_tokens"] / st["cleanups"] if st["cleanups"] else None
+        st["bandwidth_bytes_per_s"] = self.planner.bandwidth
+        st["draft_token_seconds"] = self.planner.token_seconds
+        st["cache"] = self.cache.stats()
+        return st
