@@ -1,9 +1,53 @@
 """specter-spec.
 
 Speculative decoding controller with exact greedy and sampled acceptance, KV rollback
-and adaptive depth, for any draft/target pair.
+and adaptive depth, for any draft/target pair. Needs only torch: transformers models
+plug in through :class:`HFCausalLM`, which never imports transformers itself.
 """
+
+from specter_spec.acceptance import (
+    AcceptanceResult,
+    acceptance_probability,
+    greedy_accept,
+    rejection_sample,
+    residual_distribution,
+)
+from specter_spec.adaptive_depth import AdaptiveDepth, AdaptiveDepthConfig, expected_committed
+from specter_spec.controller import SpecController, TokenStream
+from specter_spec.depth_policy import DepthPolicy, FixedDepth
+from specter_spec.depth_profiler import DepthProfile, profile_depth
+from specter_spec.hf_causal_lm import HFCausalLM
+from specter_spec.phase_clock import PhaseClock
+from specter_spec.sampling import SamplingConfig, sampling_probs
+from specter_spec.spec_model import SpecModel
+from specter_spec.speculation_observer import SpeculationObserver
+from specter_spec.statistics import GenerationResult, GenerationStats, IterationStats
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "AcceptanceResult",
+    "AdaptiveDepth",
+    "AdaptiveDepthConfig",
+    "DepthPolicy",
+    "DepthProfile",
+    "FixedDepth",
+    "GenerationResult",
+    "GenerationStats",
+    "HFCausalLM",
+    "IterationStats",
+    "PhaseClock",
+    "SamplingConfig",
+    "SpecController",
+    "SpecModel",
+    "SpeculationObserver",
+    "TokenStream",
+    "__version__",
+    "acceptance_probability",
+    "expected_committed",
+    "greedy_accept",
+    "profile_depth",
+    "rejection_sample",
+    "residual_distribution",
+    "sampling_probs",
+]

@@ -1,0 +1,437 @@
+"""The speculative decoding controller: draft, verify, accept, commit, roll back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from specter_spec.acceptance import AcceptanceResult, greedy_accept, rejection_sample
+from specter_spec.depth_policy import DepthPolicy, FixedDepth, as_depth_policy, check_depth
+from specter_spec.phase_clock import PhaseClock
+from specter_spec.sampling import SamplingConfig, sampling_probs
+from specter_spec.spec_model import SpecModel, check_spec_model
+from specter_spec.speculation_observer import check_observer
+from specter_spec.statistics import GenerationResult, GenerationStats, IterationStats
+
+__all__ = ["SpecController", "TokenStream"]
+
+
+def _model_device(model: object) -> torch.device | None:
+    device = getattr(model, "device", None)
+    return torch.device(device) if isinstance(device, torch.device | str) else None
+
+
+def _prompt_tensor(prompt_ids: Any, device: torch.device | None) -> torch.Tensor:
+    """``[P]`` int64 prompt on ``device`` from a list, a ``[P]`` or a ``[1, P]`` tensor."""
+    if isinstance(prompt_ids, torch.Tensor):
+        ids = prompt_ids
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1:
+            raise ValueError(
+                f"prompt_ids must have shape [P] or [1, P] (batch size one), "
+                f"got {tuple(prompt_ids.shape)}."
+            )
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"prompt_ids must hold integer token ids, got dtype {ids.dtype}.")
+        ids = ids.to(dtype=torch.long, device=device if device is not None else ids.device)
+    else:
+        tokens = list(prompt_ids)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise TypeError("prompt_ids must be a sequence of int token ids or a LongTensor.")
+        ids = torch.tensor(tokens, dtype=torch.long, device=device)
+    if ids.numel() == 0:
+        raise ValueError("prompt_ids is empty; give at least one token (e.g. a BOS token).")
+    return ids
+
+
+class SpecController:
+    """Draft-then-verify decoding for a draft and a target following :class:`SpecModel`.
+
+    One iteration (terms as in :mod:`specter_spec.acceptance`), with ``n``
+    committed tokens, the target holding KV for ``n - 1`` of them:
+
+    1. **Draft**: the depth policy picks K; the draft is fed the committed
+       tokens it has not cached yet, then its own proposals, K forwards in all,
+       producing ``d[1..K]`` (argmax when greedy, else drawn from ``q``).
+    2. **Verify**: one target forward over ``[t[n-1], d[1..K]]`` (K + 1 rows)
+       gives ``p[0..K]``.
+    3. **Accept**: greedy or exact sampled acceptance gives ``a`` accepted
+       proposals and a correction or bonus token; the result is read back to
+       the host once (the only host synchronisation of the iteration besides
+       phase timing, see :class:`PhaseClock`).
+    4. **Commit**: ``a + 1`` tokens are committed (cut at a stop token or the
+       token budget); the target is truncated to ``n' - 1`` and the draft to at
+       most ``n' - 1``, so nothing of a rejected suffix survives; both lengths
+       are checked.
+
+    ``cache`` (anything implementing :class:`SpeculationObserver`, e.g.
+    specter-cache's) is told about each phase. specter-spec never imports it.
+
+    Args:
+        draft: the proposing model; may be None only with ``depth=0``.
+        target: the model whose output is reproduced exactly.
+        cache: a speculation observer, or None.
+        depth: K >= 0 (0 = plain target decoding), or a depth policy such as
+            :class:`AdaptiveDepth` (anything with ``choose_depth()`` and
+            ``observe(IterationStats)``).
+        sampling: greedy or sampled decoding; defaults to greedy.
+        clock: returns seconds; defaults to a :class:`PhaseClock` on the
+            target's device (tests inject a virtual clock).
+        check_kv: verify the KV contract after every iteration (three integer
+            reads per iteration; a violation raises ``RuntimeError``).
+
+    Raises:
+        TypeError: a model or the observer does not follow its protocol, or
+            ``depth`` is neither an int nor a policy.
+        ValueError: ``depth`` is negative, or ``draft`` is None with speculation.
+
+    Example:
+        >>> controller = SpecController(HFCausalLM(draft_lm), HFCausalLM(target_lm), depth=4)
+        >>> result = controller.generate([1, 2, 3], max_new_tokens=16)  # doctest: +SKIP
+        >>> result.tokens, result.stats.acceptance_rate  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        draft: SpecModel | None,
+        target: SpecModel,
+        cache: object | None = None,
+        depth: int | DepthPolicy = 4,
+        sampling: SamplingConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        check_kv: bool = True,
+    ) -> None:
+        check_spec_model(target, "target")
+        self.depth_policy = as_depth_policy(depth)
+        if draft is None:
+            policy = self.depth_policy
+            if not (isinstance(policy, FixedDepth) and policy.depth == 0):
+                raise ValueError(
+                    f"draft is None but depth={depth!r}; speculation needs a draft model. "
+                    "Pass a draft, or depth=0 for plain target decoding."
+                )
+        else:
+            check_spec_model(draft, "draft")
+            if draft is target:
+                raise ValueError(
+                    "draft and target are the same object; they need separate KV caches. "
+                    "Wrap the model twice (HFCausalLM(model), HFCausalLM(model))."
+                )
+        if cache is not None:
+            check_observer(cache)
+        if sampling is None:
+            sampling = SamplingConfig.greedy()
+        if not isinstance(sampling, SamplingConfig):
+            raise TypeError(
+                f"sampling must be a SamplingConfig, got {type(sampling).__name__}; "
+                "use SamplingConfig.greedy() or SamplingConfig(temperature=...)."
+            )
+        self.draft = draft
+        self.target = target
+        self.cache = cache
+        self.sampling = sampling
+        self.clock = clock
+        self.check_kv = check_kv
+
+    # -- public API ------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int] | torch.Tensor,
+        max_new_tokens: int,
+        stop_token_ids: Iterable[int] = (),
+        *,
+        generator: torch.Generator | None = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
+
+        Every call starts from empty KV caches (both models are truncated to 0).
+
+        Args:
+            prompt_ids: ``[P]`` or ``[1, P]`` token ids (list or LongTensor), P >= 1.
+            max_new_tokens: the most tokens to generate (>= 0).
+            stop_token_ids: generation ends right after the first of these is
+                committed, even inside an accepted prefix; it is included in
+                the output.
+            generator: random source for sampled decoding; overrides
+                ``sampling.seed``.
+
+        Returns:
+            The generated tokens, why generation stopped and its statistics.
+
+        Raises:
+            ValueError, TypeError: on a bad prompt, budget or stop token list.
+            RuntimeError: if a model breaks the KV contract.
+        """
+        stream = self.stream(prompt_ids, max_new_tokens, stop_token_ids, generator=generator)
+        return stream.result()
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int] | torch.Tensor,
+        max_new_tokens: int,
+        stop_token_ids: Iterable[int] = (),
+        *,
+        generator: torch.Generator | None = None,
+    ) -> TokenStream:
+        """Like :meth:`generate`, but yields each token as soon as it is committed.
+
+        Iterating the returned :class:`TokenStream` runs the decoding; its
+        ``stats`` grow as it goes, and ``result()`` finishes it.
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}.")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
+        stop = frozenset(stop_token_ids)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop):
+            raise TypeError(f"stop_token_ids must be int token ids, got {sorted(stop, key=str)}.")
+        prompt = _prompt_tensor(prompt_ids, _model_device(self.target))
+        return TokenStream(self, prompt, max_new_tokens, stop, generator)
+
+    # -- one generation --------------------------------------------------------------
+
+    def _decode(
+        self,
+        stream: TokenStream,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        stop: frozenset[int],
+        generator: torch.Generator | None,
+    ) -> Iterator[int]:
+        draft, target, observer = self.draft, self.target, self.cache
+        device = prompt.device
+        draft_device = (_model_device(draft) or device) if draft is not None else device
+        clock = self.clock or PhaseClock(device)
+        if generator is None:
+            generator = self.sampling.make_generator(device)
+        prompt_len = prompt.numel()
+        # Committed tokens live in one preallocated device buffer: commits are
+        # device-side copies, and drafts read their uncached suffix from it.
+        committed = torch.empty(prompt_len + max_new_tokens, dtype=torch.long, device=device)
+        committed[:prompt_len] = prompt
+        stream.tokens.extend(prompt.tolist())  # once per generation, not per token
+        if max_new_tokens == 0:
+            stream.stop_reason = "max_new_tokens"
+            return
+
+        start = clock()
+        target.truncate(0)
+        if draft is not None:
+            draft.truncate(0)
+        if prompt_len > 1:
+            target.forward(committed[: prompt_len - 1].unsqueeze(0), 0)
+            # Prefilling the draft here keeps the prompt out of the first
+            # iteration's draft time (which the adaptive depth learns from).
+            speculates = not (
+                isinstance(self.depth_policy, FixedDepth) and self.depth_policy.depth == 0
+            )
+            if draft is not None and speculates and draft.kv_length < prompt_len - 1:
+                cached = draft.kv_length
+                uncached = committed[cached : prompt_len - 1].unsqueeze(0).to(draft_device)
+                draft.forward(uncached, cached)
+        n = prompt_len
+        self._check_contract(n, where="after prefill")
+        stream.stats.prefill_time_s = clock() - start
+
+        generated = 0
+        while True:
+            iteration_start = clock()
+            remaining = max_new_tokens - generated
+            depth = check_depth(self.depth_policy.choose_depth(), "the depth policy's choice")
+            # More proposals than the budget can commit would be wasted work.
+            depth = min(depth, remaining - 1)
+
+            if observer is not None:
+                observer.on_draft_start(depth)
+            proposals, draft_probs = self._draft(n, depth, committed, generator, draft_device)
+            draft_end = clock()
+
+            if observer is not None:
+                observer.on_verify_start(depth + 1)
+            if self.check_kv and target.kv_length != n - 1:
+                raise RuntimeError(
+                    f"KV contract broken before verify: the target holds {target.kv_length} "
+                    f"positions, expected {n - 1} (committed {n} minus the uncached last token). "
+                    "A shared-KV draft must keep its scratch invisible to the target."
+                )
+            verify_ids = torch.cat([committed[n - 1 : n], proposals]).unsqueeze(0)
+            target_logits = target.forward(verify_ids, n - 1)
+            self._check_logits(target_logits, depth + 1, "target")
+            outcome = self._accept(proposals, draft_probs, target_logits[0], generator)
+            # The one host synchronisation of the iteration: the accepted count,
+            # the correction/bonus token and the proposals, in a single copy.
+            host = torch.cat(
+                [outcome.num_accepted.view(1), outcome.next_token.view(1), proposals]
+            ).tolist()
+            verify_end = clock()
+            num_accepted, next_token = host[0], host[1]
+            if observer is not None:
+                observer.on_verify_end(num_accepted)
+
+            new_tokens = [*host[2 : 2 + num_accepted], next_token][:remaining]
+            stop_at = next((i for i, t in enumerate(new_tokens) if t in stop), None)
+            if stop_at is not None:
+                new_tokens = new_tokens[: stop_at + 1]
+            count = len(new_tokens)
+            appended = torch.cat([proposals[:num_accepted], outcome.next_token.view(1)])
+            committed[n : n + count] = appended[:count]
+            n += count
+            generated += count
+            target.truncate(n - 1)
+            if draft is not None:
+                draft.truncate(n - 1)
+            self._check_contract(n, where="after commit")
+            iteration_end = clock()
+
+            record = IterationStats(
+                depth=depth,
+                accepted=num_accepted,
+                bonus=num_accepted == depth,
+                committed=count,
+                draft_time_s=draft_end - iteration_start,
+                verify_time_s=verify_end - draft_end,
+                total_time_s=iteration_end - iteration_start,
+            )
+            stream.stats.iterations.append(record)
+            self.depth_policy.observe(record)
+            stream.tokens.extend(new_tokens)
+            if stop_at is not None:
+                stream.stop_reason = "stop_token"
+            elif generated >= max_new_tokens:
+                stream.stop_reason = "max_new_tokens"
+            yield from new_tokens
+            if stream.stop_reason is not None:
+                return
+
+    def _draft(
+        self,
+        n: int,
+        depth: int,
+        committed: torch.Tensor,
+        generator: torch.Generator | None,
+        draft_device: torch.device,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """K draft forwards; returns proposals ``[K]`` and, when sampling, ``q`` ``[K, V]``."""
+        device = committed.device
+        if depth == 0:
+            return torch.empty(0, dtype=torch.long, device=device), None
+        draft, observer = self.draft, self.cache
+        position = draft.kv_length
+        if not 0 <= position <= n - 1:
+            raise RuntimeError(
+                f"KV contract broken: the draft holds {position} positions but only {n} tokens "
+                f"are committed; it must hold at most {n - 1} before drafting."
+            )
+        feed = committed[position:n].unsqueeze(0).to(draft_device)
+        proposals: list[torch.Tensor] = []
+        q_rows: list[torch.Tensor] = []
+        for index in range(depth):
+            logits = draft.forward(feed, position)
+            self._check_logits(logits, feed.shape[1], "draft")
+            last = logits[0, -1].to(device)
+            if self.sampling.is_greedy:
+                token = last.argmax()
+            else:
+                q = sampling_probs(last, self.sampling)
+                token = torch.multinomial(q, 1, generator=generator)[0]
+                q_rows.append(q)
+            proposals.append(token)
+            if observer is not None:
+                observer.on_draft_token(index)
+            position += feed.shape[1]
+            feed = token.view(1, 1).to(draft_device)
+        if self.check_kv and draft.kv_length != position:
+            raise RuntimeError(
+                f"the draft holds {draft.kv_length} positions after drafting, expected {position}: "
+                "forward must append exactly the KV of the tokens it is given."
+            )
+        draft_probs = torch.stack(q_rows) if q_rows else None
+        return torch.stack(proposals), draft_probs
+
+    def _accept(
+        self,
+        proposals: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        target_logits: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> AcceptanceResult:
+        if self.sampling.is_greedy:
+            return greedy_accept(proposals, target_logits)
+        target_probs = sampling_probs(target_logits, self.sampling)
+        if draft_probs is None:  # K = 0: the bonus token is drawn from p[0]
+            draft_probs = target_probs.new_zeros(0, target_probs.shape[-1])
+        return rejection_sample(
+            proposals, draft_probs.to(target_probs.dtype), target_probs, generator
+        )
+
+    @staticmethod
+    def _check_logits(logits: torch.Tensor, rows: int, role: str) -> None:
+        if logits.dim() != 3 or logits.shape[0] != 1 or logits.shape[1] != rows:
+            raise RuntimeError(
+                f"the {role} model returned logits of shape {tuple(logits.shape)}; "
+                f"expected [1, {rows}, V] for {rows} input tokens."
+            )
+
+    def _check_contract(self, n: int, where: str) -> None:
+        if not self.check_kv:
+            return
+        if self.target.kv_length != n - 1:
+            raise RuntimeError(
+                f"KV contract broken {where}: the target holds {self.target.kv_length} positions, "
+                f"expected {n - 1} (committed {n} minus the uncached last token). Its truncate() "
+                "must drop every position >= the given length."
+            )
+        if self.draft is not None and self.draft.kv_length > n - 1:
+            raise RuntimeError(
+                f"KV contract broken {where}: the draft holds {self.draft.kv_length} positions, "
+                f"more than the {n - 1} committed-and-cached ones; its scratch or a rejected "
+                "suffix survived truncate()."
+            )
+
+
+class TokenStream:
+    """Iterator over tokens as :class:`SpecController` commits them.
+
+    Attributes:
+        tokens: every committed token so far, prompt first (a Python list).
+        stats: statistics so far.
+        stop_reason: None while running, then ``"stop_token"`` or ``"max_new_tokens"``.
+    """
+
+    def __init__(
+        self,
+        controller: SpecController,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        stop: frozenset[int],
+        generator: torch.Generator | None,
+    ) -> None:
+        self.prompt_length = prompt.numel()
+        self.tokens: list[int] = []
+        self.stats = GenerationStats(prompt_length=self.prompt_length)
+        self.stop_reason: str | None = None
+        self._tokens = controller._decode(self, prompt, max_new_tokens, stop, generator)
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        return next(self._tokens)
+
+    @property
+    def new_tokens(self) -> list[int]:
+        """Tokens generated so far (prompt excluded)."""
+        return self.tokens[self.prompt_length :]
+
+    def result(self) -> GenerationResult:
+        """Run to the end and return the tokens and statistics."""
+        for _ in self._tokens:
+            pass
+        return GenerationResult(
+            tokens=self.new_tokens, stop_reason=self.stop_reason or "", stats=self.stats
+        )
