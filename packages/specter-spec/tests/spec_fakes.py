@@ -35,14 +35,14 @@ class TableLM:
 
     Args:
         table: ``[V, period, V]`` logits.
-        cost: seconds one forward of T tokens takes on ``clock`` (``cost(T)``).
+        cost: seconds one forward takes on ``clock``: ``cost(T, start_pos)``.
         clock: a :class:`VirtualClock` advanced by ``cost``.
     """
 
     def __init__(
         self,
         table: torch.Tensor,
-        cost: Callable[[int], float] | None = None,
+        cost: Callable[[int, int], float] | None = None,
         clock: VirtualClock | None = None,
     ) -> None:
         self.table = table
@@ -70,7 +70,7 @@ class TableLM:
         self.kv.extend(tokens)
         self.calls.append((start_pos, tokens))
         if self.clock is not None and self.cost is not None:
-            self.clock.advance(self.cost(len(tokens)))
+            self.clock.advance(self.cost(len(tokens), start_pos))
         return torch.stack(rows).unsqueeze(0)
 
     def truncate(self, length: int) -> None:
@@ -257,3 +257,34 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     expected = probs[~impossible] / probs[~impossible].sum() * total
     assert expected.min() >= 5, f"too few samples: smallest expected count {expected.min():.2f}"
     return float(chisquare(counts[~impossible].numpy(), expected.numpy()).pvalue)
+
+
+def biased_rejection_sampler(accept_argmax: bool = False, correct_from_p: bool = False):
+    """A rejection sampler with one deliberate mistake, otherwise the real rule.
+
+    Args:
+        accept_argmax: also accept any proposal that is the target's argmax.
+        correct_from_p: draw the correction token from ``p`` instead of the residual.
+    """
+    from specter_spec.acceptance import (
+        AcceptanceResult,
+        acceptance_probability,
+        residual_distribution,
+    )
+
+    def sampler(drafts, q, p, generator=None):
+        depth = drafts.shape[-1]
+        accept = acceptance_probability(p[..., :depth, :], q, drafts)
+        if accept_argmax:
+            accept = torch.where(drafts == p[..., :depth, :].argmax(-1), 1.0, accept)
+        uniform = torch.rand(accept.shape, generator=generator, dtype=accept.dtype)
+        num_accepted = torch.cumprod((uniform < accept).long(), -1).sum(-1)
+        padded_q = torch.cat([q, torch.zeros_like(p[..., :1, :])], -2)
+        row = num_accepted[..., None, None].expand(*num_accepted.shape, 1, p.shape[-1])
+        p_row, q_row = p.gather(-2, row).squeeze(-2), padded_q.gather(-2, row).squeeze(-2)
+        dist = p_row if correct_from_p else residual_distribution(p_row, q_row)
+        flat = dist.reshape(-1, dist.shape[-1])
+        token = torch.multinomial(flat, 1, generator=generator).reshape(num_accepted.shape)
+        return AcceptanceResult(num_accepted, token)
+
+    return sampler

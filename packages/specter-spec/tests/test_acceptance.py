@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from spec_fakes import chi_square_p_value
+from spec_fakes import biased_rejection_sampler, chi_square_p_value
 from specter_spec.acceptance import (
     acceptance_probability,
     greedy_accept,
@@ -173,27 +173,6 @@ def _rows(depth, vocab, seed):
     return p, q
 
 
-def _biased(accept_argmax: bool = False, correct_from_p: bool = False):
-    """A rejection sampler with one deliberate mistake, otherwise the real rule."""
-
-    def sampler(drafts, q, p, gen):
-        depth = drafts.shape[-1]
-        accept = acceptance_probability(p[..., :depth, :], q, drafts)
-        if accept_argmax:
-            accept = torch.where(drafts == p[..., :depth, :].argmax(-1), 1.0, accept)
-        uniform = torch.rand(accept.shape, generator=gen, dtype=accept.dtype)
-        num_accepted = torch.cumprod((uniform < accept).long(), -1).sum(-1)
-        padded_q = torch.cat([q, torch.zeros_like(p[..., :1, :])], -2)
-        idx = num_accepted[:, None, None].expand(-1, 1, p.shape[-1])
-        p_row, q_row = p.gather(-2, idx)[:, 0], padded_q.gather(-2, idx)[:, 0]
-        dist = p_row if correct_from_p else residual_distribution(p_row, q_row)
-        from specter_spec.acceptance import AcceptanceResult
-
-        return AcceptanceResult(num_accepted, torch.multinomial(dist, 1, generator=gen)[:, 0])
-
-    return sampler
-
-
 @pytest.mark.parametrize("depth", [1, 3])
 def test_sampled_tokens_follow_target_at_every_position(depth):
     p, q = _rows(depth, vocab=5, seed=depth)
@@ -203,7 +182,7 @@ def test_sampled_tokens_follow_target_at_every_position(depth):
 
 @pytest.mark.parametrize(
     "sampler",
-    [_biased(accept_argmax=True), _biased(correct_from_p=True)],
+    [biased_rejection_sampler(accept_argmax=True), biased_rejection_sampler(correct_from_p=True)],
     ids=["accepts-target-argmax", "corrects-from-p"],
 )
 def test_biased_samplers_fail_the_same_test(sampler):

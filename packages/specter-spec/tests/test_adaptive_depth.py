@@ -1,0 +1,184 @@
+"""AdaptiveDepth: acceptance and cost estimates, the depth they imply, recovery from K=0."""
+
+import random
+
+import pytest
+
+from spec_fakes import ShiftedDraft, TableLM, VirtualClock, random_table
+from specter_spec import (
+    AdaptiveDepth,
+    AdaptiveDepthConfig,
+    IterationStats,
+    SpecController,
+    expected_committed,
+)
+
+
+class Environment:
+    """Synthetic iterations: i.i.d. acceptance ``alpha`` and linear costs, in seconds."""
+
+    def __init__(self, alpha, draft_cost, verify_fixed, verify_per_row, overhead=0.0, seed=0):
+        self.alpha, self.draft_cost = alpha, draft_cost
+        self.verify_fixed, self.verify_per_row, self.overhead = (
+            verify_fixed,
+            verify_per_row,
+            overhead,
+        )
+        self.rng = random.Random(seed)
+
+    def iteration(self, depth):
+        accepted = 0
+        while accepted < depth and self.rng.random() < self.alpha:
+            accepted += 1
+        draft = depth * self.draft_cost
+        verify = self.verify_fixed + self.verify_per_row * (depth + 1)
+        return IterationStats(
+            depth=depth,
+            accepted=accepted,
+            bonus=accepted == depth,
+            committed=accepted + 1,
+            draft_time_s=draft,
+            verify_time_s=verify,
+            total_time_s=draft + verify + self.overhead,
+        )
+
+    def rate(self, depth):
+        """True expected committed tokens per second at depth K."""
+        seconds = (
+            self.overhead
+            + depth * self.draft_cost
+            + self.verify_fixed
+            + self.verify_per_row * (depth + 1)
+        )
+        return expected_committed(self.alpha, depth) / seconds
+
+
+def run(policy, env, iterations):
+    depths = []
+    for _ in range(iterations):
+        depth = policy.choose_depth()
+        depths.append(depth)
+        policy.observe(env.iteration(depth))
+    return depths
+
+
+def test_expected_committed_is_the_truncated_geometric_sum():
+    for alpha in (0.0, 0.3, 0.9, 0.999):
+        for depth in (0, 1, 5, 32):
+            assert expected_committed(alpha, depth) == pytest.approx(
+                sum(alpha**i for i in range(depth + 1))
+            )
+    assert expected_committed(1.0, 7) == 8.0
+
+
+def test_estimates_converge_to_the_environment():
+    env = Environment(
+        alpha=0.8, draft_cost=1e-3, verify_fixed=10e-3, verify_per_row=1e-3, overhead=0.5e-3
+    )
+    config = AdaptiveDepthConfig(max_depth=8, acceptance_decay=0.995, cost_decay=0.9)
+    policy = AdaptiveDepth(config)
+    run(policy, env, 3000)
+    assert policy.acceptance == pytest.approx(0.8, abs=0.05)
+    assert policy.draft_cost_s == pytest.approx(1e-3, rel=1e-6)
+    intercept, slope = policy.verify_cost_fit
+    assert intercept == pytest.approx(10e-3, rel=1e-6)
+    assert slope == pytest.approx(1e-3, rel=1e-6)
+    assert policy.overhead_s == pytest.approx(0.5e-3, rel=1e-6)
+
+
+def test_high_acceptance_and_cheap_drafting_choose_a_large_depth():
+    env = Environment(alpha=0.95, draft_cost=0.2e-3, verify_fixed=10e-3, verify_per_row=0.1e-3)
+    policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16))
+    depths = run(policy, env, 400)
+    best_rate = max(env.rate(k) for k in range(17))
+    chosen = policy.best_depth()
+    assert chosen >= 8
+    assert env.rate(chosen) >= 0.97 * best_rate  # near-optimal under the true model
+    assert sorted(depths[-100:])[50] >= 8  # most iterations actually ran deep
+
+
+def test_low_acceptance_and_expensive_drafting_turn_speculation_off():
+    env = Environment(alpha=0.1, draft_cost=8e-3, verify_fixed=10e-3, verify_per_row=0.5e-3)
+    config = AdaptiveDepthConfig(max_depth=16, probe_interval=8)
+    policy = AdaptiveDepth(config)
+    depths = run(policy, env, 400)
+    assert policy.best_depth() == 0
+    assert max(range(17), key=env.rate) == 0  # the truth agrees
+    tail = depths[-160:]
+    assert tail.count(0) >= len(tail) * (1 - 1 / config.probe_interval) - 1
+    assert set(tail) <= {0, 1}  # only probes at K=1 interrupt plain decoding
+
+
+def test_recovers_from_plain_decoding_when_speculation_starts_to_pay():
+    policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16, probe_interval=4))
+    bad = Environment(alpha=0.05, draft_cost=5e-3, verify_fixed=10e-3, verify_per_row=0.2e-3)
+    good = Environment(alpha=0.97, draft_cost=0.2e-3, verify_fixed=10e-3, verify_per_row=0.2e-3)
+    assert run(policy, bad, 200)[-50:].count(0) >= 35
+    depths = run(policy, good, 300)
+    assert sorted(depths[-100:])[50] >= 8
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="initial_depth=9 exceeds max_depth=8"):
+        AdaptiveDepthConfig(max_depth=8, initial_depth=9)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        AdaptiveDepthConfig(max_depth=-1)
+    with pytest.raises(ValueError, match="acceptance_decay must be in"):
+        AdaptiveDepthConfig(acceptance_decay=1.0)
+    with pytest.raises(ValueError, match="probe_interval"):
+        AdaptiveDepthConfig(probe_interval=1)
+    with pytest.raises(ValueError, match="prior_acceptance"):
+        AdaptiveDepthConfig(prior_acceptance=1.5)
+
+
+def test_reset_forgets_and_first_choice_is_the_initial_depth():
+    policy = AdaptiveDepth(AdaptiveDepthConfig(initial_depth=3, max_depth=8))
+    assert policy.choose_depth() == 3
+    run(policy, Environment(0.9, 1e-3, 1e-2, 1e-3), 20)
+    assert policy.verify_cost_fit is not None
+    policy.reset()
+    assert policy.verify_cost_fit is None
+    assert policy.draft_cost_s is None
+    assert policy.choose_depth() == 3
+
+
+# -- driving a controller through a virtual clock ---------------------------------------------
+
+
+def _controller(policy, wrong, draft_cost):
+    clock = VirtualClock()
+    target = TableLM(
+        random_table(vocab=13, period=4, seed=3),
+        clock=clock,
+        cost=lambda tokens, start: 10e-3 + 0.1e-3 * tokens,
+    )
+    draft = ShiftedDraft(target, wrong, clock=clock, cost=lambda tokens, start: draft_cost)
+    return SpecController(draft, target, depth=policy, clock=clock), target
+
+
+def _greedy_reference(target, prompt, count):
+    tokens = list(prompt)
+    for _ in range(count):
+        tokens.append(int(target.next_probs(tokens).argmax()))
+    return tokens[len(prompt) :]
+
+
+@pytest.mark.parametrize(
+    ("wrong", "draft_cost", "expect_deep"),
+    [(lambda index: False, 0.2e-3, True), (lambda index: True, 8e-3, False)],
+    ids=["good-draft", "useless-draft"],
+)
+def test_controller_with_adaptive_depth_goes_deep_or_off_and_stays_exact(
+    wrong, draft_cost, expect_deep
+):
+    policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=12, probe_interval=8))
+    controller, target = _controller(policy, wrong, draft_cost)
+    result = controller.generate([1, 2, 3], 300)
+    assert result.tokens == _greedy_reference(target, [1, 2, 3], 300)
+    depths = [it.depth for it in result.stats.iterations][10:-2]  # past the warm start
+    median = sorted(depths)[len(depths) // 2]
+    if expect_deep:
+        assert median == 12
+    else:
+        assert median == 0
+        assert sum(d == 0 for d in depths) >= 0.8 * len(depths)
