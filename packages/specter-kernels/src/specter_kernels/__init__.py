@@ -2,8 +2,49 @@
 
 INT4 (GPTQ-layout) quantization and fused W4A16 / grouped FP16 Mixture-of-Experts
 kernels in Triton, each with a plain-torch reference.
+
+Kernels dispatch to Triton on CUDA and to their torch reference elsewhere; set
+``SPECTER_KERNELS_BACKEND`` to ``auto``, ``triton`` or ``torch`` to override.
 """
+
+from specter_kernels.backend import BACKEND_ENV_VAR, select_backend
+from specter_kernels.fused_moe_w4a16 import fused_moe_w4a16, fused_moe_w4a16_reference
+from specter_kernels.gptq_import import import_gptq
+from specter_kernels.grouped_moe_fp16 import grouped_moe_fp16, grouped_moe_fp16_reference
+from specter_kernels.int4_quantization import (
+    SUPPORTED_GROUP_SIZES,
+    dequantize_int4,
+    pack_int4,
+    quantize_int4,
+    unpack_int4,
+)
+from specter_kernels.int4_weight import Int4Weight, concat_gate_up, stack_int4_experts
+from specter_kernels.moe_align import (
+    max_aligned_blocks,
+    moe_align_block_size,
+    moe_align_block_size_reference,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "BACKEND_ENV_VAR",
+    "SUPPORTED_GROUP_SIZES",
+    "Int4Weight",
+    "__version__",
+    "concat_gate_up",
+    "dequantize_int4",
+    "fused_moe_w4a16",
+    "fused_moe_w4a16_reference",
+    "grouped_moe_fp16",
+    "grouped_moe_fp16_reference",
+    "import_gptq",
+    "max_aligned_blocks",
+    "moe_align_block_size",
+    "moe_align_block_size_reference",
+    "pack_int4",
+    "quantize_int4",
+    "select_backend",
+    "stack_int4_experts",
+    "unpack_int4",
+]

@@ -1,0 +1,218 @@
+"""Triton kernels of the grouped FP16 expert layer over cache slots, and the launcher.
+
+Pairs routed to experts of the current wave are sorted by expert
+(``moe_align_block_size`` with the wave's mask); each program multiplies one
+block of BLOCK_M pairs by one expert's FP16 weights, read from the slot that
+``expert_to_slot`` names. gate_up writes ``silu(gate) * up`` as fp16 ``h``;
+down multiplies by the routing weight and adds into the caller's fp32 output
+with atomics, so successive waves accumulate into one tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from specter_kernels.moe_align import max_aligned_blocks, moe_align_block_size
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    """Tile shape of one grouped FP16 launch.
+
+    Attributes:
+        block_m: routed pairs per block (the alignment's block size), >= 16.
+        block_n: outputs per program, >= 16.
+        block_k: inputs per loop step, >= 16.
+        split_k: programs sharing one output tile's K range (down projection only).
+        num_warps: warps per program.
+        num_stages: software-pipelining depth.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def _grouped_gate_up_kernel(
+    x_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_padded_ptr,
+    expert_to_slot_ptr,
+    w_ptr,
+    h_ptr,
+    K,
+    I,
+    top_k,
+    num_pairs,
+    stride_xt,
+    stride_ws,
+    stride_wn,
+    stride_ht,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+        return  # block beyond the padded length: the grid is an upper bound
+    expert = tl.load(expert_ids_ptr + pid_m)
+    slot = tl.load(expert_to_slot_ptr + expert).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + offs_m)
+    row_mask = pairs < num_pairs
+    tokens = pairs // top_k
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < I
+    offs_k = tl.arange(0, BLOCK_K)
+    w_gate = w_ptr + slot * stride_ws + offs_n[None, :] * stride_wn
+    w_up = w_gate + I * stride_wn
+    x_rows = x_ptr + tokens[:, None] * stride_xt
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        k_mask = kk < K
+        x = tl.load(x_rows + kk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        w_mask = k_mask[:, None] & n_mask[None, :]
+        acc_gate = tl.dot(x, tl.load(w_gate + kk[:, None], mask=w_mask, other=0.0), acc_gate)
+        acc_up = tl.dot(x, tl.load(w_up + kk[:, None], mask=w_mask, other=0.0), acc_up)
+    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
+    tl.store(
+        h_ptr + pairs[:, None] * stride_ht + offs_n[None, :],
+        h.to(tl.float16),
+        mask=row_mask[:, None] & n_mask[None, :],
+    )
+
+
+@triton.jit
+def _grouped_down_kernel(
+    h_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_padded_ptr,
+    expert_to_slot_ptr,
+    topk_weights_ptr,
+    w_ptr,
+    out_ptr,
+    K,
+    N,
+    top_k,
+    num_pairs,
+    k_per_split,
+    stride_ht,
+    stride_ws,
+    stride_wn,
+    stride_ot,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m)
+    slot = tl.load(expert_to_slot_ptr + expert).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + offs_m)
+    row_mask = pairs < num_pairs
+    tokens = pairs // top_k
+    routing_weights = tl.load(topk_weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + slot * stride_ws + offs_n[None, :] * stride_wn
+    h_rows = h_ptr + pairs[:, None] * stride_ht
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        kk = k0 + offs_k
+        k_mask = kk < k_end
+        a = tl.load(h_rows + kk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_rows + kk[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(a, w, acc)
+    tl.atomic_add(
+        out_ptr + tokens[:, None] * stride_ot + offs_n[None, :],
+        acc * routing_weights[:, None],
+        mask=row_mask[:, None] & n_mask[None, :],
+    )
+
+
+def grouped_configs(
+    device: torch.device, T: int, top_k: int, E: int, H: int, I: int
+) -> tuple[GroupedConfig, GroupedConfig]:
+    """(gate_up, down) tile shapes; equal block_m (they share one alignment)."""
+    if device.type != "cuda":
+        # The interpreter's cost is per program and per op: few, large programs.
+        return GroupedConfig(16, 64, 64), GroupedConfig(16, 64, 64, split_k=2)
+    tokens_per_expert = T * top_k / E
+    if tokens_per_expert <= 16:
+        gate_up = GroupedConfig(16, 64, 128, num_warps=4, num_stages=4)
+        blocks = min(T * top_k, E) + T * top_k // 16
+        split = max(1, min(triton.cdiv(1024, blocks * triton.cdiv(H, 64)), triton.cdiv(I, 128)))
+        return gate_up, GroupedConfig(16, 64, 128, split_k=split, num_warps=4, num_stages=4)
+    block_m = 32 if tokens_per_expert <= 48 else 64
+    config = GroupedConfig(block_m, 128, 64, num_warps=4, num_stages=4)
+    return config, config
+
+
+def launch_grouped(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13_slots: torch.Tensor,
+    w2_slots: torch.Tensor,
+    expert_to_slot: torch.Tensor,
+    expert_mask: torch.Tensor,
+    out: torch.Tensor,
+    gate_up_config: GroupedConfig | None = None,
+    down_config: GroupedConfig | None = None,
+) -> torch.Tensor:
+    """Align the wave's pairs and run both launches (arguments validated by the caller)."""
+    T, H = x.shape
+    top_k = topk_ids.shape[1]
+    I = w2_slots.shape[2]
+    E = expert_mask.shape[0]
+    num_pairs = T * top_k
+    if gate_up_config is None or down_config is None:
+        gate_up_config, down_config = grouped_configs(x.device, T, top_k, E, H, I)
+    if gate_up_config.block_m != down_config.block_m:
+        raise ValueError("gate_up and down configs must share block_m")
+    block_m = gate_up_config.block_m
+    sorted_ids, expert_ids, num_post_padded = moe_align_block_size(
+        topk_ids, E, block_m, expert_mask=expert_mask
+    )
+    max_blocks = max_aligned_blocks(num_pairs, E, block_m)
+    h = torch.empty(num_pairs, I, dtype=torch.float16, device=x.device)
+    c = gate_up_config
+    _grouped_gate_up_kernel[(max_blocks, triton.cdiv(I, c.block_n))](
+        x, sorted_ids, expert_ids, num_post_padded, expert_to_slot, w13_slots, h,
+        H, I, top_k, num_pairs,
+        x.stride(0), w13_slots.stride(0), w13_slots.stride(1), h.stride(0),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )  # fmt: skip
+    c = down_config
+    per_split = triton.cdiv(triton.cdiv(I, c.split_k), c.block_k) * c.block_k
+    splits = triton.cdiv(I, per_split)
+    _grouped_down_kernel[(max_blocks, triton.cdiv(H, c.block_n), splits)](
+        h, sorted_ids, expert_ids, num_post_padded, expert_to_slot, topk_weights.reshape(-1),
+        w2_slots, out,
+        I, H, top_k, num_pairs, per_split,
+        h.stride(0), w2_slots.stride(0), w2_slots.stride(1), out.stride(0),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,161 @@
+"""The target's routed experts in FP16, straight out of expert-cache slots, in waves.
+
+Verification computes a layer's routed experts in waves: first the experts
+already resident in the slot cache, then, as transfers land, the rest. Each call
+adds the contributions of the experts in ``expert_mask`` into one fp32
+accumulator::
+
+    out[t] += sum over e in topk_ids[t] with expert_mask[e]:
+              w * down_e( silu(gate_e x[t]) * up_e x[t] )
+
+where expert e's weights are ``w13_slots[expert_to_slot[e]]`` ``[2I, H]`` and
+``w2_slots[expert_to_slot[e]]`` ``[H, I]``. The union of disjoint masks covering
+every routed expert gives the all-at-once result (within fp32 summation order
+and fp16 rounding of the intermediate); nothing is recomputed between waves.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specter_kernels.backend import select_backend
+
+
+def _check_inputs(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13_slots: torch.Tensor,
+    w2_slots: torch.Tensor,
+    expert_to_slot: torch.Tensor,
+    expert_mask: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    if x.dim() != 2 or x.dtype != torch.float16:
+        raise TypeError(f"x must be float16 [T, H], got {x.dtype} {tuple(x.shape)}")
+    T, H = x.shape
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != T:
+        raise ValueError(f"topk_ids must be [T={T}, k], got {tuple(topk_ids.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape) or not topk_weights.is_floating_point():
+        raise ValueError(
+            f"topk_weights must be a float tensor shaped like topk_ids {tuple(topk_ids.shape)}, "
+            f"got {topk_weights.dtype} {tuple(topk_weights.shape)}"
+        )
+    for name, slots in (("w13_slots", w13_slots), ("w2_slots", w2_slots)):
+        if slots.dim() != 3 or slots.dtype != torch.float16:
+            raise TypeError(
+                f"{name} must be float16 [S, N, K], got {slots.dtype} {tuple(slots.shape)}"
+            )
+        if not slots.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    S, two_i, h_in = w13_slots.shape
+    if h_in != H or two_i % 2:
+        raise ValueError(f"w13_slots must be [S, 2I, H={H}], got {tuple(w13_slots.shape)}")
+    I = two_i // 2
+    if tuple(w2_slots.shape) != (S, H, I):
+        raise ValueError(f"w2_slots must be [S={S}, H={H}, I={I}], got {tuple(w2_slots.shape)}")
+    if expert_mask.dim() != 1 or expert_mask.dtype != torch.bool:
+        raise TypeError(
+            f"expert_mask must be bool [E], got {expert_mask.dtype} {tuple(expert_mask.shape)}"
+        )
+    E = expert_mask.shape[0]
+    if tuple(expert_to_slot.shape) != (E,) or expert_to_slot.dtype not in (
+        torch.int32,
+        torch.int64,
+    ):
+        raise TypeError(
+            f"expert_to_slot must be int32 [E={E}], got {expert_to_slot.dtype} "
+            f"{tuple(expert_to_slot.shape)}"
+        )
+    if out.dtype != torch.float32 or tuple(out.shape) != (T, H) or not out.is_contiguous():
+        raise TypeError(
+            f"out must be a contiguous float32 [T={T}, H={H}] accumulator, got {out.dtype} "
+            f"{tuple(out.shape)}"
+        )
+    tensors = {
+        "topk_ids": topk_ids,
+        "topk_weights": topk_weights,
+        "w13_slots": w13_slots,
+        "w2_slots": w2_slots,
+        "expert_to_slot": expert_to_slot,
+        "expert_mask": expert_mask,
+        "out": out,
+    }
+    for name, tensor in tensors.items():
+        if tensor.device != x.device:
+            raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}")
+
+
+def grouped_moe_fp16(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13_slots: torch.Tensor,
+    w2_slots: torch.Tensor,
+    expert_to_slot: torch.Tensor,
+    expert_mask: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Add the masked experts' routing-weighted FP16 expert outputs into ``out``.
+
+    No host synchronisation (three launches on CUDA: alignment, gate_up, down).
+
+    Args:
+        x: fp16 ``[T, H]``.
+        topk_ids: int ``[T, k]`` experts in ``[0, E)``.
+        topk_weights: float ``[T, k]`` routing weights.
+        w13_slots: fp16 ``[S, 2I, H]`` gate_up weights per cache slot (gate rows first).
+        w2_slots: fp16 ``[S, H, I]`` down weights per slot.
+        expert_to_slot: int32 ``[E]`` on the device: the slot holding each expert.
+            Read only for experts in ``expert_mask``, so others may hold anything (-1).
+        expert_mask: bool ``[E]`` on the device: the experts to compute in this call.
+        out: fp32 ``[T, H]`` accumulator, updated in place.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        TypeError, ValueError: bad dtypes, shapes or devices.
+    """
+    _check_inputs(x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out)
+    if x.shape[0] == 0:
+        return out
+    if select_backend(x.device) == "torch":
+        return grouped_moe_fp16_reference(
+            x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out
+        )
+    from specter_kernels import grouped_fp16_triton
+
+    return grouped_fp16_triton.launch_grouped(
+        x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out
+    )
+
+
+def grouped_moe_fp16_reference(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13_slots: torch.Tensor,
+    w2_slots: torch.Tensor,
+    expert_to_slot: torch.Tensor,
+    expert_mask: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Plain torch reference of :func:`grouped_moe_fp16` (loops over experts; syncs)."""
+    _check_inputs(x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out)
+    I = w2_slots.shape[2]
+    E = expert_mask.shape[0]
+    routed = topk_ids.long()
+    in_wave = (routed >= 0) & (routed < E)
+    in_wave &= expert_mask[routed.clamp(0, E - 1)]
+    for expert in torch.unique(routed[in_wave]).tolist():
+        tokens, slots = torch.nonzero((routed == expert) & in_wave, as_tuple=True)
+        slot = int(expert_to_slot[expert])
+        projected = x[tokens].float() @ w13_slots[slot].float().T
+        h = (F.silu(projected[:, :I]) * projected[:, I:]).half().float()
+        y = (h @ w2_slots[slot].float().T) * topk_weights[tokens, slots].float().unsqueeze(1)
+        out.index_add_(0, tokens, y)
+    return out

@@ -1,0 +1,605 @@
+"""Triton kernels of the fused W4A16 routed-expert layer, and their launchers.
+
+Two launches per layer, whatever T: gate_up (with SiLU-and-mul fused into its
+epilogue) writes ``h [T*k, I]`` fp16, then down multiplies by the routing weight
+and sums each token's experts into ``out [T, H]`` (see
+``int4_triton.accumulate_rows_and_finish``). Two ways to map work onto programs:
+
+* ``gemv``: one program per (routed pair, N-block[, K-split]); no alignment
+  launch, no padded rows, CUDA-core FMAs. Best at decode (few pairs): every
+  weight byte a pair needs is read once by exactly one program.
+* ``tile``: pairs sorted by expert (``moe_align_block_size``) into blocks of
+  BLOCK_M rows; one program per (block, N-block[, K-split]) multiplies on tensor
+  cores (``tl.dot``, every dot dim >= 16). Reads each expert once per block, so it
+  wins once several tokens share experts (prefill, long verification).
+
+Grids come from host-known sizes (T, k, E), never from device values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from specter_kernels.int4_triton import (
+    accumulate_rows_and_finish,
+    int4_fp32_minus,
+    int4_pair_fp16,
+    load_group_params,
+    zero_workspace,
+)
+from specter_kernels.int4_weight import Int4Weight
+from specter_kernels.moe_align import max_aligned_blocks, moe_align_block_size
+
+ZERO_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Tile shape of the gemv path (one launch).
+
+    Attributes:
+        block_n: outputs per program (gate_up: per half, so it reads 2x block_n columns).
+        block_k: inputs per loop step; a multiple of 8 (block_k / 8 word rows).
+        split_k: programs sharing one output tile's K range (down projection only).
+        num_warps: warps per program.
+        num_stages: software-pipelining depth.
+        math: inner-loop arithmetic, see ``_gemv_step`` (0 fp16, 1 fp32 magic, 2 dot).
+    """
+
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+    math: int = 1
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile shape of the tensor-core path (one launch).
+
+    Attributes:
+        block_m: routed pairs per block (the alignment's block size), >= 16.
+        block_n: outputs per program, >= 16.
+        block_k: inputs per loop step; block_k / 8 >= 16 because each of the eight
+            nibble slices is one ``tl.dot`` of depth block_k / 8.
+        split_k: programs sharing one output tile's K range (down projection only).
+        num_warps: warps per program.
+        num_stages: software-pipelining depth.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@triton.jit
+def _gemv_step(
+    acc,
+    words,
+    scales,
+    zeros,
+    act_row,
+    rows,
+    r_mask,
+    R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MATH: tl.constexpr,
+):
+    """Add one word tile ``[R, BLOCK_N]`` (inputs ``8 * rows + j``) times one activation row.
+
+    MATH selects the arithmetic (all equal up to fp32 rounding):
+    0: dequantize to fp16 exactly as the reference, widen, FMA into ``acc [R, BLOCK_N]``;
+    1: exact fp32 ``q - zero`` by the 2**23 magic number, FMA into a tile sum, one
+       scale multiply per word instead of per value (fewest instructions per value);
+    2: tensor cores, activation as row 0 of a 16-row operand, ``acc [16, BLOCK_N]``.
+    """
+    if MATH == 1:
+        magic_zero = (zeros - 1024.0).to(tl.float32) + 8388608.0
+        tile = tl.zeros([R, BLOCK_N], dtype=tl.float32)
+        for J in tl.static_range(8):
+            a = tl.load(act_row + 8 * rows + J, mask=r_mask, other=0.0).to(tl.float32)[:, None]
+            tile += a * int4_fp32_minus(words, 4 * J, magic_zero)
+        acc += tile * scales.to(tl.float32)
+    elif MATH == 2:
+        first_row = (tl.arange(0, 16) == 0)[:, None]
+        for J in tl.static_range(4):
+            lo, hi = int4_pair_fp16(words, J)
+            a_lo = tl.load(
+                act_row + (8 * rows + J)[None, :], mask=first_row & r_mask[None, :], other=0.0
+            )
+            a_hi = tl.load(
+                act_row + (8 * rows + J + 4)[None, :], mask=first_row & r_mask[None, :], other=0.0
+            )
+            acc = tl.dot(a_lo, (lo - zeros) * scales, acc)
+            acc = tl.dot(a_hi, (hi - zeros) * scales, acc)
+    else:
+        for J in tl.static_range(4):
+            lo, hi = int4_pair_fp16(words, J)
+            a_lo = tl.load(act_row + 8 * rows + J, mask=r_mask, other=0.0).to(tl.float32)[:, None]
+            a_hi = tl.load(act_row + 8 * rows + J + 4, mask=r_mask, other=0.0).to(tl.float32)[
+                :, None
+            ]
+            acc += a_lo * ((lo - zeros) * scales).to(tl.float32)
+            acc += a_hi * ((hi - zeros) * scales).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _gemv_gate_up_kernel(
+    x_ptr,
+    topk_ids_ptr,
+    qweight_ptr,
+    scales_ptr,
+    zeros_ptr,
+    h_ptr,
+    acc_ptr,
+    counter_ptr,
+    K,
+    I,
+    top_k,
+    num_acc,
+    num_counters,
+    stride_xt,
+    stride_qe,
+    stride_qk,
+    stride_se,
+    stride_sg,
+    stride_ht,
+    GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    MATH: tl.constexpr,
+    ZERO_BLOCK: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    num_pid_n = tl.num_programs(1)
+    zero_workspace(
+        acc_ptr,
+        counter_ptr,
+        num_acc,
+        num_counters,
+        pair * num_pid_n + pid_n,
+        tl.num_programs(0) * num_pid_n,
+        ZERO_BLOCK,
+    )
+    token = pair // top_k
+    expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
+    R: tl.constexpr = BLOCK_K // 8
+    offs_r = tl.arange(0, R)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < I
+    qweight = qweight_ptr + expert * stride_qe
+    scales = scales_ptr + expert * stride_se
+    zeros = zeros_ptr + expert * stride_se
+    x_row = x_ptr + token * stride_xt
+    if MATH == 2:
+        acc_gate = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    else:
+        acc_gate = tl.zeros([R, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([R, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rows = k0 // 8 + offs_r
+        r_mask = rows < K // 8
+        mask = r_mask[:, None] & n_mask[None, :]
+        w_ptrs = qweight + rows[:, None] * stride_qk + offs_n[None, :]
+        w_gate = tl.load(w_ptrs, mask=mask, other=0)
+        w_up = tl.load(w_ptrs + I, mask=mask, other=0)
+        s_gate, z_gate = load_group_params(
+            scales, zeros, k0, rows, r_mask, offs_n, n_mask, stride_sg, GROUP, BLOCK_K, HAS_ZEROS
+        )
+        s_up, z_up = load_group_params(
+            scales,
+            zeros,
+            k0,
+            rows,
+            r_mask,
+            offs_n + I,
+            n_mask,
+            stride_sg,
+            GROUP,
+            BLOCK_K,
+            HAS_ZEROS,
+        )
+        acc_gate = _gemv_step(
+            acc_gate, w_gate, s_gate, z_gate, x_row, rows, r_mask, R, BLOCK_N, MATH
+        )
+        acc_up = _gemv_step(acc_up, w_up, s_up, z_up, x_row, rows, r_mask, R, BLOCK_N, MATH)
+    gate = tl.sum(acc_gate, axis=0)
+    up = tl.sum(acc_up, axis=0)
+    h = gate * tl.sigmoid(gate) * up
+    tl.store(h_ptr + pair * stride_ht + offs_n, h.to(tl.float16), mask=n_mask)
+
+
+@triton.jit
+def _gemv_down_kernel(
+    h_ptr,
+    topk_ids_ptr,
+    topk_weights_ptr,
+    qweight_ptr,
+    scales_ptr,
+    zeros_ptr,
+    acc_ptr,
+    counter_ptr,
+    out_ptr,
+    K,
+    N,
+    top_k,
+    k_per_split,
+    arrivals,
+    stride_ht,
+    stride_qe,
+    stride_qk,
+    stride_se,
+    stride_sg,
+    stride_ot,
+    GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    MATH: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    token = pair // top_k
+    expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
+    routing_weight = tl.load(topk_weights_ptr + pair).to(tl.float32)
+    R: tl.constexpr = BLOCK_K // 8
+    offs_r = tl.arange(0, R)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    qweight = qweight_ptr + expert * stride_qe
+    scales = scales_ptr + expert * stride_se
+    zeros = zeros_ptr + expert * stride_se
+    h_row = h_ptr + pair * stride_ht
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    if MATH == 2:
+        acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([R, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        rows = k0 // 8 + offs_r
+        r_mask = rows < k_end // 8
+        w = tl.load(
+            qweight + rows[:, None] * stride_qk + offs_n[None, :],
+            mask=r_mask[:, None] & n_mask[None, :],
+            other=0,
+        )
+        s, z = load_group_params(
+            scales, zeros, k0, rows, r_mask, offs_n, n_mask, stride_sg, GROUP, BLOCK_K, HAS_ZEROS
+        )
+        acc = _gemv_step(acc, w, s, z, h_row, rows, r_mask, R, BLOCK_N, MATH)
+    partial = (tl.sum(acc, axis=0) * routing_weight)[None, :]
+    tokens = tl.zeros([1], dtype=tl.int32) + token
+    row_mask = tl.full([1], True, tl.int1)
+    accumulate_rows_and_finish(
+        acc_ptr,
+        counter_ptr,
+        out_ptr,
+        tokens,
+        row_mask,
+        offs_n,
+        n_mask,
+        partial,
+        N,
+        pid_n,
+        tl.num_programs(1),
+        arrivals,
+        stride_ot,
+    )
+
+
+@triton.jit
+def _tile_gate_up_kernel(
+    x_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_padded_ptr,
+    qweight_ptr,
+    scales_ptr,
+    zeros_ptr,
+    h_ptr,
+    acc_ptr,
+    counter_ptr,
+    K,
+    I,
+    top_k,
+    num_pairs,
+    num_acc,
+    num_counters,
+    stride_xt,
+    stride_qe,
+    stride_qk,
+    stride_se,
+    stride_sg,
+    stride_ht,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    ZERO_BLOCK: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    num_pid_n = tl.num_programs(1)
+    zero_workspace(
+        acc_ptr,
+        counter_ptr,
+        num_acc,
+        num_counters,
+        pid_m * num_pid_n + pid_n,
+        tl.num_programs(0) * num_pid_n,
+        ZERO_BLOCK,
+    )
+    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+        return  # block beyond the padded length: the grid is an upper bound
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + offs_m)
+    row_mask = pairs < num_pairs
+    tokens = pairs // top_k
+    R: tl.constexpr = BLOCK_K // 8
+    offs_r = tl.arange(0, R)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < I
+    qweight = qweight_ptr + expert * stride_qe
+    scales = scales_ptr + expert * stride_se
+    zeros = zeros_ptr + expert * stride_se
+    x_rows = x_ptr + tokens[:, None] * stride_xt
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rows = k0 // 8 + offs_r
+        r_mask = rows < K // 8
+        mask = r_mask[:, None] & n_mask[None, :]
+        w_ptrs = qweight + rows[:, None] * stride_qk + offs_n[None, :]
+        w_gate = tl.load(w_ptrs, mask=mask, other=0)
+        w_up = tl.load(w_ptrs + I, mask=mask, other=0)
+        s_gate, z_gate = load_group_params(
+            scales, zeros, k0, rows, r_mask, offs_n, n_mask, stride_sg, GROUP, BLOCK_K, HAS_ZEROS
+        )
+        s_up, z_up = load_group_params(
+            scales,
+            zeros,
+            k0,
+            rows,
+            r_mask,
+            offs_n + I,
+            n_mask,
+            stride_sg,
+            GROUP,
+            BLOCK_K,
+            HAS_ZEROS,
+        )
+        x_mask = row_mask[:, None] & r_mask[None, :]
+        for J in tl.static_range(4):
+            x_lo = tl.load(x_rows + (8 * rows + J)[None, :], mask=x_mask, other=0.0)
+            x_hi = tl.load(x_rows + (8 * rows + J + 4)[None, :], mask=x_mask, other=0.0)
+            g_lo, g_hi = int4_pair_fp16(w_gate, J)
+            acc_gate = tl.dot(x_lo, (g_lo - z_gate) * s_gate, acc_gate)
+            acc_gate = tl.dot(x_hi, (g_hi - z_gate) * s_gate, acc_gate)
+            u_lo, u_hi = int4_pair_fp16(w_up, J)
+            acc_up = tl.dot(x_lo, (u_lo - z_up) * s_up, acc_up)
+            acc_up = tl.dot(x_hi, (u_hi - z_up) * s_up, acc_up)
+    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
+    tl.store(
+        h_ptr + pairs[:, None] * stride_ht + offs_n[None, :],
+        h.to(tl.float16),
+        mask=row_mask[:, None] & n_mask[None, :],
+    )
+
+
+@triton.jit
+def _tile_down_kernel(
+    h_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_padded_ptr,
+    topk_weights_ptr,
+    qweight_ptr,
+    scales_ptr,
+    zeros_ptr,
+    acc_ptr,
+    counter_ptr,
+    out_ptr,
+    K,
+    N,
+    top_k,
+    num_pairs,
+    k_per_split,
+    arrivals,
+    stride_ht,
+    stride_qe,
+    stride_qk,
+    stride_se,
+    stride_sg,
+    stride_ot,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + offs_m)
+    row_mask = pairs < num_pairs
+    tokens = pairs // top_k
+    routing_weights = tl.load(topk_weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
+    R: tl.constexpr = BLOCK_K // 8
+    offs_r = tl.arange(0, R)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    qweight = qweight_ptr + expert * stride_qe
+    scales = scales_ptr + expert * stride_se
+    zeros = zeros_ptr + expert * stride_se
+    h_rows = h_ptr + pairs[:, None] * stride_ht
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        rows = k0 // 8 + offs_r
+        r_mask = rows < k_end // 8
+        w = tl.load(
+            qweight + rows[:, None] * stride_qk + offs_n[None, :],
+            mask=r_mask[:, None] & n_mask[None, :],
+            other=0,
+        )
+        s, z = load_group_params(
+            scales, zeros, k0, rows, r_mask, offs_n, n_mask, stride_sg, GROUP, BLOCK_K, HAS_ZEROS
+        )
+        a_mask = row_mask[:, None] & r_mask[None, :]
+        for J in tl.static_range(4):
+            a_lo = tl.load(h_rows + (8 * rows + J)[None, :], mask=a_mask, other=0.0)
+            a_hi = tl.load(h_rows + (8 * rows + J + 4)[None, :], mask=a_mask, other=0.0)
+            w_lo, w_hi = int4_pair_fp16(w, J)
+            acc = tl.dot(a_lo, (w_lo - z) * s, acc)
+            acc = tl.dot(a_hi, (w_hi - z) * s, acc)
+    accumulate_rows_and_finish(
+        acc_ptr,
+        counter_ptr,
+        out_ptr,
+        tokens,
+        row_mask,
+        offs_n,
+        n_mask,
+        acc * routing_weights[:, None],
+        N,
+        pid_n,
+        tl.num_programs(1),
+        arrivals,
+        stride_ot,
+    )
+
+
+def _k_per_split(K: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """K range per split, a multiple of block_k, and the number of non-empty splits."""
+    per_split = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
+    return per_split, triton.cdiv(K, per_split)
+
+
+def _zeros_arg(w: Int4Weight) -> torch.Tensor:
+    # Symmetric weights pass the scales as a never-read stand-in pointer.
+    return w.zeros if w.zeros is not None else w.scales
+
+
+def launch_gemv(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: Int4Weight,
+    w2: Int4Weight,
+    gate_up_config: GemvConfig,
+    down_config: GemvConfig,
+) -> torch.Tensor:
+    """The gemv path (arguments as in ``fused_moe_w4a16``, validated there)."""
+    T, H = x.shape
+    top_k = topk_ids.shape[1]
+    I = w2.in_features
+    num_pairs = T * top_k
+    device = x.device
+    h = torch.empty(num_pairs, I, dtype=torch.float16, device=device)
+    out = torch.empty(T, H, dtype=torch.float16, device=device)
+    num_pid_n_down = triton.cdiv(H, down_config.block_n)
+    acc = torch.empty(T, H, dtype=torch.float32, device=device)
+    counters = torch.empty(T, num_pid_n_down, dtype=torch.int32, device=device)
+    ids = topk_ids.reshape(-1)
+    weights = topk_weights.reshape(-1)
+    c = gate_up_config
+    _gemv_gate_up_kernel[(num_pairs, triton.cdiv(I, c.block_n))](
+        x, ids, w13.qweight, w13.scales, _zeros_arg(w13), h, acc, counters,
+        H, I, top_k, acc.numel(), counters.numel(),
+        x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1),
+        w13.scales.stride(0), w13.scales.stride(1), h.stride(0),
+        GROUP=w13.group_size, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        HAS_ZEROS=w13.zeros is not None, MATH=c.math, ZERO_BLOCK=ZERO_BLOCK,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )  # fmt: skip
+    c = down_config
+    k_per_split, splits = _k_per_split(I, c.block_k, c.split_k)
+    _gemv_down_kernel[(num_pairs, num_pid_n_down, splits)](
+        h, ids, weights, w2.qweight, w2.scales, _zeros_arg(w2), acc, counters, out,
+        I, H, top_k, k_per_split, top_k * splits,
+        h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1),
+        w2.scales.stride(0), w2.scales.stride(1), out.stride(0),
+        GROUP=w2.group_size, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        HAS_ZEROS=w2.zeros is not None, MATH=c.math,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def launch_tile(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: Int4Weight,
+    w2: Int4Weight,
+    gate_up_config: TileConfig,
+    down_config: TileConfig,
+) -> torch.Tensor:
+    """The tensor-core path (arguments as in ``fused_moe_w4a16``, validated there).
+
+    Both launches share one alignment, so their block_m must be equal.
+    """
+    if gate_up_config.block_m != down_config.block_m:
+        raise ValueError(
+            f"gate_up and down tile configs must share block_m, got "
+            f"{gate_up_config.block_m} and {down_config.block_m}"
+        )
+    T, H = x.shape
+    top_k = topk_ids.shape[1]
+    I = w2.in_features
+    E = w13.num_experts
+    num_pairs = T * top_k
+    device = x.device
+    block_m = gate_up_config.block_m
+    sorted_ids, expert_ids, num_post_padded = moe_align_block_size(topk_ids, E, block_m)
+    max_blocks = max_aligned_blocks(num_pairs, E, block_m)
+    h = torch.empty(num_pairs, I, dtype=torch.float16, device=device)
+    out = torch.empty(T, H, dtype=torch.float16, device=device)
+    num_pid_n_down = triton.cdiv(H, down_config.block_n)
+    acc = torch.empty(T, H, dtype=torch.float32, device=device)
+    counters = torch.empty(T, num_pid_n_down, dtype=torch.int32, device=device)
+    c = gate_up_config
+    _tile_gate_up_kernel[(max_blocks, triton.cdiv(I, c.block_n))](
+        x, sorted_ids, expert_ids, num_post_padded,
+        w13.qweight, w13.scales, _zeros_arg(w13), h, acc, counters,
+        H, I, top_k, num_pairs, acc.numel(), counters.numel(),
+        x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1),
+        w13.scales.stride(0), w13.scales.stride(1), h.stride(0),
+        GROUP=w13.group_size, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        HAS_ZEROS=w13.zeros is not None, ZERO_BLOCK=ZERO_BLOCK,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )  # fmt: skip
+    c = down_config
+    k_per_split, splits = _k_per_split(I, c.block_k, c.split_k)
+    _tile_down_kernel[(max_blocks, num_pid_n_down, splits)](
+        h, sorted_ids, expert_ids, num_post_padded, topk_weights.reshape(-1),
+        w2.qweight, w2.scales, _zeros_arg(w2), acc, counters, out,
+        I, H, top_k, num_pairs, k_per_split, top_k * splits,
+        h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1),
+        w2.scales.stride(0), w2.scales.stride(1), out.stride(0),
+        GROUP=w2.group_size, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        HAS_ZEROS=w2.zeros is not None,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )  # fmt: skip
+    return out
