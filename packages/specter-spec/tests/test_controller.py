@@ -23,16 +23,16 @@ from specter_spec import (
 )
 
 NEW_TOKENS = 24
-MODEL_SEEDS = (0, 1, 2)
+MODELS = (("llama", 0), ("llama", 1), ("llama", 2), ("qwen2", 3))  # (architecture, seed)
 PROMPT_LENGTHS = (1, 4, 9)  # 1: no prefill at all
 
 
 @pytest.fixture(scope="module")
 def tiny_models():
-    """Per model seed: target, fake-quantized draft, prompts, transformers' greedy output."""
+    """Per model: target, fake-quantized draft, prompts, transformers' greedy output."""
     cases = []
-    for seed in MODEL_SEEDS:
-        target = tiny_causal_lm(seed)
+    for arch, seed in MODELS:
+        target = tiny_causal_lm(seed, arch=arch)
         draft = fake_quantized(target, bits=4)
         gen = torch.Generator().manual_seed(100 + seed)
         prompts = [torch.randint(0, 64, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
