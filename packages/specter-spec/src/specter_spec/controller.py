@@ -79,7 +79,11 @@ class SpecController:
             ``observe(IterationStats)``).
         sampling: greedy or sampled decoding; defaults to greedy.
         clock: returns seconds; defaults to a :class:`PhaseClock` on the
-            target's device (tests inject a virtual clock).
+            target's device, which synchronises CUDA at each phase boundary
+            (iteration start, draft end, verify end, commit end). Pass
+            ``time.perf_counter`` to skip those synchronisations (the phase
+            times then measure kernel launches, and an adaptive depth learns
+            from those); tests inject a virtual clock.
         check_kv: verify the KV contract after every iteration (three integer
             reads per iteration; a violation raises ``RuntimeError``).
 
