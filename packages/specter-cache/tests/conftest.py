@@ -1,43 +1,18 @@
 """Shared fixtures of specter-cache's tests: small random expert stores."""
 
-from __future__ import annotations
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from specter_cache import ExpertLayout, ExpertStore
+# Helper modules beside the tests are importable under --import-mode=importlib.
+sys.path.insert(0, str(Path(__file__).parent))
 
+from cache_helpers import build_store
 
-def random_expert(layout: ExpertLayout, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Fresh random tensors matching ``layout``."""
-    out = {}
-    for name, spec in layout.specs.items():
-        if spec.dtype.is_floating_point:
-            out[name] = torch.randn(spec.shape, generator=generator).to(spec.dtype)
-        else:
-            out[name] = torch.randint(-1000, 1000, spec.shape, generator=generator).to(spec.dtype)
-    return out
-
-
-def build_store(
-    num_layers: int,
-    num_experts: int,
-    layout: ExpertLayout | None = None,
-    seed: int = 0,
-    **store_kwargs,
-) -> tuple[ExpertStore, dict[tuple[int, int], dict[str, torch.Tensor]]]:
-    """A store filled with random experts, plus an independent copy of what was put."""
-    if layout is None:
-        layout = ExpertLayout({"gate_up": ((6, 4), torch.float16), "down": ((4, 3), torch.float16)})
-    g = torch.Generator().manual_seed(seed)
-    store = ExpertStore(num_layers, num_experts, layout, **store_kwargs)
-    reference = {}
-    for layer in range(num_layers):
-        for e in range(num_experts):
-            tensors = random_expert(layout, g)
-            store.put(layer, e, tensors)
-            reference[(layer, e)] = {k: v.clone() for k, v in tensors.items()}
-    return store, reference
+# Tiny tensors: intra-op threads only add synchronisation on a small shared machine.
+torch.set_num_threads(1)
 
 
 @pytest.fixture

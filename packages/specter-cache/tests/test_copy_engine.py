@@ -31,10 +31,12 @@ def test_deferred_engine_runs_copies_in_order_only_when_asked():
     assert all(torch.equal(d, torch.zeros(3)) for d in dsts)
     assert engine.step(1) == 1
     assert [ev.query() for ev in events] == [True, False, False, False]
-    assert torch.equal(dsts[0], srcs[0]) and torch.equal(dsts[1], torch.zeros(3))
+    assert torch.equal(dsts[0], srcs[0])
+    assert torch.equal(dsts[1], torch.zeros(3))
     events[2].wait()  # completes copies up to and including the third, not the fourth
     assert [ev.query() for ev in events] == [True, True, True, False]
-    assert torch.equal(dsts[2], srcs[2]) and torch.equal(dsts[3], torch.zeros(3))
+    assert torch.equal(dsts[2], srcs[2])
+    assert torch.equal(dsts[3], torch.zeros(3))
     assert events[0].elapsed_seconds(events[2]) >= 0
     engine.synchronize()
     assert engine.pending == 0

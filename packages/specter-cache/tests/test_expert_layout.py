@@ -1,5 +1,6 @@
 """ExpertLayout: record offsets, sizes and validation of expert tensors."""
 
+import itertools
 import random
 
 import pytest
@@ -27,7 +28,7 @@ def test_offsets_are_aligned_disjoint_and_hold_every_tensor(seed):
         assert off % RECORD_ALIGNMENT == 0
         spans.append((off, off + nbytes))
     spans.sort()
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert end <= start
     assert spans[-1][1] <= layout.record_bytes
     assert layout.record_bytes % RECORD_ALIGNMENT == 0
@@ -73,7 +74,7 @@ def test_bad_specs_are_rejected():
         ExpertLayout({"a": "fp16"})
     with pytest.raises(ValueError, match="non-negative"):
         TensorSpec((-1, 2), torch.float16)
-    with pytest.raises(TypeError, match="torch.dtype"):
+    with pytest.raises(TypeError, match=r"torch\.dtype"):
         TensorSpec((1, 2), "float16")
     with pytest.raises(KeyError, match="known names"):
         ExpertLayout({"a": ((1,), torch.float16)}).spec("b")

@@ -72,7 +72,8 @@ def test_per_layer_layouts():
     big = ExpertLayout({"w": ((8, 4), torch.float16)})
     store = ExpertStore(2, 3, [small, big])
     store.put(1, 2, {"w": torch.ones(8, 4, dtype=torch.float16)})
-    assert store.expert_bytes(0) == 8 and store.expert_bytes(1) == 64
+    assert store.expert_bytes(0) == 8
+    assert store.expert_bytes(1) == 64
     with pytest.raises(ValueError, match=r"\(8, 4\)"):
         store.put(0, 0, {"w": torch.ones(8, 4, dtype=torch.float16)})
     with pytest.raises(ValueError, match="one per layer"):
@@ -89,15 +90,15 @@ def test_bad_indices_are_rejected(make_store, layer, expert, match):
         store.get(layer, expert)
 
 
-def _checkpoint(tmp_path, L, E, I, H, g):
+def _checkpoint(tmp_path, L, E, inter, H, g):
     """A checkpoint laid out as HF MoE models store it: gate, up, down per expert."""
     tensors = {}
     for layer in range(L):
         for e in range(E):
             p = f"model.layers.{layer}.mlp.experts.{e}"
-            tensors[f"{p}.gate_proj.weight"] = torch.randn(I, H, generator=g).to(torch.bfloat16)
-            tensors[f"{p}.up_proj.weight"] = torch.randn(I, H, generator=g).to(torch.bfloat16)
-            tensors[f"{p}.down_proj.weight"] = torch.randn(H, I, generator=g).to(torch.bfloat16)
+            tensors[f"{p}.gate_proj.weight"] = torch.randn(inter, H, generator=g).to(torch.bfloat16)
+            tensors[f"{p}.up_proj.weight"] = torch.randn(inter, H, generator=g).to(torch.bfloat16)
+            tensors[f"{p}.down_proj.weight"] = torch.randn(H, inter, generator=g).to(torch.bfloat16)
     # Split over two files like sharded checkpoints.
     keys = sorted(tensors)
     files = [tmp_path / "model-0.safetensors", tmp_path / "model-1.safetensors"]
@@ -108,10 +109,12 @@ def _checkpoint(tmp_path, L, E, I, H, g):
 
 
 def test_lazy_safetensors_load_concatenates_gate_up_and_converts_dtype(tmp_path):
-    L, E, I, H = 2, 3, 5, 4
+    L, E, inter, H = 2, 3, 5, 4
     g = torch.Generator().manual_seed(5)
-    tensors, where = _checkpoint(tmp_path, L, E, I, H, g)
-    layout = ExpertLayout({"gate_up": ((2 * I, H), torch.float16), "down": ((H, I), torch.float16)})
+    tensors, where = _checkpoint(tmp_path, L, E, inter, H, g)
+    layout = ExpertLayout(
+        {"gate_up": ((2 * inter, H), torch.float16), "down": ((H, inter), torch.float16)}
+    )
     sources = {}
     for layer in range(L):
         for e in range(E):

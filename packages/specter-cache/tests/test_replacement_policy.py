@@ -10,10 +10,9 @@ from specter_cache import LFUPolicy, LRUPolicy, PredictivePolicy, ReplacementPol
 def _drive(policy, rng, layers=2, experts=8, events=60):
     """Random insert/access events; returns the reference last-use and frequency tables."""
     policy.reset(layers, experts)
-    clock, last, freq = 0, {}, {}
-    for _ in range(events):
+    last, freq = {}, {}
+    for clock in range(1, events + 1):
         layer, e = rng.randrange(layers), rng.randrange(experts)
-        clock += 1
         if rng.random() < 0.3:
             policy.on_insert(layer, e)
             freq[(layer, e)] = 0

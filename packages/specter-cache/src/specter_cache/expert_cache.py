@@ -72,6 +72,7 @@ class _LayerPool:
         self.slot_expert = [-1] * slots
         self.expert_slot: dict[int, int] = {}
         self.ready: list[TransferEvent | None] = [None] * slots
+        self.load_seq = [0] * slots  # issue order of the slot's last load (copy-stream FIFO)
         self.last_use: list[TransferEvent | None] = [None] * slots
         self.protect = [0] * slots
         self.empty = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
@@ -225,7 +226,8 @@ class Acquisition:
 
     def _next_wave(self) -> Wave | None:
         if not self._ready:
-            self._issue()
+            self._issue()  # may also claim experts that another path loaded meanwhile
+        if not self._ready:
             if not self._pending:
                 if self._unissued:
                     raise RuntimeError(
@@ -240,8 +242,11 @@ class Acquisition:
             for item in self._pending:
                 (done if item[2].query() else rest).append(item)
             if not done:
-                # Nothing has arrived: the compute stream waits for the earliest copy.
-                first = rest.pop(0)
+                # Nothing has arrived: the compute stream waits for the earliest-issued copy
+                # (the copy stream is FIFO, so it completes first).
+                pool = self._cache._pools[self.layer]
+                first = min(rest, key=lambda item: pool.load_seq[item[1]])
+                rest.remove(first)
                 self._cache._wait(self.layer, first[2])
                 done = [first]
             self._pending = rest
@@ -260,28 +265,14 @@ class Acquisition:
         wave._released = True
         self._outstanding.remove(wave)
 
-    def _waves(self) -> Iterator[Wave]:
-        st = self._cache._stats.layers[self.layer]
-        try:
-            while True:
-                wave = self._next_wave()
-                if wave is None:
-                    return
-                self._outstanding.append(wave)
-                st.waves += 1
-                yield wave
-                # Asking for the next wave means the previous ones have been enqueued.
-                for w in list(self._outstanding):
-                    w.release()
-        finally:
-            self.close()
-
     # ---------------------------------------------------------------------------- public
     def __iter__(self) -> Iterator[Wave]:
         if self._iterated:
             raise RuntimeError("an Acquisition can be iterated only once; acquire again")
+        if self._closed:
+            raise RuntimeError("this Acquisition was closed before iteration; acquire again")
         self._iterated = True
-        return self._waves()
+        return _WaveIterator(self)
 
     @property
     def closed(self) -> bool:
@@ -308,6 +299,45 @@ class Acquisition:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _WaveIterator:
+    """Iterator over an acquisition's waves; closing it (or dropping it) releases all claims."""
+
+    __slots__ = ("_acquisition",)
+
+    def __init__(self, acquisition: Acquisition):
+        self._acquisition = acquisition
+
+    def __iter__(self) -> _WaveIterator:
+        return self
+
+    def __next__(self) -> Wave:
+        acq = self._acquisition
+        if acq._closed:
+            raise StopIteration
+        # Asking for the next wave means the previous ones have been enqueued.
+        for w in list(acq._outstanding):
+            w.release()
+        try:
+            wave = acq._next_wave()
+        except BaseException:
+            acq.close()
+            raise
+        if wave is None:
+            acq.close()
+            raise StopIteration
+        acq._outstanding.append(wave)
+        acq._cache._stats.layers[acq.layer].waves += 1
+        return wave
+
+    def close(self) -> None:
+        """Release every wave and claim of the acquisition."""
+        self._acquisition.close()
+
+    def __del__(self) -> None:
+        # A `for` loop left by `break` drops its iterator: release the claims right away.
+        self._acquisition.close()
 
 
 class ExpertCache:
@@ -379,6 +409,7 @@ class ExpertCache:
         self._slot_ids = ids
         self._slot_id_views = [ids[i : i + 1] for i in range(len(ids))]
         self._stats = CacheStats(L)
+        self._load_seq = 0
         self._stall_events: list[tuple[int, TransferEvent, TransferEvent]] = []
         self._transfers: list[tuple[int, TransferEvent, TransferEvent]] = []
 
@@ -695,6 +726,8 @@ class ExpertCache:
             engine.copy(dst, src[name])
         engine.copy(pool.map_views[expert], self._slot_id_views[slot + 1])
         pool.ready[slot] = engine.record()
+        self._load_seq += 1
+        pool.load_seq[slot] = self._load_seq
         pool.slot_expert[slot] = expert
         pool.expert_slot[expert] = slot
         self._policy.on_insert(layer, expert)
