@@ -1,0 +1,162 @@
+"""SpeculativePrefetcher: the observer protocol driving counter, planner and cache on the CPU."""
+
+import inspect
+import random
+
+import pytest
+import torch
+
+from specter_cache import (
+    ExpertCache,
+    ExpertLayout,
+    PlannerConfig,
+    PlannerPhase,
+    PrefetchPlanner,
+    RoutingCounter,
+    SpeculativePrefetcher,
+)
+
+LAYOUT = ExpertLayout({"w": ((4, 4), torch.float32)})
+
+
+def make(make_store, layers=2, experts=8, slots=3, chunk=2):
+    store, _ = make_store(layers, experts, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=slots, device="cpu", policy="predictive")
+    counter = RoutingCounter(layers, experts, "cpu")
+    # Fixed chunk length: boundaries do not depend on measured (wall-clock) draft time.
+    planner = PrefetchPlanner(PlannerConfig(initial_chunk=chunk, min_chunk=chunk, max_chunk=chunk))
+    return cache, counter, SpeculativePrefetcher(cache, counter, planner)
+
+
+def draft_token(prefetcher, index, routing):
+    """One draft forward: each MoE layer reports its top-k ids, then the token is announced."""
+    for layer, ids in routing.items():
+        prefetcher.counter.observe(layer, torch.tensor(ids))
+    prefetcher.on_draft_token(index)
+
+
+def verify(cache, needed):
+    for layer, experts in needed.items():
+        for wave in cache.acquire(layer, experts):
+            wave.release()
+
+
+def test_three_phases_over_one_draft(make_store):
+    cache, counter, pf = make(make_store)
+    pf.on_draft_start(8)
+    assert pf.planner.phase is PlannerPhase.COLD_START
+    draft_token(pf, 0, {0: [0, 1], 1: [2]})
+    assert cache.stats()["total"]["prefetch_loads"] == 0  # cold start: observe only
+    draft_token(pf, 1, {0: [0], 1: [2, 3]})
+    # Boundary at 2 tokens: plans {0: [0, 1], 1: [2, 3]} go out as the first batch.
+    assert pf.planner.phase is PlannerPhase.PREFETCH_OVERLAP
+    assert sorted(cache.resident_experts(0)) == [0, 1]
+    assert sorted(cache.resident_experts(1)) == [2, 3]
+    assert pf.planner.next_boundary == 4
+    draft_token(pf, 2, {0: [5], 1: [6]})
+    draft_token(pf, 3, {0: [0], 1: [2]})
+    # Boundary at 4: the batch (5 and 6) fills the remaining slots: final cleanup.
+    assert pf.planner.phase is PlannerPhase.FINAL_CLEANUP
+    assert sorted(cache.resident_experts(0)) == [0, 1, 5]
+    assert sorted(cache.resident_experts(1)) == [2, 3, 6]
+    assert int(counter.counts.sum()) == 0  # counters cleared
+    for i in range(4, 8):
+        draft_token(pf, i, {0: [7], 1: [7]})  # no more prediction
+    assert cache.stats()["total"]["prefetch_loads"] == 6
+    pf.on_verify_start(9)
+    assert int(counter.counts.sum()) == 0
+    verify(cache, {0: [0, 5, 7], 1: [2, 3]})
+    pf.on_verify_end(5)
+    st = pf.stats()
+    assert (st["boundaries"], st["cleanups"], st["cleanup_tokens"]) == (2, 1, 4)
+    assert st["plan_precision"] == pytest.approx(4 / 6)  # planned {0,1,5}, {2,3,6}
+    assert st["plan_recall"] == pytest.approx(4 / 5)  # needed {0,5,7}, {2,3}
+    total = st["cache"]["total"]
+    assert (total["prefetch_used"], total["prefetch_wasted"], total["misses"]) == (4, 2, 1)
+    assert total["prefetch_precision"] == pytest.approx(4 / 6)
+    assert total["prefetch_recall"] == pytest.approx(4 / 5)
+
+
+def test_a_draft_that_stops_early_gets_a_final_snapshot_at_verify_start(make_store):
+    cache, counter, pf = make(make_store)
+    pf.on_draft_start(6)
+    draft_token(pf, 0, {0: [1]})
+    draft_token(pf, 1, {0: [1]})  # boundary: expert 1 of layer 0
+    draft_token(pf, 2, {0: [4], 1: [5]})  # observed, but the next boundary (4) never comes
+    assert cache.slot_of(0, 4) == -1
+    pf.on_verify_start(4)
+    assert cache.slot_of(0, 4) >= 0
+    assert cache.slot_of(1, 5) >= 0
+    assert pf.planner.phase is PlannerPhase.IDLE
+    assert int(counter.counts.sum()) == 0
+
+
+def test_depth_zero_iterations_prefetch_nothing(make_store):
+    cache, _, pf = make(make_store)
+    pf.on_draft_start(0)
+    pf.on_verify_start(1)
+    verify(cache, {0: [3]})
+    pf.on_verify_end(0)
+    total = cache.stats()["total"]
+    assert (total["prefetch_loads"], total["misses"]) == (0, 1)
+    assert pf.stats()["boundaries"] == 0
+
+
+def test_protocol_misuse_is_reported(make_store):
+    cache, counter, pf = make(make_store)
+    with pytest.raises(RuntimeError, match="on_draft_start"):
+        pf.on_draft_token(0)
+    pf.on_draft_start(4)
+    with pytest.raises(ValueError, match="expected 0"):
+        pf.on_draft_token(1)
+    with pytest.raises(ValueError, match="num_tokens"):
+        pf.on_verify_start(0)
+    with pytest.raises(ValueError, match="num_accepted"):
+        pf.on_verify_end(-1)
+    with pytest.raises(ValueError, match="depth"):
+        pf.on_draft_start(-2)
+    with pytest.raises(ValueError, match="RoutingCounter is"):
+        SpeculativePrefetcher(cache, RoutingCounter(3, 8, "cpu"))
+    with pytest.raises(ValueError, match="top_m"):
+        SpeculativePrefetcher(cache, counter, top_m=[1])
+
+
+def test_observer_protocol_signatures():
+    # specter-spec calls these by duck typing with these argument names.
+    expected = {
+        "on_draft_start": ["depth"],
+        "on_draft_token": ["index"],
+        "on_verify_start": ["num_tokens"],
+        "on_verify_end": ["num_accepted"],
+    }
+    for name, params in expected.items():
+        sig = inspect.signature(getattr(SpeculativePrefetcher, name))
+        assert list(sig.parameters)[1:] == params, name
+
+
+def test_many_iterations_keep_the_books_balanced(make_store):
+    cache, _, pf = make(make_store, layers=3, experts=10, slots=4, chunk=3)
+    rng = random.Random(5)
+    for _ in range(12):
+        depth = rng.choice([0, 2, 5, 8])
+        # The target's routing for the K + 1 rows; the draft agrees most of the time.
+        target = [{layer: rng.sample(range(10), 2) for layer in range(3)} for _ in range(depth + 1)]
+        pf.on_draft_start(depth)
+        for i in range(depth):
+            draft = {
+                layer: ids if rng.random() < 0.8 else rng.sample(range(10), 2)
+                for layer, ids in target[i + 1].items()
+            }
+            draft_token(pf, i, draft)
+        pf.on_verify_start(depth + 1)
+        needed = {layer: sorted({e for row in target for e in row[layer]}) for layer in range(3)}
+        verify(cache, needed)
+        pf.on_verify_end(rng.randint(0, depth))
+        total = cache.stats()["total"]
+        assert total["prefetch_used"] + total["prefetch_wasted"] == total["prefetch_loads"]
+        for layer in range(3):
+            assert all(s.protected == 0 for s in cache.slot_states(layer))
+    st = pf.stats()
+    assert st["verifications"] == 12
+    assert st["plan_recall"] is None or 0 <= st["plan_recall"] <= 1
+    assert st["cache"]["total"]["hits"] > 0
