@@ -1,0 +1,132 @@
+"""ExpertCache on a CUDA device: the copy stream, readiness and last-use events, no host syncs.
+
+Skipped without a GPU (run on the GPU machine: ``pytest -m gpu``).
+"""
+
+import pytest
+import torch
+
+from cache_helpers import build_store
+from specter_cache import (
+    CudaCopyEngine,
+    ExpertCache,
+    ExpertLayout,
+    PlannerConfig,
+    PrefetchPlanner,
+    RoutingCounter,
+    SpeculativePrefetcher,
+)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+LAYOUT = ExpertLayout({"w": ((256, 256), torch.float32), "b": ((256,), torch.float32)})
+SLEEP_CYCLES = 50_000_000  # tens of milliseconds: far longer than the copies
+
+
+def test_store_is_pinned_and_the_engine_is_a_copy_stream():
+    store, _ = build_store(1, 4, LAYOUT)
+    assert store.is_pinned
+    assert store.get(0, 0)["w"].is_pinned()
+    cache = ExpertCache(store, slots_per_layer=2, device="cuda")
+    assert isinstance(cache.copy_engine, CudaCopyEngine)
+    assert cache.copy_engine.stream != torch.cuda.current_stream()
+
+
+def test_compute_waits_for_a_delayed_copy():
+    store, ref = build_store(1, 4, LAYOUT, seed=1)
+    cache = ExpertCache(store, slots_per_layer=2, device="cuda")
+    x = torch.randn(8, 256, device="cuda")
+    with torch.cuda.stream(cache.copy_engine.stream):
+        torch.cuda._sleep(SLEEP_CYCLES)  # the copy stream is busy: the load lands late
+    cache.prefetch({0: [3]})
+    outs = {}
+    for wave in cache.acquire(0, [3]):
+        slot = wave.slots[0]
+        outs[3] = x @ cache.slot_tensors(0)["w"][slot].T + cache.slot_tensors(0)["b"][slot]
+        wave.release()
+    expect = x.cpu() @ ref[(0, 3)]["w"].T + ref[(0, 3)]["b"]
+    torch.testing.assert_close(outs[3].cpu(), expect, rtol=1e-3, atol=1e-3)
+    assert cache.stats()["total"]["stall_seconds"] > 0
+
+
+def test_a_slot_is_not_overwritten_while_a_kernel_still_reads_it():
+    store, ref = build_store(1, 4, LAYOUT, seed=2)
+    cache = ExpertCache(store, slots_per_layer=1, device="cuda")
+    x = torch.randn(8, 256, device="cuda")
+    for wave in cache.acquire(0, [1]):
+        torch.cuda._sleep(SLEEP_CYCLES)  # the reading kernel starts late on the compute stream
+        out = x @ cache.slot_tensors(0)["w"][wave.slots[0]].T
+        wave.release()
+    cache.prefetch({0: [2]})  # evicts expert 1 from the only slot: must wait for the last use
+    expect = x.cpu() @ ref[(0, 1)]["w"].T
+    torch.testing.assert_close(out.cpu(), expect, rtol=1e-3, atol=1e-3)
+    cache.synchronize()
+    assert cache.expert_to_slot(0).tolist() == [-1, -1, 0, -1]
+    torch.testing.assert_close(cache.slot_tensors(0)["w"][0].cpu(), ref[(0, 2)]["w"])
+
+
+def test_random_traffic_matches_the_store_and_needs_no_host_sync():
+    store, ref = build_store(2, 12, LAYOUT, seed=3)
+    cache = ExpertCache(store, slots_per_layer=4, device="cuda", policy="predictive")
+    counter = RoutingCounter(2, 12, "cuda")
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 256, device="cuda")
+    results = []
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host sync below raises
+    try:
+        for step in range(30):
+            layer = step % 2
+            if step % 3 == 0:
+                plan = {layer: torch.randperm(12, generator=g)[:4].tolist()}
+                cache.set_plan(plan)
+                cache.prefetch(plan)
+            counter.observe(layer, torch.randint(0, 12, (4, 2), device="cuda"))
+            needed = torch.randperm(12, generator=g)[: int(torch.randint(1, 7, (1,), generator=g))]
+            for wave in cache.acquire(layer, needed.tolist()):
+                for e, s in zip(wave.experts, wave.slots, strict=True):
+                    w = cache.slot_tensors(layer)["w"][s]
+                    results.append((layer, e, x @ w.T))
+                wave.release()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for layer, e, y in results:
+        torch.testing.assert_close(y.cpu(), x.cpu() @ ref[(layer, e)]["w"].T, rtol=1e-3, atol=1e-3)
+    cache.synchronize()
+    for layer in range(2):
+        expect = [-1] * 12
+        for slot, info in enumerate(cache.slot_states(layer)):
+            if info.expert >= 0:
+                expect[info.expert] = slot
+        assert cache.expert_to_slot(layer).tolist() == expect
+    total = cache.stats()["total"]
+    assert total["waves"] >= 30
+    assert total["overflow_acquires"] > 0
+    assert int(counter.counts.sum()) == 30 * 8
+
+
+def test_prefetcher_on_cuda_prefetches_from_device_counters():
+    store, _ = build_store(2, 8, LAYOUT, seed=5)
+    cache = ExpertCache(store, slots_per_layer=3, device="cuda", policy="predictive")
+    counter = RoutingCounter(2, 8, "cuda")
+    planner = PrefetchPlanner(PlannerConfig(initial_chunk=2))
+    pf = SpeculativePrefetcher(cache, counter, planner)
+    pf.on_draft_start(6)
+    for i in range(6):
+        for layer in range(2):
+            counter.observe(layer, torch.tensor([[1, 2 + layer]], device="cuda"))
+        torch.cuda.synchronize()  # the timing markers are complete when a boundary reads them
+        pf.on_draft_token(i)
+    pf.on_verify_start(7)
+    for layer in range(2):
+        for wave in cache.acquire(layer, [1, 2 + layer]):
+            wave.release()
+    pf.on_verify_end(6)
+    st = pf.stats()
+    assert st["plan_recall"] == 1.0
+    assert st["cache"]["total"]["misses"] == 0
+    assert st["draft_token_seconds"] is not None
+    assert st["bandwidth_bytes_per_s"] > 0
