@@ -37,7 +37,10 @@ class RoutingCounter:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.num_layers = num_layers
         self.num_experts = num_experts
-        self.device = torch.device(device)
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self.counts = torch.zeros(num_layers, num_experts, dtype=torch.int32, device=self.device)
         self._ones = torch.ones(64, dtype=torch.int32, device=self.device)
         self.observations = 0  # observe() calls since the last clear (host-side bookkeeping)
