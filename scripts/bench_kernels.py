@@ -404,27 +404,28 @@ def sweep(rec: Recorder, shape: ModelShape, tokens: list[int]) -> None:
     log(f"== sweep {shape.name}")
     sets = [make_weights(shape, seed) for seed in range(NUM_SETS)]
     H, I, k, E = shape.hidden, shape.intermediate, shape.top_k, shape.experts
-    gemv_gu = [GemvConfig(bn, bk, 1, w, st, m) for bn, bk, w, st, m in [
-        (16, 256, 4, 2, 1), (32, 128, 4, 2, 1), (32, 256, 4, 2, 1), (32, 512, 4, 2, 1),
-        (64, 256, 4, 2, 1), (32, 256, 4, 1, 1), (32, 256, 4, 3, 1), (64, 512, 8, 2, 1),
-        (32, 256, 4, 2, 0), (32, 128, 4, 2, 2), (64, 128, 4, 2, 2), (64, 256, 4, 2, 2)]]  # fmt: skip
-    gemv_dn = [GemvConfig(bn, bk, sp, w, st, m) for bn, bk, sp, w, st, m in [
-        (64, 256, 1, 4, 2, 1), (64, 256, 2, 4, 2, 1), (64, 256, 4, 4, 2, 1), (64, 256, 8, 4, 2, 1),
-        (32, 256, 2, 4, 2, 1), (128, 256, 2, 4, 2, 1), (64, 128, 4, 4, 2, 1), (128, 128, 4, 8, 2, 1),
-        (64, 256, 2, 4, 2, 0), (64, 128, 4, 4, 2, 2), (128, 128, 2, 4, 2, 2)]]  # fmt: skip
-    tile_gu = [TileConfig(16, bn, bk, 1, w, st) for bn, bk, w, st in [
-        (32, 128, 4, 3), (64, 128, 4, 3), (64, 256, 4, 3), (128, 128, 4, 3), (64, 128, 4, 2),
-        (64, 128, 4, 4), (128, 128, 8, 3)]]  # fmt: skip
-    tile_dn = [TileConfig(16, bn, bk, sp, w, st) for bn, bk, sp, w, st in [
-        (64, 128, 1, 4, 3), (64, 128, 2, 4, 3), (64, 128, 4, 4, 3), (64, 128, 8, 4, 3),
-        (32, 128, 4, 4, 3), (128, 128, 2, 4, 3), (64, 256, 2, 4, 3)]]  # fmt: skip
+    gemv_gu = [GemvConfig(bn, bk, sp, w, 2, m) for bn, bk, sp, w, m in [
+        (32, 256, 1, 4, 1), (32, 256, 2, 4, 1), (32, 256, 4, 4, 1), (32, 256, 8, 4, 1),
+        (32, 128, 8, 4, 1), (32, 128, 16, 4, 1), (16, 256, 4, 4, 1), (64, 256, 4, 4, 1),
+        (64, 128, 8, 4, 1), (32, 256, 4, 4, 0), (32, 512, 2, 4, 1), (32, 256, 4, 2, 1)]]  # fmt: skip
+    gemv_dn = [GemvConfig(bn, bk, sp, w, 2, m) for bn, bk, sp, w, m in [
+        (64, 128, 1, 4, 1), (64, 128, 2, 4, 1), (64, 128, 4, 4, 1), (64, 128, 8, 4, 1),
+        (64, 256, 2, 4, 1), (32, 128, 4, 4, 1), (128, 128, 4, 4, 1), (64, 128, 4, 4, 0),
+        (64, 64, 8, 4, 1)]]  # fmt: skip
+    tile_gu = [TileConfig(16, bn, bk, sp, 4, 3) for bn, bk, sp in [
+        (64, 128, 1), (64, 128, 2), (64, 128, 4), (64, 128, 8), (32, 128, 4), (128, 128, 4),
+        (64, 256, 4)]]  # fmt: skip
+    tile_dn = [TileConfig(16, bn, bk, sp, 4, 3) for bn, bk, sp in [
+        (64, 128, 1), (64, 128, 2), (64, 128, 4), (64, 128, 8), (128, 128, 4), (32, 128, 4)]]  # fmt: skip
     for T in tokens:
         inputs = [make_inputs(shape, T, 500 + i) for i in range(NUM_SETS)]
         ws0, in0 = sets[0], inputs[0]
         ref = sk.fused_moe_w4a16_reference(in0.x, in0.ids, in0.weights, ws0.w13, ws0.w2)
         d_gu, d_dn = w4a16_configs.gemv_configs(in0.x.device, T, k, H, I)
         t_gu, t_dn = w4a16_configs.tile_configs(in0.x.device, T, k, E, H, I)
-        t_gu = TileConfig(16, t_gu.block_n, t_gu.block_k, 1, t_gu.num_warps, t_gu.num_stages)
+        t_gu = TileConfig(
+            16, t_gu.block_n, t_gu.block_k, t_gu.split_k, t_gu.num_warps, t_gu.num_stages
+        )
         t_dn = TileConfig(
             16, t_dn.block_n, t_dn.block_k, t_dn.split_k, t_dn.num_warps, t_dn.num_stages
         )
@@ -459,9 +460,14 @@ def sweep(rec: Recorder, shape: ModelShape, tokens: list[int]) -> None:
 
 
 def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth (bytes read + written), after a clock warm-up."""
     n = 1 << 30
     src = torch.empty(n, dtype=torch.uint8, device=DEVICE).random_(0, 255)
     dst = torch.empty_like(src)
+    deadline = time.perf_counter() + 1.0
+    while time.perf_counter() < deadline:
+        dst.copy_(src)
+        torch.cuda.synchronize()
     us = time_graph([lambda: dst.copy_(src)], reps=4, budget_s=0.2)
     return 2 * n / (us * 1e-6)
 
@@ -487,7 +493,7 @@ def print_table(shape: ModelShape, summary: dict, tokens: list[int], grouped_tok
 
 def run_sweeps(rec: Recorder, models: list[ModelShape], t0: float) -> None:
     for shape in models:
-        sweep(rec, shape, [1, 4, 8, 32] if shape.experts > 16 else [1, 8])
+        sweep(rec, shape, [1, 2, 4, 8, 16, 32] if shape.experts > 16 else [1, 8])
     log(f"sweep done at {time.perf_counter() - t0:.0f} s")
 
 
@@ -552,6 +558,7 @@ def main() -> int:
         print_table(shape, summaries[shape.name], tokens, grouped_tokens)
     if args.sweep:  # after the benchmark, so a crash here cannot lose its records
         run_sweeps(rec, [m for m in models if m.name != "qwen1.5-moe"], t0)
+    log(f"copy bandwidth at the end: {copy_bandwidth() / 1e12:.2f} TB/s")
     errors = [r for r in rec.rows if "error" in r]
     bad = [r for r in rec.rows if r.get("rel_err", 0) > 2e-2 and "prefill" not in r["path"]]
     log(f"\n{len(rec.rows)} records, {len(errors)} errors, {len(bad)} over 2e-2 error; "

@@ -79,25 +79,44 @@ def load_group_params(
 
 
 @triton.jit
-def zero_workspace(
-    acc_ptr, counter_ptr, num_acc, num_counters, pid, num_programs, ZERO_BLOCK: tl.constexpr
+def finish_gate_up(
+    ws_ptr,
+    counter_ptr,
+    h_ptr,
+    rows,
+    row_mask,
+    offs_n,
+    n_mask,
+    gate,
+    up,
+    I,
+    pid_n,
+    num_pid_n,
+    arrivals,
+    stride_h,
+    SPLIT: tl.constexpr,
 ):
-    """Zero the fp32 accumulator and arrival counters, spread over all programs.
+    """Write ``h = silu(gate) * up`` (fp16) for pair ``rows``; gate/up are ``[BM, BLOCK_N]``.
 
-    The gate_up launch does this for the down launch that follows it on the same
-    stream, which saves a separate memset launch per layer.
+    Without SPLIT the sums are complete. With SPLIT, ``arrivals`` programs each hold a
+    K-slice of them: each adds its part into the fp32 workspace ``ws [pairs, 2I]``
+    (gate in ``[:I]``, up in ``[I:]``), takes a ticket, and the program with the last
+    ticket applies the activation to the finished sums (see accumulate_rows_and_finish).
     """
-    offs = tl.arange(0, ZERO_BLOCK)
-    for start in range(pid * ZERO_BLOCK, num_acc, num_programs * ZERO_BLOCK):
-        tl.store(
-            acc_ptr + start + offs, tl.zeros([ZERO_BLOCK], tl.float32), mask=start + offs < num_acc
-        )
-    for start in range(pid * ZERO_BLOCK, num_counters, num_programs * ZERO_BLOCK):
-        tl.store(
-            counter_ptr + start + offs,
-            tl.zeros([ZERO_BLOCK], tl.int32),
-            mask=start + offs < num_counters,
-        )
+    mask = row_mask[:, None] & n_mask[None, :]
+    if SPLIT:
+        gate_ptrs = ws_ptr + rows[:, None] * (2 * I) + offs_n[None, :]
+        tl.atomic_add(gate_ptrs, gate, mask=mask)
+        tl.atomic_add(gate_ptrs + I, up, mask=mask)
+        tl.debug_barrier()
+        tickets = tl.atomic_add(counter_ptr + rows * num_pid_n + pid_n, 1, mask=row_mask)
+        tl.debug_barrier()
+        last = row_mask & (tickets == arrivals - 1)
+        mask = last[:, None] & n_mask[None, :]
+        gate = tl.where(mask, tl.atomic_add(gate_ptrs, 0.0, mask=mask), 0.0)
+        up = tl.where(mask, tl.atomic_add(gate_ptrs + I, 0.0, mask=mask), 0.0)
+    h = gate * tl.sigmoid(gate) * up
+    tl.store(h_ptr + rows[:, None] * stride_h + offs_n[None, :], h.to(tl.float16), mask=mask)
 
 
 @triton.jit

@@ -1,9 +1,11 @@
 """Tile shapes of the W4A16 kernels, chosen per problem size.
 
-Chosen from a sweep on one H200 (``scripts/bench_kernels.py --sweep``); see
-docs/benchmarks-kernels.md. Under the Triton interpreter (CPU tests) small fixed
-shapes keep the tests fast while still exercising split-K, masking and every
-``tl.dot`` dim >= 16.
+Chosen from sweeps on one H200 (``scripts/bench_kernels.py --sweep``; see
+docs/benchmarks-kernels.md). At decode the time is set by each program's chain of
+dependent loads, so K is split until there are enough short programs to keep
+every SM's memory pipe busy. Under the Triton interpreter (CPU tests) small
+fixed shapes keep the tests fast while still exercising split-K, masking and
+every ``tl.dot`` dim >= 16.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import triton
 
 from specter_kernels.w4a16_triton import GemvConfig, TileConfig
 
-# Programs to aim for so every SM has several resident (132 SMs on an H200).
-TARGET_PROGRAMS = 1024
+# Programs to aim for per launch (132 SMs on an H200, several resident per SM).
+GATE_UP_TARGET_PROGRAMS = 2048
+DOWN_TARGET_PROGRAMS = 1024
 
 
-def _split_k(programs_without_split: int, K: int, block_k: int) -> int:
-    """Enough K-splits to reach TARGET_PROGRAMS, at most one per block_k step."""
-    wanted = triton.cdiv(TARGET_PROGRAMS, max(programs_without_split, 1))
+def _split_k(programs_without_split: int, K: int, block_k: int, target: int) -> int:
+    """Enough K-splits to reach ``target`` programs, at most one per block_k step."""
+    wanted = triton.cdiv(target, max(programs_without_split, 1))
     return max(1, min(wanted, triton.cdiv(K, block_k)))
 
 
@@ -29,15 +32,16 @@ def gemv_configs(
     """(gate_up, down) configs of the gemv path."""
     if device.type != "cuda":
         # The interpreter's cost is per program and per op, not per element.
-        return GemvConfig(block_n=64, block_k=128), GemvConfig(block_n=64, block_k=128, split_k=2)
+        return GemvConfig(64, 64, split_k=2), GemvConfig(64, 128, split_k=2)
     pairs = T * top_k
-    gate_up = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=2)
-    down_block_n, down_block_k = 64, 256
-    split = _split_k(pairs * triton.cdiv(H, down_block_n), I, down_block_k)
-    down = GemvConfig(
-        block_n=down_block_n, block_k=down_block_k, split_k=split, num_warps=4, num_stages=2
+    gu_n, gu_k = 32, 256
+    gu_split = _split_k(pairs * triton.cdiv(I, gu_n), H, gu_k, GATE_UP_TARGET_PROGRAMS)
+    dn_n, dn_k = 64, 128
+    dn_split = _split_k(pairs * triton.cdiv(H, dn_n), I, dn_k, DOWN_TARGET_PROGRAMS)
+    return (
+        GemvConfig(gu_n, gu_k, split_k=gu_split, num_warps=4, num_stages=2, math=1),
+        GemvConfig(dn_n, dn_k, split_k=dn_split, num_warps=4, num_stages=2, math=1),
     )
-    return gate_up, down
 
 
 def tile_configs(
@@ -45,16 +49,14 @@ def tile_configs(
 ) -> tuple[TileConfig, TileConfig]:
     """(gate_up, down) configs of the tensor-core path (equal block_m)."""
     if device.type != "cuda":
-        return (
-            TileConfig(block_m=16, block_n=64, block_k=128),
-            TileConfig(block_m=16, block_n=64, block_k=128, split_k=2),
-        )
-    tokens_per_expert = T * top_k / E
+        return TileConfig(16, 64, 128, split_k=2), TileConfig(16, 64, 128, split_k=2)
+    pairs = T * top_k
+    tokens_per_expert = pairs / E
     block_m = 16 if tokens_per_expert <= 16 else (32 if tokens_per_expert <= 48 else 64)
-    gate_up = TileConfig(block_m=block_m, block_n=64, block_k=128, num_warps=4, num_stages=3)
-    blocks = min(T * top_k, E) + T * top_k // block_m
-    split = _split_k(blocks * triton.cdiv(H, 64), I, 128) if block_m == 16 else 1
-    down = TileConfig(
-        block_m=block_m, block_n=64, block_k=128, split_k=split, num_warps=4, num_stages=3
+    blocks = min(pairs, E) + pairs // block_m
+    gu_split = _split_k(blocks * triton.cdiv(I, 64), H, 128, GATE_UP_TARGET_PROGRAMS)
+    dn_split = _split_k(blocks * triton.cdiv(H, 64), I, 128, DOWN_TARGET_PROGRAMS)
+    return (
+        TileConfig(block_m, 64, 128, split_k=gu_split, num_warps=4, num_stages=3),
+        TileConfig(block_m, 64, 128, split_k=dn_split, num_warps=4, num_stages=3),
     )
-    return gate_up, down

@@ -1,17 +1,23 @@
 """Triton kernels of the fused W4A16 routed-expert layer, and their launchers.
 
-Two launches per layer, whatever T: gate_up (with SiLU-and-mul fused into its
-epilogue) writes ``h [T*k, I]`` fp16, then down multiplies by the routing weight
-and sums each token's experts into ``out [T, H]`` (see
-``int4_triton.accumulate_rows_and_finish``). Two ways to map work onto programs:
+Per layer: one memset of a small workspace, then two launches whatever T:
+gate_up (SiLU-and-mul fused into its epilogue) writes ``h [T*k, I]`` fp16, then
+down multiplies by the routing weight and sums each token's experts into
+``out [T, H]`` fp16. Both projections split K over several programs: at decode a
+program's serial chain of dependent loads, not bandwidth, sets the time, so
+short K ranges and many resident programs keep enough bytes in flight. Partial
+sums meet in an fp32 workspace; the last arriving program of an output tile
+finishes it (``int4_triton.finish_gate_up`` / ``accumulate_rows_and_finish``).
 
-* ``gemv``: one program per (routed pair, N-block[, K-split]); no alignment
-  launch, no padded rows, CUDA-core FMAs. Best at decode (few pairs): every
-  weight byte a pair needs is read once by exactly one program.
+Two ways to map work onto programs:
+
+* ``gemv``: one program per (routed pair, N-block, K-split); no alignment launch,
+  no padded rows, CUDA-core FMAs. Best at decode (few pairs): every weight byte a
+  pair needs is read once, by one program.
 * ``tile``: pairs sorted by expert (``moe_align_block_size``) into blocks of
-  BLOCK_M rows; one program per (block, N-block[, K-split]) multiplies on tensor
+  BLOCK_M rows; one program per (block, N-block, K-split) multiplies on tensor
   cores (``tl.dot``, every dot dim >= 16). Reads each expert once per block, so it
-  wins once several tokens share experts (prefill, long verification).
+  wins once tokens share experts (prefill, long verification).
 
 Grids come from host-known sizes (T, k, E), never from device values.
 """
@@ -26,25 +32,23 @@ import triton.language as tl
 
 from specter_kernels.int4_triton import (
     accumulate_rows_and_finish,
+    finish_gate_up,
     int4_fp32_minus,
     int4_pair_fp16,
     load_group_params,
-    zero_workspace,
 )
 from specter_kernels.int4_weight import Int4Weight
 from specter_kernels.moe_align import max_aligned_blocks, moe_align_block_size
 
-ZERO_BLOCK = 256
-
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Tile shape of the gemv path (one launch).
+    """Tile shape of one gemv-path launch.
 
     Attributes:
         block_n: outputs per program (gate_up: per half, so it reads 2x block_n columns).
         block_k: inputs per loop step; a multiple of 8 (block_k / 8 word rows).
-        split_k: programs sharing one output tile's K range (down projection only).
+        split_k: programs sharing one output tile's K range.
         num_warps: warps per program.
         num_stages: software-pipelining depth.
         math: inner-loop arithmetic, see ``_gemv_step`` (0 fp16, 1 fp32 magic, 2 dot).
@@ -60,14 +64,14 @@ class GemvConfig:
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Tile shape of the tensor-core path (one launch).
+    """Tile shape of one tensor-core-path launch.
 
     Attributes:
         block_m: routed pairs per block (the alignment's block size), >= 16.
         block_n: outputs per program, >= 16.
         block_k: inputs per loop step; block_k / 8 >= 16 because each of the eight
             nibble slices is one ``tl.dot`` of depth block_k / 8.
-        split_k: programs sharing one output tile's K range (down projection only).
+        split_k: programs sharing one output tile's K range.
         num_warps: warps per program.
         num_stages: software-pipelining depth.
     """
@@ -140,13 +144,13 @@ def _gemv_gate_up_kernel(
     scales_ptr,
     zeros_ptr,
     h_ptr,
-    acc_ptr,
+    ws_ptr,
     counter_ptr,
     K,
     I,
     top_k,
-    num_acc,
-    num_counters,
+    k_per_split,
+    arrivals,
     stride_xt,
     stride_qe,
     stride_qk,
@@ -158,20 +162,11 @@ def _gemv_gate_up_kernel(
     BLOCK_K: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
     MATH: tl.constexpr,
-    ZERO_BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
-    num_pid_n = tl.num_programs(1)
-    zero_workspace(
-        acc_ptr,
-        counter_ptr,
-        num_acc,
-        num_counters,
-        pair * num_pid_n + pid_n,
-        tl.num_programs(0) * num_pid_n,
-        ZERO_BLOCK,
-    )
+    pid_k = tl.program_id(2)
     token = pair // top_k
     expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
     R: tl.constexpr = BLOCK_K // 8
@@ -182,15 +177,17 @@ def _gemv_gate_up_kernel(
     scales = scales_ptr + expert * stride_se
     zeros = zeros_ptr + expert * stride_se
     x_row = x_ptr + token * stride_xt
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
     if MATH == 2:
         acc_gate = tl.zeros([16, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     else:
         acc_gate = tl.zeros([R, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([R, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         rows = k0 // 8 + offs_r
-        r_mask = rows < K // 8
+        r_mask = rows < k_end // 8
         mask = r_mask[:, None] & n_mask[None, :]
         w_ptrs = qweight + rows[:, None] * stride_qk + offs_n[None, :]
         w_gate = tl.load(w_ptrs, mask=mask, other=0)
@@ -215,10 +212,23 @@ def _gemv_gate_up_kernel(
             acc_gate, w_gate, s_gate, z_gate, x_row, rows, r_mask, R, BLOCK_N, MATH
         )
         acc_up = _gemv_step(acc_up, w_up, s_up, z_up, x_row, rows, r_mask, R, BLOCK_N, MATH)
-    gate = tl.sum(acc_gate, axis=0)
-    up = tl.sum(acc_up, axis=0)
-    h = gate * tl.sigmoid(gate) * up
-    tl.store(h_ptr + pair * stride_ht + offs_n, h.to(tl.float16), mask=n_mask)
+    finish_gate_up(
+        ws_ptr,
+        counter_ptr,
+        h_ptr,
+        tl.zeros([1], dtype=tl.int32) + pair,
+        tl.full([1], True, tl.int1),
+        offs_n,
+        n_mask,
+        tl.sum(acc_gate, axis=0)[None, :],
+        tl.sum(acc_up, axis=0)[None, :],
+        I,
+        pid_n,
+        tl.num_programs(1),
+        arrivals,
+        stride_ht,
+        SPLIT,
+    )
 
 
 @triton.jit
@@ -281,24 +291,33 @@ def _gemv_down_kernel(
             scales, zeros, k0, rows, r_mask, offs_n, n_mask, stride_sg, GROUP, BLOCK_K, HAS_ZEROS
         )
         acc = _gemv_step(acc, w, s, z, h_row, rows, r_mask, R, BLOCK_N, MATH)
-    partial = (tl.sum(acc, axis=0) * routing_weight)[None, :]
-    tokens = tl.zeros([1], dtype=tl.int32) + token
-    row_mask = tl.full([1], True, tl.int1)
     accumulate_rows_and_finish(
         acc_ptr,
         counter_ptr,
         out_ptr,
-        tokens,
-        row_mask,
+        tl.zeros([1], dtype=tl.int32) + token,
+        tl.full([1], True, tl.int1),
         offs_n,
         n_mask,
-        partial,
+        (tl.sum(acc, axis=0) * routing_weight)[None, :],
         N,
         pid_n,
         tl.num_programs(1),
         arrivals,
         stride_ot,
     )
+
+
+@triton.jit
+def _tile_step(acc, words, scales, zeros, act_rows, act_mask, rows):
+    """Add one word tile ``[R, BLOCK_N]`` times ``act_rows`` (``[BM, 1]`` row pointers)."""
+    for J in tl.static_range(4):
+        lo, hi = int4_pair_fp16(words, J)
+        a_lo = tl.load(act_rows + (8 * rows + J)[None, :], mask=act_mask, other=0.0)
+        a_hi = tl.load(act_rows + (8 * rows + J + 4)[None, :], mask=act_mask, other=0.0)
+        acc = tl.dot(a_lo, (lo - zeros) * scales, acc)
+        acc = tl.dot(a_hi, (hi - zeros) * scales, acc)
+    return acc
 
 
 @triton.jit
@@ -311,14 +330,14 @@ def _tile_gate_up_kernel(
     scales_ptr,
     zeros_ptr,
     h_ptr,
-    acc_ptr,
+    ws_ptr,
     counter_ptr,
     K,
     I,
     top_k,
     num_pairs,
-    num_acc,
-    num_counters,
+    k_per_split,
+    arrivals,
     stride_xt,
     stride_qe,
     stride_qk,
@@ -330,20 +349,11 @@ def _tile_gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
-    ZERO_BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    num_pid_n = tl.num_programs(1)
-    zero_workspace(
-        acc_ptr,
-        counter_ptr,
-        num_acc,
-        num_counters,
-        pid_m * num_pid_n + pid_n,
-        tl.num_programs(0) * num_pid_n,
-        ZERO_BLOCK,
-    )
+    pid_k = tl.program_id(2)
     if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
         return  # block beyond the padded length: the grid is an upper bound
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
@@ -359,11 +369,13 @@ def _tile_gate_up_kernel(
     scales = scales_ptr + expert * stride_se
     zeros = zeros_ptr + expert * stride_se
     x_rows = x_ptr + tokens[:, None] * stride_xt
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
     acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         rows = k0 // 8 + offs_r
-        r_mask = rows < K // 8
+        r_mask = rows < k_end // 8
         mask = r_mask[:, None] & n_mask[None, :]
         w_ptrs = qweight + rows[:, None] * stride_qk + offs_n[None, :]
         w_gate = tl.load(w_ptrs, mask=mask, other=0)
@@ -385,20 +397,24 @@ def _tile_gate_up_kernel(
             HAS_ZEROS,
         )
         x_mask = row_mask[:, None] & r_mask[None, :]
-        for J in tl.static_range(4):
-            x_lo = tl.load(x_rows + (8 * rows + J)[None, :], mask=x_mask, other=0.0)
-            x_hi = tl.load(x_rows + (8 * rows + J + 4)[None, :], mask=x_mask, other=0.0)
-            g_lo, g_hi = int4_pair_fp16(w_gate, J)
-            acc_gate = tl.dot(x_lo, (g_lo - z_gate) * s_gate, acc_gate)
-            acc_gate = tl.dot(x_hi, (g_hi - z_gate) * s_gate, acc_gate)
-            u_lo, u_hi = int4_pair_fp16(w_up, J)
-            acc_up = tl.dot(x_lo, (u_lo - z_up) * s_up, acc_up)
-            acc_up = tl.dot(x_hi, (u_hi - z_up) * s_up, acc_up)
-    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
-    tl.store(
-        h_ptr + pairs[:, None] * stride_ht + offs_n[None, :],
-        h.to(tl.float16),
-        mask=row_mask[:, None] & n_mask[None, :],
+        acc_gate = _tile_step(acc_gate, w_gate, s_gate, z_gate, x_rows, x_mask, rows)
+        acc_up = _tile_step(acc_up, w_up, s_up, z_up, x_rows, x_mask, rows)
+    finish_gate_up(
+        ws_ptr,
+        counter_ptr,
+        h_ptr,
+        pairs,
+        row_mask,
+        offs_n,
+        n_mask,
+        acc_gate,
+        acc_up,
+        I,
+        pid_n,
+        tl.num_programs(1),
+        arrivals,
+        stride_ht,
+        SPLIT,
     )
 
 
@@ -466,13 +482,7 @@ def _tile_down_kernel(
         s, z = load_group_params(
             scales, zeros, k0, rows, r_mask, offs_n, n_mask, stride_sg, GROUP, BLOCK_K, HAS_ZEROS
         )
-        a_mask = row_mask[:, None] & r_mask[None, :]
-        for J in tl.static_range(4):
-            a_lo = tl.load(h_rows + (8 * rows + J)[None, :], mask=a_mask, other=0.0)
-            a_hi = tl.load(h_rows + (8 * rows + J + 4)[None, :], mask=a_mask, other=0.0)
-            w_lo, w_hi = int4_pair_fp16(w, J)
-            acc = tl.dot(a_lo, (w_lo - z) * s, acc)
-            acc = tl.dot(a_hi, (w_hi - z) * s, acc)
+        acc = _tile_step(acc, w, s, z, h_rows, row_mask[:, None] & r_mask[None, :], rows)
     accumulate_rows_and_finish(
         acc_ptr,
         counter_ptr,
@@ -501,6 +511,29 @@ def _zeros_arg(w: Int4Weight) -> torch.Tensor:
     return w.zeros if w.zeros is not None else w.scales
 
 
+@dataclass
+class _Workspace:
+    """Zeroed fp32 partial sums and int32 arrival counters of one layer call."""
+
+    gate_up: torch.Tensor  # fp32 [pairs, 2I] (empty when gate_up is not split)
+    gate_up_counters: torch.Tensor  # int32 [pairs, N-blocks of gate_up]
+    down: torch.Tensor  # fp32 [T, H]
+    down_counters: torch.Tensor  # int32 [T, N-blocks of down]
+
+
+def _workspace(
+    T: int, H: int, I: int, pairs: int, nb_gate_up: int, nb_down: int, split_gate_up: bool, device
+) -> _Workspace:
+    """One zeroed allocation (a single memset) carved into the four workspaces."""
+    gu = pairs * 2 * I if split_gate_up else 0
+    gu_cnt = pairs * nb_gate_up if split_gate_up else 0
+    down, down_cnt = T * H, T * nb_down
+    words = torch.zeros(gu + down + gu_cnt + down_cnt, dtype=torch.int32, device=device)
+    floats = words[: gu + down].view(torch.float32)  # all-zero bits are 0.0
+    counters = words[gu + down :]
+    return _Workspace(floats[:gu], counters[:gu_cnt], floats[gu:], counters[gu_cnt:])
+
+
 def launch_gemv(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -514,35 +547,37 @@ def launch_gemv(
     T, H = x.shape
     top_k = topk_ids.shape[1]
     I = w2.in_features
-    num_pairs = T * top_k
+    pairs = T * top_k
     device = x.device
-    h = torch.empty(num_pairs, I, dtype=torch.float16, device=device)
-    out = torch.empty(T, H, dtype=torch.float16, device=device)
-    num_pid_n_down = triton.cdiv(H, down_config.block_n)
-    acc = torch.empty(T, H, dtype=torch.float32, device=device)
-    counters = torch.empty(T, num_pid_n_down, dtype=torch.int32, device=device)
     ids = topk_ids.reshape(-1)
-    weights = topk_weights.reshape(-1)
-    c = gate_up_config
-    _gemv_gate_up_kernel[(num_pairs, triton.cdiv(I, c.block_n))](
-        x, ids, w13.qweight, w13.scales, _zeros_arg(w13), h, acc, counters,
-        H, I, top_k, acc.numel(), counters.numel(),
+    cu, cd = gate_up_config, down_config
+    for c in (cu, cd):
+        if c.math == 2 and (c.block_k < 128 or c.block_n < 16):
+            raise ValueError(f"math=2 (tl.dot) needs block_k >= 128 and block_n >= 16, got {c}")
+    gu_per_split, gu_splits = _k_per_split(H, cu.block_k, cu.split_k)
+    dn_per_split, dn_splits = _k_per_split(I, cd.block_k, cd.split_k)
+    nb_gu, nb_dn = triton.cdiv(I, cu.block_n), triton.cdiv(H, cd.block_n)
+    ws = _workspace(T, H, I, pairs, nb_gu, nb_dn, gu_splits > 1, device)
+    h = torch.empty(pairs, I, dtype=torch.float16, device=device)
+    out = torch.empty(T, H, dtype=torch.float16, device=device)
+    _gemv_gate_up_kernel[(pairs, nb_gu, gu_splits)](
+        x, ids, w13.qweight, w13.scales, _zeros_arg(w13), h, ws.gate_up, ws.gate_up_counters,
+        H, I, top_k, gu_per_split, gu_splits,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1),
         w13.scales.stride(0), w13.scales.stride(1), h.stride(0),
-        GROUP=w13.group_size, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-        HAS_ZEROS=w13.zeros is not None, MATH=c.math, ZERO_BLOCK=ZERO_BLOCK,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        GROUP=w13.group_size, BLOCK_N=cu.block_n, BLOCK_K=cu.block_k,
+        HAS_ZEROS=w13.zeros is not None, MATH=cu.math, SPLIT=gu_splits > 1,
+        num_warps=cu.num_warps, num_stages=cu.num_stages,
     )  # fmt: skip
-    c = down_config
-    k_per_split, splits = _k_per_split(I, c.block_k, c.split_k)
-    _gemv_down_kernel[(num_pairs, num_pid_n_down, splits)](
-        h, ids, weights, w2.qweight, w2.scales, _zeros_arg(w2), acc, counters, out,
-        I, H, top_k, k_per_split, top_k * splits,
+    _gemv_down_kernel[(pairs, nb_dn, dn_splits)](
+        h, ids, topk_weights.reshape(-1), w2.qweight, w2.scales, _zeros_arg(w2),
+        ws.down, ws.down_counters, out,
+        I, H, top_k, dn_per_split, top_k * dn_splits,
         h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1),
         w2.scales.stride(0), w2.scales.stride(1), out.stride(0),
-        GROUP=w2.group_size, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-        HAS_ZEROS=w2.zeros is not None, MATH=c.math,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        GROUP=w2.group_size, BLOCK_N=cd.block_n, BLOCK_K=cd.block_k,
+        HAS_ZEROS=w2.zeros is not None, MATH=cd.math,
+        num_warps=cd.num_warps, num_stages=cd.num_stages,
     )  # fmt: skip
     return out
 
@@ -560,46 +595,46 @@ def launch_tile(
 
     Both launches share one alignment, so their block_m must be equal.
     """
-    if gate_up_config.block_m != down_config.block_m:
+    cu, cd = gate_up_config, down_config
+    if cu.block_m != cd.block_m:
         raise ValueError(
-            f"gate_up and down tile configs must share block_m, got "
-            f"{gate_up_config.block_m} and {down_config.block_m}"
+            f"gate_up and down tile configs must share block_m, got {cu.block_m} and {cd.block_m}"
         )
+    for c in (cu, cd):
+        if c.block_k < 128 or c.block_n < 16 or c.block_m < 16:
+            raise ValueError(f"tile configs need block_k >= 128 and block_m, block_n >= 16: {c}")
     T, H = x.shape
     top_k = topk_ids.shape[1]
     I = w2.in_features
     E = w13.num_experts
-    num_pairs = T * top_k
+    pairs = T * top_k
     device = x.device
-    block_m = gate_up_config.block_m
-    sorted_ids, expert_ids, num_post_padded = moe_align_block_size(topk_ids, E, block_m)
-    max_blocks = max_aligned_blocks(num_pairs, E, block_m)
-    h = torch.empty(num_pairs, I, dtype=torch.float16, device=device)
+    sorted_ids, expert_ids, num_post_padded = moe_align_block_size(topk_ids, E, cu.block_m)
+    max_blocks = max_aligned_blocks(pairs, E, cu.block_m)
+    gu_per_split, gu_splits = _k_per_split(H, cu.block_k, cu.split_k)
+    dn_per_split, dn_splits = _k_per_split(I, cd.block_k, cd.split_k)
+    nb_gu, nb_dn = triton.cdiv(I, cu.block_n), triton.cdiv(H, cd.block_n)
+    ws = _workspace(T, H, I, pairs, nb_gu, nb_dn, gu_splits > 1, device)
+    h = torch.empty(pairs, I, dtype=torch.float16, device=device)
     out = torch.empty(T, H, dtype=torch.float16, device=device)
-    num_pid_n_down = triton.cdiv(H, down_config.block_n)
-    acc = torch.empty(T, H, dtype=torch.float32, device=device)
-    counters = torch.empty(T, num_pid_n_down, dtype=torch.int32, device=device)
-    c = gate_up_config
-    _tile_gate_up_kernel[(max_blocks, triton.cdiv(I, c.block_n))](
+    _tile_gate_up_kernel[(max_blocks, nb_gu, gu_splits)](
         x, sorted_ids, expert_ids, num_post_padded,
-        w13.qweight, w13.scales, _zeros_arg(w13), h, acc, counters,
-        H, I, top_k, num_pairs, acc.numel(), counters.numel(),
+        w13.qweight, w13.scales, _zeros_arg(w13), h, ws.gate_up, ws.gate_up_counters,
+        H, I, top_k, pairs, gu_per_split, gu_splits,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1),
         w13.scales.stride(0), w13.scales.stride(1), h.stride(0),
-        GROUP=w13.group_size, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-        HAS_ZEROS=w13.zeros is not None, ZERO_BLOCK=ZERO_BLOCK,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        GROUP=w13.group_size, BLOCK_M=cu.block_m, BLOCK_N=cu.block_n, BLOCK_K=cu.block_k,
+        HAS_ZEROS=w13.zeros is not None, SPLIT=gu_splits > 1,
+        num_warps=cu.num_warps, num_stages=cu.num_stages,
     )  # fmt: skip
-    c = down_config
-    k_per_split, splits = _k_per_split(I, c.block_k, c.split_k)
-    _tile_down_kernel[(max_blocks, num_pid_n_down, splits)](
+    _tile_down_kernel[(max_blocks, nb_dn, dn_splits)](
         h, sorted_ids, expert_ids, num_post_padded, topk_weights.reshape(-1),
-        w2.qweight, w2.scales, _zeros_arg(w2), acc, counters, out,
-        I, H, top_k, num_pairs, k_per_split, top_k * splits,
+        w2.qweight, w2.scales, _zeros_arg(w2), ws.down, ws.down_counters, out,
+        I, H, top_k, pairs, dn_per_split, top_k * dn_splits,
         h.stride(0), w2.qweight.stride(0), w2.qweight.stride(1),
         w2.scales.stride(0), w2.scales.stride(1), out.stride(0),
-        GROUP=w2.group_size, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        GROUP=w2.group_size, BLOCK_M=cd.block_m, BLOCK_N=cd.block_n, BLOCK_K=cd.block_k,
         HAS_ZEROS=w2.zeros is not None,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        num_warps=cd.num_warps, num_stages=cd.num_stages,
     )  # fmt: skip
     return out
