@@ -1,0 +1,179 @@
+"""PNG plots of benchmark records: TPOT per system, working set against K, hit rate per
+policy, the depth sweep.
+
+Figures are built with ``matplotlib.figure.Figure`` and its Agg canvas, never through
+``pyplot``: no display, no global state, safe on a headless GPU machine. Each ``plot_*``
+returns the figure (one subplot per model) so callers and tests can inspect what was drawn;
+:func:`save_png` writes it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from specter_bench.bench_record import budget_label
+from specter_bench.tables import summarize_tpot
+
+__all__ = [
+    "plot_depth_sweep",
+    "plot_policy_hit_rate",
+    "plot_tpot_per_system",
+    "plot_working_set",
+    "save_png",
+]
+
+POLICIES = ("lru", "lfu", "predictive", "belady")
+
+
+def _figure(panels: int, title: str) -> tuple[Figure, list[Any]]:
+    if panels < 1:
+        raise ValueError(f"no data to plot for {title!r}; the records hold none of its kind.")
+    fig = Figure(figsize=(5.0 * panels, 4.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
+    fig.suptitle(title)
+    return fig, axes
+
+
+def _budget_order(budgets: Iterable[float | None]) -> list[float | None]:
+    return sorted(set(budgets), key=lambda b: (b is None, b or 0.0))
+
+
+def _grouped_bars(ax: Any, groups: Sequence[str], series: dict[str, list[float | None]]) -> None:
+    """Bars of each series side by side in each group; missing values draw nothing (NaN)."""
+    width = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        heights = [float("nan") if v is None else v for v in values]
+        ax.bar(xs, heights, width=width, label=label)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.legend(fontsize="small")
+
+
+def plot_tpot_per_system(records: Iterable[dict[str, Any]]) -> Figure:
+    """Mean TPOT (ms) per system (bars) per budget (groups), one panel per model.
+
+    Raises:
+        ValueError: no ``tpot`` records.
+    """
+    summaries = summarize_tpot(records)
+    models = sorted({s.model for s in summaries})
+    fig, axes = _figure(len(models), "TPOT per system (lower is better)")
+    for ax, model in zip(axes, models, strict=True):
+        mine = [s for s in summaries if s.model == model]
+        budgets = _budget_order(s.budget_gb for s in mine)
+        systems = list(dict.fromkeys(s.system for s in mine))
+        index = {(s.budget_gb, s.system): s.tpot_ms for s in mine}
+        series = {sys_: [index.get((b, sys_)) for b in budgets] for sys_ in systems}
+        _grouped_bars(ax, [budget_label(b) for b in budgets], series)
+        ax.set_title(model)
+        ax.set_ylabel("TPOT (ms)")
+        ax.set_xlabel("GPU memory budget")
+    return fig
+
+
+def plot_working_set(records: Iterable[dict[str, Any]]) -> Figure:
+    """Distinct experts per layer against depth K: mean line and p10-p90 band per model.
+
+    Raises:
+        ValueError: no ``working_set`` records.
+    """
+    recs = [r for r in records if r.get("kind") == "working_set"]
+    models = sorted({r["model"] for r in recs})
+    fig, axes = _figure(len(models), "Expert working set against speculation depth")
+    for ax, model in zip(axes, models, strict=True):
+        for r in (r for r in recs if r["model"] == model):
+            curve = r["data"]["curve"]
+            depths = [p["depth"] for p in curve]
+            label = r["data"].get("routing", "target")
+            ax.plot(depths, [p["mean"] for p in curve], marker="o", label=f"{label} mean")
+            ax.fill_between(
+                depths, [p["p10"] for p in curve], [p["p90"] for p in curve], alpha=0.25
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_title(model)
+        ax.set_xlabel("speculation depth K (tokens)")
+        ax.set_ylabel("distinct experts per layer")
+        ax.legend(fontsize="small")
+    return fig
+
+
+def plot_policy_hit_rate(records: Iterable[dict[str, Any]]) -> Figure:
+    """Cache hit rate (%) per policy (bars) per budget (groups), one panel per model.
+
+    With several windows recorded for a (model, budget), the largest (speculation) is drawn.
+
+    Raises:
+        ValueError: no ``policy_hit_rate`` records.
+    """
+    recs = [r for r in records if r.get("kind") == "policy_hit_rate"]
+    models = sorted({r["model"] for r in recs})
+    fig, axes = _figure(len(models), "Expert cache hit rate per policy")
+    for ax, model in zip(axes, models, strict=True):
+        chosen: dict[float | None, dict[str, Any]] = {}
+        for r in (r for r in recs if r["model"] == model):
+            window = r["data"].get("window", 1)
+            if r["budget_gb"] not in chosen or window > chosen[r["budget_gb"]].get("window", 1):
+                chosen[r["budget_gb"]] = r["data"]
+        budgets = _budget_order(chosen)
+        series: dict[str, list[float | None]] = defaultdict(list)
+        for policy in POLICIES:
+            for b in budgets:
+                rate = chosen[b]["policies"].get(policy, {}).get("hit_rate")
+                series[policy].append(None if rate is None else 100.0 * rate)
+        _grouped_bars(ax, [budget_label(b) for b in budgets], dict(series))
+        ax.set_ylim(0, 100)
+        ax.set_title(model)
+        ax.set_ylabel("hit rate (%)")
+        ax.set_xlabel("GPU memory budget")
+    return fig
+
+
+def plot_depth_sweep(records: Iterable[dict[str, Any]]) -> Figure:
+    """TPOT against depth K, one line per budget, one panel per model; best depth starred.
+
+    Raises:
+        ValueError: no ``depth_sweep`` records.
+    """
+    recs = [r for r in records if r.get("kind") == "depth_sweep"]
+    models = sorted({r["model"] for r in recs})
+    fig, axes = _figure(len(models), "Depth sweep: TPOT against speculation depth")
+    for ax, model in zip(axes, models, strict=True):
+        mine = sorted(
+            (r for r in recs if r["model"] == model),
+            key=lambda r: (r["budget_gb"] is None, r["budget_gb"] or 0.0),
+        )
+        for r in mine:
+            points = sorted(r["data"]["points"], key=lambda p: p["depth"])
+            depths = [p["depth"] for p in points]
+            (line,) = ax.plot(
+                depths,
+                [p["tpot_ms"] for p in points],
+                marker="o",
+                label=budget_label(r["budget_gb"]),
+            )
+            best = r["data"].get("best_depth")
+            for p in points:
+                if p["depth"] == best:
+                    ax.plot(
+                        [best], [p["tpot_ms"]], marker="*", markersize=14, color=line.get_color()
+                    )
+        ax.set_title(model)
+        ax.set_xlabel("speculation depth K")
+        ax.set_ylabel("TPOT (ms)")
+        ax.legend(fontsize="small")
+    return fig
+
+
+def save_png(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG (creating the folder) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110)
+    return path

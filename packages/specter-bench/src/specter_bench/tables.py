@@ -1,0 +1,458 @@
+"""Markdown tables of benchmark records: TPOT per system, targets, phases, routing, policies.
+
+Every table is built from the records alone (``read_records``), so the report can be
+regenerated from committed JSON lines. Means are over prompts; a cell with no value is
+``-``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specter_bench.bench_record import SYSTEM_NAMES, budget_label
+
+__all__ = [
+    "TARGETS",
+    "SystemSummary",
+    "Target",
+    "agreement_table",
+    "depth_sweep_table",
+    "evaluate_targets",
+    "format_value",
+    "markdown_table",
+    "memory_table",
+    "phase_table",
+    "policy_table",
+    "summarize_tpot",
+    "targets_table",
+    "tpot_table",
+    "working_set_table",
+]
+
+
+def format_value(value: Any, digits: int = 2) -> str:
+    """A table cell: ``-`` for None, fixed decimals for floats, ``str`` otherwise."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table; numbers right-aligned.
+
+    Args:
+        headers: column titles.
+        rows: one sequence of cells per row (cells are formatted with :func:`format_value`).
+
+    Raises:
+        ValueError: a row whose length differs from ``headers``.
+    """
+    rows = [list(r) for r in rows]
+    for r in rows:
+        if len(r) != len(headers):
+            raise ValueError(f"row {r} has {len(r)} cells for {len(headers)} headers {headers}.")
+    numeric = [
+        bool(rows) and all(isinstance(r[i], int | float) or r[i] is None for r in rows)
+        for i in range(len(headers))
+    ]
+    lines = ["| " + " | ".join(headers) + " |"]
+    lines.append("|" + "|".join("---:" if n else "---" for n in numeric) + "|")
+    for r in rows:
+        cells = [format_value(c).replace("|", "\\|") for c in r]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _budget_key(budget: float | None) -> tuple[int, float]:
+    return (1, 0.0) if budget is None else (0, float(budget))
+
+
+def _system_key(system: str) -> tuple[int, str]:
+    return (SYSTEM_NAMES.index(system), system) if system in SYSTEM_NAMES else (99, system)
+
+
+def _mean(values: Iterable[Any]) -> float | None:
+    kept = [float(v) for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
+
+
+@dataclass(frozen=True)
+class SystemSummary:
+    """Means over the prompts of one (model, budget, system)."""
+
+    model: str
+    budget_gb: float | None
+    system: str
+    prompts: int
+    new_tokens: int
+    tpot_ms: float | None
+    tokens_per_s: float | None
+    prefill_ms: float | None
+    draft_ms_per_token: float | None
+    verify_ms_per_token: float | None
+    acceptance_rate: float | None
+    accepted_per_iteration: float | None
+    depth: float | None
+    hit_rate: float | None
+    prefetch_precision: float | None
+    prefetch_recall: float | None
+    h2d_mb_per_token: float | None
+    stall_ms_per_token: float | None
+    peak_gpu_memory_gb: float | None
+    belady_tpot_ms: float | None
+    tpot_over_belady: float | None
+    checked: int
+    mismatches: int
+    notes: tuple[str, ...]
+
+
+def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
+    """Group ``tpot`` records by (model, budget, system) and average over prompts.
+
+    Rows come sorted by model, budget (unlimited last) and the order of
+    :data:`~specter_bench.bench_record.SYSTEM_NAMES`.
+    """
+    groups: dict[tuple[str, float | None, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r.get("kind") == "tpot":
+            groups[(r["model"], r["budget_gb"], r["system"])].append(r)
+    out = []
+    for (model, budget, system), rs in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], _budget_key(kv[0][1]), _system_key(kv[0][2]))
+    ):
+        h2d = _mean(r.get("h2d_bytes_per_token") for r in rs)
+        out.append(
+            SystemSummary(
+                model=model,
+                budget_gb=budget,
+                system=system,
+                prompts=len(rs),
+                new_tokens=sum(int(r.get("new_tokens") or 0) for r in rs),
+                tpot_ms=_mean(r.get("tpot_ms") for r in rs),
+                tokens_per_s=_mean(r.get("tokens_per_s") for r in rs),
+                prefill_ms=_mean(r.get("prefill_ms") for r in rs),
+                draft_ms_per_token=_mean(r.get("draft_ms_per_token") for r in rs),
+                verify_ms_per_token=_mean(r.get("verify_ms_per_token") for r in rs),
+                acceptance_rate=_mean(r.get("acceptance_rate") for r in rs),
+                accepted_per_iteration=_mean(r.get("accepted_per_iteration") for r in rs),
+                depth=_mean(r.get("depth") for r in rs),
+                hit_rate=_mean(r.get("hit_rate") for r in rs),
+                prefetch_precision=_mean(r.get("prefetch_precision") for r in rs),
+                prefetch_recall=_mean(r.get("prefetch_recall") for r in rs),
+                h2d_mb_per_token=None if h2d is None else h2d / 1e6,
+                stall_ms_per_token=_mean(r.get("stall_ms_per_token") for r in rs),
+                peak_gpu_memory_gb=max(
+                    (r["peak_gpu_memory_gb"] for r in rs if r.get("peak_gpu_memory_gb")),
+                    default=None,
+                ),
+                belady_tpot_ms=_mean(r.get("belady_tpot_ms") for r in rs),
+                tpot_over_belady=_mean(r.get("tpot_over_belady") for r in rs),
+                checked=sum(r.get("matches_reference") is not None for r in rs),
+                mismatches=sum(r.get("matches_reference") is False for r in rs),
+                notes=tuple(sorted({r["note"] for r in rs if r.get("note")})),
+            )
+        )
+    return out
+
+
+def tpot_table(records: Iterable[dict[str, Any]]) -> str:
+    """TPOT per model x budget x system, with acceptance, hit rate and the Belady ratio."""
+    rows = []
+    for s in summarize_tpot(records):
+        checked = f"{s.checked - s.mismatches}/{s.checked}" if s.checked else "-"
+        rows.append(
+            [
+                s.model,
+                budget_label(s.budget_gb),
+                s.system,
+                s.prompts,
+                s.tpot_ms,
+                s.tokens_per_s,
+                s.acceptance_rate,
+                s.accepted_per_iteration,
+                s.depth,
+                s.hit_rate,
+                s.h2d_mb_per_token,
+                s.stall_ms_per_token,
+                s.peak_gpu_memory_gb,
+                s.tpot_over_belady,
+                checked,
+            ]
+        )
+    headers = [
+        "model",
+        "budget",
+        "system",
+        "prompts",
+        "TPOT ms",
+        "tok/s",
+        "acceptance",
+        "accepted/iter",
+        "depth",
+        "hit rate",
+        "H2D MB/tok",
+        "stall ms/tok",
+        "peak GB",
+        "TPOT/Belady",
+        "= hf",
+    ]
+    return markdown_table(headers, rows)
+
+
+def phase_table(records: Iterable[dict[str, Any]]) -> str:
+    """Latency per phase: prefill, draft and verify time per token, TPOT."""
+    rows = [
+        [
+            s.model,
+            budget_label(s.budget_gb),
+            s.system,
+            s.prefill_ms,
+            s.draft_ms_per_token,
+            s.verify_ms_per_token,
+            s.tpot_ms,
+            s.prefetch_precision,
+            s.prefetch_recall,
+        ]
+        for s in summarize_tpot(records)
+    ]
+    headers = [
+        "model",
+        "budget",
+        "system",
+        "prefill ms",
+        "draft ms/tok",
+        "verify ms/tok",
+        "TPOT ms",
+        "prefetch precision",
+        "prefetch recall",
+    ]
+    return markdown_table(headers, rows)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of the issue's targets: ``system``'s TPOT over ``versus``'s at most ``limit``.
+
+    ``versus == "belady"`` compares with the system's own Belady bound; ``budget_gb`` None
+    means the unlimited budget; ``model`` None applies to every model.
+    """
+
+    system: str
+    versus: str
+    limit: float
+    limit_text: str
+    budget_gb: float | None
+    model: str | None = None
+
+
+TARGETS = (
+    Target("specter", "lru", 1 / 2, "<= 1/2", 24.0, "deepseek-v2-lite"),
+    Target("specter", "spec-lru", 2 / 3, "<= 2/3", 24.0, "deepseek-v2-lite"),
+    Target("specter", "belady", 1.5, "<= 1.5", 24.0, "deepseek-v2-lite"),
+    Target("specter", "hf", 1 / 3, "<= 1/3", None, "deepseek-v2-lite"),
+)
+"""Issue 7's targets (DeepSeek-V2-Lite, random weights, greedy, HumanEval)."""
+
+
+def evaluate_targets(
+    records: Iterable[dict[str, Any]], targets: Sequence[Target] = TARGETS
+) -> list[dict[str, Any]]:
+    """Each target's measured ratio, whether it is met, and the acceptance beside it.
+
+    Returns:
+        One dict per target: ``model``, ``budget``, ``target`` (text), ``ratio`` (None when
+        a side was not measured), ``met`` (None then), ``tpot_ms``, ``versus_tpot_ms``,
+        ``acceptance_rate``.
+    """
+    summaries = summarize_tpot(records)
+    index = {(s.model, s.budget_gb, s.system): s for s in summaries}
+    models = sorted({s.model for s in summaries})
+    out = []
+    for t in targets:
+        for model in [t.model] if t.model is not None else models:
+            mine = index.get((model, t.budget_gb, t.system))
+            if t.versus == "belady":
+                other = mine.belady_tpot_ms if mine is not None else None
+                ratio = mine.tpot_over_belady if mine is not None else None
+            else:
+                # The hf baseline has no budget: it is measured once, at "unlimited".
+                ref = index.get((model, t.budget_gb, t.versus)) or index.get(
+                    (model, None, t.versus)
+                )
+                other = ref.tpot_ms if ref is not None else None
+                ratio = (
+                    mine.tpot_ms / other
+                    if mine is not None and mine.tpot_ms is not None and other
+                    else None
+                )
+            out.append(
+                {
+                    "model": model,
+                    "budget": budget_label(t.budget_gb),
+                    "target": f"{t.system} / {t.versus} {t.limit_text}",
+                    "ratio": ratio,
+                    "met": None if ratio is None else ratio <= t.limit,
+                    "tpot_ms": mine.tpot_ms if mine is not None else None,
+                    "versus_tpot_ms": other,
+                    "acceptance_rate": mine.acceptance_rate if mine is not None else None,
+                }
+            )
+    return out
+
+
+def targets_table(records: Iterable[dict[str, Any]], targets: Sequence[Target] = TARGETS) -> str:
+    """Every target cell, met or not, with the measured acceptance beside it."""
+    rows = [
+        [
+            t["model"],
+            t["budget"],
+            t["target"],
+            t["tpot_ms"],
+            t["versus_tpot_ms"],
+            t["ratio"],
+            "not measured" if t["met"] is None else ("met" if t["met"] else "NOT met"),
+            t["acceptance_rate"],
+        ]
+        for t in evaluate_targets(records, targets)
+    ]
+    headers = ["model", "budget", "target", "TPOT ms", "versus ms", "ratio", "status", "acceptance"]
+    return markdown_table(headers, rows)
+
+
+def _experiments(records: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == kind]
+
+
+def working_set_table(records: Iterable[dict[str, Any]]) -> str:
+    """Distinct experts per layer against depth K, per model (mean [p10, p90])."""
+    rows = []
+    for r in _experiments(records, "working_set"):
+        for point in r["data"]["curve"]:
+            rows.append(
+                [
+                    r["model"],
+                    r["data"].get("routing", "target"),
+                    point["depth"],
+                    point["mean"],
+                    point["p10"],
+                    point["p90"],
+                    point["minimum"],
+                    point["maximum"],
+                    r["data"].get("prompts"),
+                ]
+            )
+    headers = ["model", "routing", "K", "mean", "p10", "p90", "min", "max", "prompts"]
+    return markdown_table(headers, rows)
+
+
+def agreement_table(records: Iterable[dict[str, Any]]) -> str:
+    """Draft/target routing agreement per model: mean, worst/best layer, per request."""
+    rows = []
+    for r in _experiments(records, "routing_agreement"):
+        d = r["data"]
+        per_layer = d["per_layer"]
+        per_request = d.get("per_request", [])
+        rows.append(
+            [
+                r["model"],
+                d["mean"],
+                d.get("exact_rate"),
+                min(per_layer) if per_layer else None,
+                max(per_layer) if per_layer else None,
+                min(per_request) if per_request else None,
+                max(per_request) if per_request else None,
+                len(per_request),
+                d.get("greedy_agreement"),
+            ]
+        )
+    headers = [
+        "model",
+        "match rate",
+        "exact sets",
+        "worst layer",
+        "best layer",
+        "worst request",
+        "best request",
+        "requests",
+        "greedy agreement",
+    ]
+    return markdown_table(headers, rows)
+
+
+def policy_table(records: Iterable[dict[str, Any]]) -> str:
+    """Cache hit rate per policy (LRU, LFU, predictive, Belady) per model and budget."""
+    policies = ("lru", "lfu", "predictive", "belady")
+    rows = []
+    recs = sorted(
+        _experiments(records, "policy_hit_rate"),
+        key=lambda r: (r["model"], _budget_key(r["budget_gb"]), r["data"].get("window", 1)),
+    )
+    for r in recs:
+        d = r["data"]
+        rows.append(
+            [
+                r["model"],
+                budget_label(r["budget_gb"]),
+                d.get("window", 1),
+                d.get("slots_per_layer"),
+                *[d["policies"].get(p, {}).get("hit_rate") for p in policies],
+            ]
+        )
+    headers = ["model", "budget", "window", "slots", *policies]
+    return markdown_table(headers, rows)
+
+
+def depth_sweep_table(records: Iterable[dict[str, Any]]) -> str:
+    """TPOT and acceptance against depth K, per model and budget (best depth marked)."""
+    rows = []
+    recs = sorted(
+        _experiments(records, "depth_sweep"),
+        key=lambda r: (r["model"], _budget_key(r["budget_gb"])),
+    )
+    for r in recs:
+        d = r["data"]
+        best = d.get("best_depth")
+        for point in d["points"]:
+            rows.append(
+                [
+                    r["model"],
+                    budget_label(r["budget_gb"]),
+                    point["depth"],
+                    point["tpot_ms"],
+                    point.get("acceptance_rate"),
+                    point.get("accepted_per_iteration"),
+                    "best" if point["depth"] == best else "",
+                ]
+            )
+    headers = ["model", "budget", "K", "TPOT ms", "acceptance", "accepted/iter", ""]
+    return markdown_table(headers, rows)
+
+
+def memory_table(records: Iterable[dict[str, Any]]) -> str:
+    """Memory accounting per model and budget: planned parts, slots, expected and measured peak."""
+    columns: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+        ("non-expert GB", lambda d: d.get("non_expert_gb")),
+        ("INT4 draft GB", lambda d: d.get("draft_gb")),
+        ("KV GB", lambda d: d.get("kv_gb")),
+        ("buffers GB", lambda d: d.get("buffers_gb")),
+        ("slots GB", lambda d: d.get("slots_gb")),
+        ("slots/layer", lambda d: d.get("slots_per_layer")),
+        ("expected peak GB", lambda d: d.get("expected_peak_gb")),
+        ("measured peak GB", lambda d: d.get("measured_peak_gb")),
+    ]
+    recs = sorted(
+        _experiments(records, "memory"), key=lambda r: (r["model"], _budget_key(r["budget_gb"]))
+    )
+    rows = [
+        [r["model"], budget_label(r["budget_gb"]), *[get(r["data"]) for _, get in columns]]
+        for r in recs
+    ]
+    return markdown_table(["model", "budget", *[name for name, _ in columns]], rows)
