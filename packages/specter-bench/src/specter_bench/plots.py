@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from specter_bench.bench_record import budget_label
-from specter_bench.tables import summarize_tpot
+from specter_bench.tables import summarize_tpot, system_order
 
 __all__ = [
     "plot_depth_sweep",
@@ -68,7 +68,7 @@ def plot_tpot_per_system(records: Iterable[dict[str, Any]]) -> Figure:
     for ax, model in zip(axes, models, strict=True):
         mine = [s for s in summaries if s.model == model]
         budgets = _budget_order(s.budget_gb for s in mine)
-        systems = list(dict.fromkeys(s.system for s in mine))
+        systems = sorted({s.system for s in mine}, key=system_order)
         index = {(s.budget_gb, s.system): s.tpot_ms for s in mine}
         series = {sys_: [index.get((b, sys_)) for b in budgets] for sys_ in systems}
         _grouped_bars(ax, [budget_label(b) for b in budgets], series)

@@ -28,6 +28,7 @@ __all__ = [
     "phase_table",
     "policy_table",
     "summarize_tpot",
+    "system_order",
     "targets_table",
     "tpot_table",
     "working_set_table",
@@ -75,7 +76,8 @@ def _budget_key(budget: float | None) -> tuple[int, float]:
     return (1, 0.0) if budget is None else (0, float(budget))
 
 
-def _system_key(system: str) -> tuple[int, str]:
+def system_order(system: str) -> tuple[int, str]:
+    """Sort key: the order of ``SYSTEM_NAMES``, unknown names last (alphabetically)."""
     return (SYSTEM_NAMES.index(system), system) if system in SYSTEM_NAMES else (99, system)
 
 
@@ -126,7 +128,7 @@ def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
             groups[(r["model"], r["budget_gb"], r["system"])].append(r)
     out = []
     for (model, budget, system), rs in sorted(
-        groups.items(), key=lambda kv: (kv[0][0], _budget_key(kv[0][1]), _system_key(kv[0][2]))
+        groups.items(), key=lambda kv: (kv[0][0], _budget_key(kv[0][1]), system_order(kv[0][2]))
     ):
         h2d = _mean(r.get("h2d_bytes_per_token") for r in rs)
         out.append(

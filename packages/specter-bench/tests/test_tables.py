@@ -1,0 +1,110 @@
+"""Markdown tables: summaries equal the means of the records, targets evaluated as stated."""
+
+import statistics
+
+import pytest
+
+from bench_fixtures import experiment_records, tpot_records
+from specter_bench.bench_record import TpotRecord
+from specter_bench.tables import (
+    Target,
+    evaluate_targets,
+    markdown_table,
+    policy_table,
+    summarize_tpot,
+    targets_table,
+    tpot_table,
+    working_set_table,
+)
+
+
+def test_markdown_table_layout():
+    text = markdown_table(["name", "value"], [["a|b", 1.23456], ["c", None]])
+    lines = text.splitlines()
+    assert lines[0] == "| name | value |"
+    assert lines[1] == "|---|---:|"
+    assert lines[2] == "| a\\|b | 1.23 |"
+    assert lines[3] == "| c | - |"
+    with pytest.raises(ValueError, match="2 headers"):
+        markdown_table(["a", "b"], [[1]])
+
+
+def test_summaries_are_means_over_prompts():
+    records = tpot_records(seed=11)
+    summaries = summarize_tpot(records)
+    assert len(summaries) == 2 * (3 * 3 + 1)  # models x (budgets x 3 systems + hf once)
+    for s in summaries:
+        mine = [
+            r
+            for r in records
+            if (r["model"], r["budget_gb"], r["system"]) == (s.model, s.budget_gb, s.system)
+        ]
+        assert s.prompts == len(mine) == 3
+        assert s.tpot_ms == pytest.approx(statistics.fmean(r["tpot_ms"] for r in mine))
+        assert s.mismatches == sum(r["matches_reference"] is False for r in mine)
+        if s.system == "hf":
+            assert s.hit_rate is None and s.checked == 0
+        else:
+            assert s.hit_rate == pytest.approx(statistics.fmean(r["hit_rate"] for r in mine))
+            expected = statistics.fmean(r["h2d_bytes_per_token"] for r in mine) / 1e6
+            assert s.h2d_mb_per_token == pytest.approx(expected)
+    # Order: model, then budgets ascending with unlimited last, then the systems' order.
+    first = [(s.budget_gb, s.system) for s in summaries if s.model == "deepseek-v2-lite"]
+    assert first[:3] == [(16.0, "lru"), (16.0, "spec-lru"), (16.0, "specter")]
+    assert first[-1] == (None, "specter")
+    table = tpot_table(records)
+    assert table.count("\n") == len(summaries) + 2
+    assert f"{summaries[0].tpot_ms:.2f}" in table.splitlines()[2]
+
+
+def test_targets_compare_the_right_cells():
+    records = tpot_records(seed=12, models=("deepseek-v2-lite",))
+    by = {s.__dict__["system"] + str(s.budget_gb): s for s in summarize_tpot(records)}
+    results = evaluate_targets(records)
+    assert [r["target"] for r in results] == [
+        "specter / lru <= 1/2",
+        "specter / spec-lru <= 2/3",
+        "specter / belady <= 1.5",
+        "specter / hf <= 1/3",
+    ]
+    spec24 = by["specter24.0"]
+    assert results[0]["ratio"] == pytest.approx(spec24.tpot_ms / by["lru24.0"].tpot_ms)
+    assert results[0]["met"] == (results[0]["ratio"] <= 0.5)
+    assert results[2]["ratio"] == pytest.approx(spec24.tpot_over_belady)
+    # hf has no budget: the unlimited specter is compared with the one hf measurement.
+    assert results[3]["ratio"] == pytest.approx(by["specterNone"].tpot_ms / by["hfNone"].tpot_ms)
+    assert results[3]["acceptance_rate"] == pytest.approx(by["specterNone"].acceptance_rate)
+    # A cell whose systems were not measured is reported, not dropped.
+    missing = evaluate_targets(records, [Target("specter", "lru", 0.5, "<= 1/2", 99.0)])
+    assert missing[0]["ratio"] is None and missing[0]["met"] is None
+    assert "not measured" in targets_table(records, [Target("specter", "lru", 0.5, "x", 99.0)])
+
+
+def test_targets_met_and_not_met():
+    def rec(system, budget, tpot, bound=None):
+        return TpotRecord(
+            system, "deepseek-v2-lite", budget, "humaneval", "p", 5, 8, tpot, None, None, None,
+            tpot_over_belady=bound,
+        ).as_dict()  # fmt: skip
+
+    records = [
+        rec("hf", None, 9.0),
+        rec("specter", None, 2.0),  # 2/9 <= 1/3: met
+        rec("lru", 24.0, 10.0),
+        rec("spec-lru", 24.0, 6.0),
+        rec("specter", 24.0, 4.5, bound=1.6),  # 0.45 met; 0.75 not met; 1.6 not met
+    ]
+    met = [r["met"] for r in evaluate_targets(records)]
+    assert met == [True, False, False, True]
+    table = targets_table(records)
+    assert table.count("NOT met") == 2
+
+
+def test_experiment_tables_hold_every_point():
+    records = experiment_records(seed=13)
+    ws = working_set_table(records)
+    assert ws.count("\n") == 2 + 2 * 6
+    pol = policy_table(records)
+    assert pol.count("\n") == 2 + 2 * 2 * 2
+    first = next(r for r in records if r["kind"] == "policy_hit_rate")
+    assert f"{first['data']['policies']['lfu']['hit_rate']:.2f}" in pol
