@@ -46,7 +46,8 @@ def test_tpot_plot_draws_each_systems_mean(tmp_path):
             assert _same([index.get(b) for b in budgets], heights)
     path = save_png(fig, tmp_path / "plots" / "tpot.png")
     data = path.read_bytes()
-    assert data.startswith(PNG_SIGNATURE) and len(data) > 1000
+    assert data.startswith(PNG_SIGNATURE)
+    assert len(data) > 1000
 
 
 def test_experiment_plots_draw_the_given_points(tmp_path):
