@@ -46,11 +46,11 @@ import torch.nn.functional as F
 
 import specter_kernels as sk
 from specter_kernels import w4a16_configs, w4a16_triton
-from specter_kernels.grouped_fp16_triton import launch_grouped
 from specter_kernels.w4a16_triton import GemvConfig, TileConfig
 
 COPY_BANDWIDTH = 4.25e12  # bytes/s, device-to-device copy measured on the H200 (BENCHMARK.md)
 NUM_SETS = 4  # weight sets and input sets rotated through
+NAN = float("nan")
 DEVICE = "cuda"
 
 
@@ -179,9 +179,9 @@ class InputSet:
 
 def make_weights(shape: ModelShape, seed: int) -> WeightSet:
     g = torch.Generator(device=DEVICE).manual_seed(seed)
-    E, H, I = shape.experts, shape.hidden, shape.intermediate
-    w13 = (torch.randn(E, 2 * I, H, device=DEVICE, generator=g) * 0.02).half()
-    w2 = (torch.randn(E, H, I, device=DEVICE, generator=g) * 0.02).half()
+    E, H, inter = shape.experts, shape.hidden, shape.intermediate
+    w13 = (torch.randn(E, 2 * inter, H, device=DEVICE, generator=g) * 0.02).half()
+    w2 = (torch.randn(E, H, inter, device=DEVICE, generator=g) * 0.02).half()
     return WeightSet(
         w13, w2, sk.quantize_int4(w13, 128), sk.quantize_int4(w2, 128), HFExperts(w13, w2)
     )
@@ -304,9 +304,8 @@ def measure(
 
 
 def bench_model(rec: Recorder, shape: ModelShape, tokens: list[int], grouped_tokens: list[int]):
-    log(
-        f"== {shape.name}: H={shape.hidden} I={shape.intermediate} E={shape.experts} k={shape.top_k}"
-    )
+    dims = f"H={shape.hidden} I={shape.intermediate} E={shape.experts} k={shape.top_k}"
+    log(f"== {shape.name}: {dims}")
     sets = [make_weights(shape, seed) for seed in range(NUM_SETS)]
     int4_b, fp16_b = expert_bytes(shape, sets[0])
     E = shape.experts
@@ -317,12 +316,18 @@ def bench_model(rec: Recorder, shape: ModelShape, tokens: list[int], grouped_tok
         inputs = [make_inputs(shape, T, 1000 * T + i) for i in range(NUM_SETS)]
         distinct = statistics.mean(len(i.used_list) for i in inputs)
         base = {
-            "model": shape.name, "T": T, "H": shape.hidden, "I": shape.intermediate, "E": E,
-            "top_k": shape.top_k, "distinct_experts": distinct,
-            "int4_bytes": distinct * int4_b, "fp16_bytes": distinct * fp16_b,
+            "model": shape.name,
+            "T": T,
+            "H": shape.hidden,
+            "I": shape.intermediate,
+            "E": E,
+            "top_k": shape.top_k,
+            "distinct_experts": distinct,
+            "int4_bytes": distinct * int4_b,
+            "fp16_bytes": distinct * fp16_b,
             "roofline_int4_us": distinct * int4_b / COPY_BANDWIDTH * 1e6,
             "roofline_fp16_us": distinct * fp16_b / COPY_BANDWIDTH * 1e6,
-        }  # fmt: skip
+        }
         pairs = list(zip(sets, inputs, strict=True))
         ws0, in0 = pairs[0]
         ref_int4 = sk.fused_moe_w4a16_reference(in0.x, in0.ids, in0.weights, ws0.w13, ws0.w2)
@@ -350,15 +355,16 @@ def bench_model(rec: Recorder, shape: ModelShape, tokens: list[int], grouped_tok
             row = measure(
                 rec,
                 fns,
-                lambda fn=fn, ref=ref: rel_err(fn(ws0, in0), ref),
+                lambda fn=fn, ref=ref, ws0=ws0, in0=in0: rel_err(fn(ws0, in0), ref),
                 {**base, "path": name},
-                eager=T in tokens,
-                budget_s=0.15 if T in tokens else 0.06,
+                eager=name == "fused_w4a16",  # others: eager only where graphs fail
+                budget_s=0.1 if T in tokens else 0.05,
             )
             summary[(T, name)] = row
+            graph, eager = row.get("us_graph", NAN), row.get("us_eager", NAN)
             log(
-                f"  T={T:<3d} {name:<20s} graph {row.get('us_graph', float('nan')):9.1f} us"
-                f"  eager {row.get('us_eager', float('nan')):9.1f} us  err {row.get('rel_err', float('nan')):.1e}"
+                f"  T={T:<3d} {name:<20s} graph {graph:9.1f} us  eager {eager:9.1f} us"
+                f"  err {row.get('rel_err', NAN):.1e}"
                 + (f"  ERROR {row['error']}" if "error" in row else "")
             )
         summary[(T, "roofline_int4")] = {"us_graph": base["roofline_int4_us"]}
@@ -373,7 +379,7 @@ def prefill_check(rec: Recorder, shape: ModelShape, T: int) -> None:
     ws = make_weights(shape, 7)
     inp = make_inputs(shape, T, 7)
     ref = sk.fused_moe_w4a16_reference(inp.x, inp.ids, inp.weights, ws.w13, ws.w2)
-    fn = lambda: sk.fused_moe_w4a16(inp.x, inp.ids, inp.weights, ws.w13, ws.w2)  # noqa: E731
+    fn = lambda: sk.fused_moe_w4a16(inp.x, inp.ids, inp.weights, ws.w13, ws.w2)
     row = measure(
         rec,
         [fn],
@@ -381,7 +387,7 @@ def prefill_check(rec: Recorder, shape: ModelShape, T: int) -> None:
         {"model": shape.name, "T": T, "path": "fused_w4a16_prefill"},
         eager=False,
     )
-    align = lambda: sk.moe_align_block_size(inp.ids, shape.experts, 64)  # noqa: E731
+    align = lambda: sk.moe_align_block_size(inp.ids, shape.experts, 64)
     ref_align = sk.moe_align_block_size_reference(inp.ids, shape.experts, 64)
     arow = measure(
         rec,
@@ -390,9 +396,10 @@ def prefill_check(rec: Recorder, shape: ModelShape, T: int) -> None:
         {"model": shape.name, "T": T, "path": "moe_align_bs64"},
         eager=False,
     )
-    log(f"  prefill T={T}: fused {row.get('us_graph', float('nan')):.0f} us err {row.get('rel_err')}; "
-        f"align {arow.get('us_graph', float('nan')):.1f} us mismatch={arow.get('rel_err')}")  # fmt: skip
-    del ws
+    log(
+        f"  prefill T={T}: fused {row.get('us_graph', NAN):.0f} us err {row.get('rel_err')}; "
+        f"align {arow.get('us_graph', NAN):.1f} us mismatch={arow.get('rel_err')}"
+    )
     torch.cuda.empty_cache()
 
 
@@ -403,26 +410,67 @@ def sweep(rec: Recorder, shape: ModelShape, tokens: list[int]) -> None:
     """Time tile shapes of both paths (one projection varied at a time)."""
     log(f"== sweep {shape.name}")
     sets = [make_weights(shape, seed) for seed in range(NUM_SETS)]
-    H, I, k, E = shape.hidden, shape.intermediate, shape.top_k, shape.experts
-    gemv_gu = [GemvConfig(bn, bk, sp, w, 2, m) for bn, bk, sp, w, m in [
-        (32, 256, 1, 4, 1), (32, 256, 2, 4, 1), (32, 256, 4, 4, 1), (32, 256, 8, 4, 1),
-        (32, 128, 8, 4, 1), (32, 128, 16, 4, 1), (16, 256, 4, 4, 1), (64, 256, 4, 4, 1),
-        (64, 128, 8, 4, 1), (32, 256, 4, 4, 0), (32, 512, 2, 4, 1), (32, 256, 4, 2, 1)]]  # fmt: skip
-    gemv_dn = [GemvConfig(bn, bk, sp, w, 2, m) for bn, bk, sp, w, m in [
-        (64, 128, 1, 4, 1), (64, 128, 2, 4, 1), (64, 128, 4, 4, 1), (64, 128, 8, 4, 1),
-        (64, 256, 2, 4, 1), (32, 128, 4, 4, 1), (128, 128, 4, 4, 1), (64, 128, 4, 4, 0),
-        (64, 64, 8, 4, 1)]]  # fmt: skip
-    tile_gu = [TileConfig(16, bn, bk, sp, 4, 3) for bn, bk, sp in [
-        (64, 128, 1), (64, 128, 2), (64, 128, 4), (64, 128, 8), (32, 128, 4), (128, 128, 4),
-        (64, 256, 4)]]  # fmt: skip
-    tile_dn = [TileConfig(16, bn, bk, sp, 4, 3) for bn, bk, sp in [
-        (64, 128, 1), (64, 128, 2), (64, 128, 4), (64, 128, 8), (128, 128, 4), (32, 128, 4)]]  # fmt: skip
+    H, inter, k, E = shape.hidden, shape.intermediate, shape.top_k, shape.experts
+    gemv_gu = [
+        GemvConfig(bn, bk, sp, w, 2, m)
+        for bn, bk, sp, w, m in [
+            (32, 256, 1, 4, 1),
+            (32, 256, 2, 4, 1),
+            (32, 256, 4, 4, 1),
+            (32, 256, 8, 4, 1),
+            (32, 128, 8, 4, 1),
+            (32, 128, 16, 4, 1),
+            (16, 256, 4, 4, 1),
+            (64, 256, 4, 4, 1),
+            (64, 128, 8, 4, 1),
+            (32, 256, 4, 4, 0),
+            (32, 512, 2, 4, 1),
+            (32, 256, 4, 2, 1),
+        ]
+    ]
+    gemv_dn = [
+        GemvConfig(bn, bk, sp, w, 2, m)
+        for bn, bk, sp, w, m in [
+            (64, 128, 1, 4, 1),
+            (64, 128, 2, 4, 1),
+            (64, 128, 4, 4, 1),
+            (64, 128, 8, 4, 1),
+            (64, 256, 2, 4, 1),
+            (32, 128, 4, 4, 1),
+            (128, 128, 4, 4, 1),
+            (64, 128, 4, 4, 0),
+            (64, 64, 8, 4, 1),
+        ]
+    ]
+    tile_gu = [
+        TileConfig(16, bn, bk, sp, 4, 3)
+        for bn, bk, sp in [
+            (64, 128, 1),
+            (64, 128, 2),
+            (64, 128, 4),
+            (64, 128, 8),
+            (32, 128, 4),
+            (128, 128, 4),
+            (64, 256, 4),
+        ]
+    ]
+    tile_dn = [
+        TileConfig(16, bn, bk, sp, 4, 3)
+        for bn, bk, sp in [
+            (64, 128, 1),
+            (64, 128, 2),
+            (64, 128, 4),
+            (64, 128, 8),
+            (128, 128, 4),
+            (32, 128, 4),
+        ]
+    ]
     for T in tokens:
         inputs = [make_inputs(shape, T, 500 + i) for i in range(NUM_SETS)]
         ws0, in0 = sets[0], inputs[0]
         ref = sk.fused_moe_w4a16_reference(in0.x, in0.ids, in0.weights, ws0.w13, ws0.w2)
-        d_gu, d_dn = w4a16_configs.gemv_configs(in0.x.device, T, k, H, I)
-        t_gu, t_dn = w4a16_configs.tile_configs(in0.x.device, T, k, E, H, I)
+        d_gu, d_dn = w4a16_configs.gemv_configs(in0.x.device, T, k, H, inter)
+        t_gu, t_dn = w4a16_configs.tile_configs(in0.x.device, T, k, E, H, inter)
         t_gu = TileConfig(
             16, t_gu.block_n, t_gu.block_k, t_gu.split_k, t_gu.num_warps, t_gu.num_stages
         )
@@ -444,14 +492,21 @@ def sweep(rec: Recorder, shape: ModelShape, tokens: list[int]) -> None:
             row = measure(
                 rec,
                 fns,
-                lambda fn=fns[0]: rel_err(fn(), ref),
-                {"model": shape.name, "T": T, "path": f"sweep_{path}_{varied}",
-                 "gate_up_config": gu.__dict__, "down_config": dn.__dict__},
+                lambda fn=fns[0], ref=ref: rel_err(fn(), ref),
+                {
+                    "model": shape.name,
+                    "T": T,
+                    "path": f"sweep_{path}_{varied}",
+                    "gate_up_config": gu.__dict__,
+                    "down_config": dn.__dict__,
+                },
                 eager=False,
-            )  # fmt: skip
+            )
             cfg = gu if varied == "gate_up" else dn
-            log(f"  T={T:<3d} {path:<4s} {varied:<7s} {cfg}  {row.get('us_graph', float('nan')):8.1f} us"
-                f"  err {row.get('rel_err', float('nan')):.1e}")  # fmt: skip
+            log(
+                f"  T={T:<3d} {path:<4s} {varied:<7s} {cfg}  {row.get('us_graph', NAN):8.1f} us"
+                f"  err {row.get('rel_err', NAN):.1e}"
+            )
     del sets
     torch.cuda.empty_cache()
 
@@ -472,23 +527,51 @@ def copy_bandwidth() -> float:
     return 2 * n / (us * 1e-6)
 
 
+def best_us(row: dict) -> float:
+    """A path's time: its CUDA-graph median, or the eager one where it cannot be captured."""
+    times = [row[k] for k in ("us_graph", "us_eager") if row.get(k) == row.get(k) and k in row]
+    return min(times) if times else NAN
+
+
+TABLE_COLUMNS = [
+    "fused_w4a16",
+    "fused_w4a16_gemv",
+    "fused_w4a16_tile",
+    "seq_w4a16",
+    "dequant_fp16",
+    "hf_grouped_mm",
+    "hf_batched_mm",
+    "grouped_fp16",
+    "roofline_int4",
+    "roofline_fp16",
+]
+
+
 def print_table(shape: ModelShape, summary: dict, tokens: list[int], grouped_tokens: list[int]):
-    cols = ["fused_w4a16", "fused_w4a16_gemv", "fused_w4a16_tile", "seq_w4a16", "dequant_fp16",
-            "hf_grouped_mm", "hf_batched_mm", "grouped_fp16", "roofline_int4", "roofline_fp16"]  # fmt: skip
-    log(f"\n{shape.name} (us per MoE layer, CUDA graph medians)")
-    log("T    " + " ".join(f"{c[:16]:>16s}" for c in cols) + "   x_vs_hf  x_roofline")
+    """Per-layer times (us); '*' marks an eager time (the path could not be graph-captured)."""
+    log(f"\n{shape.name}: us per MoE layer (CUDA graph medians; * = eager)")
+    log("T    " + "".join(f"{c[:16]:>17s}" for c in TABLE_COLUMNS) + "  hf/fused fused/roof")
     for T in tokens:
-        vals = {c: summary.get((T, c), {}).get("us_graph", float("nan")) for c in cols}
+        cells, vals = [], {}
+        for c in TABLE_COLUMNS:
+            row = summary.get((T, c), {})
+            vals[c] = best_us(row)
+            star = "*" if "us_graph" not in row or row["us_graph"] != row["us_graph"] else " "
+            cells.append(f"{vals[c]:16.1f}{star}")
         hf = min(vals["hf_grouped_mm"], vals["hf_batched_mm"])
-        log(f"{T:<4d} " + " ".join(f"{vals[c]:16.1f}" for c in cols)
-            + f"   {hf / vals['fused_w4a16']:7.2f}  {vals['fused_w4a16'] / vals['roofline_int4']:9.2f}")  # fmt: skip
-    log(f"{shape.name} grouped FP16 vs transformers, T = {grouped_tokens[0]}..{grouped_tokens[-1]}")
+        fused = vals["fused_w4a16"]
+        log(
+            f"{T:<4d} "
+            + "".join(cells)
+            + f"  {hf / fused:8.2f} {fused / vals['roofline_int4']:10.2f}"
+        )
+    log(f"{shape.name}: grouped FP16 vs the faster transformers path")
     for T in grouped_tokens:
-        ours = summary.get((T, "grouped_fp16"), {}).get("us_graph", float("nan"))
-        gm = summary.get((T, "hf_grouped_mm"), {}).get("us_graph", float("nan"))
-        bm = summary.get((T, "hf_batched_mm"), {}).get("us_graph", float("nan"))
-        log(f"  T={T:<3d} grouped_fp16 {ours:8.1f}  hf_grouped_mm {gm:8.1f}  hf_batched_mm {bm:9.1f}"
-            f"  ratio {min(gm, bm) / ours:5.2f} {'MET' if ours <= min(gm, bm) else 'missed'}")  # fmt: skip
+        ours = best_us(summary.get((T, "grouped_fp16"), {}))
+        hf = min(best_us(summary.get((T, p), {})) for p in ("hf_grouped_mm", "hf_batched_mm"))
+        verdict = "met" if ours <= hf else "MISSED"
+        ratio = hf / ours
+        log(f"  T={T:<3d} grouped_fp16 {ours:8.1f}  hf {hf:9.1f}  hf/ours {ratio:5.2f} {verdict}")
 
 
 def run_sweeps(rec: Recorder, models: list[ModelShape], t0: float) -> None:
@@ -499,8 +582,9 @@ def run_sweeps(rec: Recorder, models: list[ModelShape], t0: float) -> None:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=False).stdout.strip()  # fmt: skip
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
     except OSError:
         return "unknown"
 
@@ -530,17 +614,23 @@ def main() -> int:
     grouped_tokens = list(range(int(lo), int(hi or lo) + 1)) if lo else []
     bandwidth = copy_bandwidth()
     meta = {
-        "bench": "kernels", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "triton": triton.__version__, "transformers": transformers.__version__,
+        "bench": "kernels",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
         "weights": "random normal * 0.02, fp16; INT4 = symmetric RTN group 128 of the same weights",
         "timing": f"CUDA graph of 8 calls rotating {NUM_SETS} weight sets x {NUM_SETS} input sets, "
-                  "median over replays; us_eager: same without a graph",
+        "median over replays; us_eager: same without a graph",
         "measured_copy_bandwidth_tbs": round(bandwidth / 1e12, 3),
         "roofline_bandwidth_tbs": COPY_BANDWIDTH / 1e12,
-    }  # fmt: skip
-    log(f"{meta['gpu']} torch {meta['torch']} triton {meta['triton']} transformers "
-        f"{meta['transformers']}; copy bandwidth {bandwidth / 1e12:.2f} TB/s")  # fmt: skip
+    }
+    log(
+        f"{meta['gpu']} torch {meta['torch']} triton {meta['triton']} transformers "
+        f"{meta['transformers']}; copy bandwidth {bandwidth / 1e12:.2f} TB/s"
+    )
     rec = Recorder(out_dir, meta)
     models = [MODELS[m] for m in args.models.split(",") if m]
     t0 = time.perf_counter()
@@ -561,8 +651,10 @@ def main() -> int:
     log(f"copy bandwidth at the end: {copy_bandwidth() / 1e12:.2f} TB/s")
     errors = [r for r in rec.rows if "error" in r]
     bad = [r for r in rec.rows if r.get("rel_err", 0) > 2e-2 and "prefill" not in r["path"]]
-    log(f"\n{len(rec.rows)} records, {len(errors)} errors, {len(bad)} over 2e-2 error; "
-        f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
+    log(
+        f"\n{len(rec.rows)} records, {len(errors)} errors, {len(bad)} over 2e-2 error; "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
     return 0
 
 

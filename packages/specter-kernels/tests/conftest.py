@@ -2,8 +2,93 @@
 
 TRITON_INTERPRET must be set before triton is first imported, so it is set here,
 at conftest import time, before any test module imports specter_kernels.
+
+Inputs are fresh random draws on every run: each test gets its own seed, printed
+in the failure report and replayable with ``SPECTER_TEST_SEED=<seed>``.
 """
 
 import os
+import secrets
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+
+def _patch_interpreter_for_numpy_2_4() -> None:
+    """Let Triton 3.6's interpreter use runtime scalars as loop bounds under numpy >= 2.4.
+
+    The interpreter holds scalars as 1-element arrays and turns them into Python
+    ints with ``int(array)``, which numpy 2.4 no longer allows for arrays with a
+    dimension (``range(0, K, BLOCK)`` then fails). Take the single element instead.
+    """
+    try:
+        import triton.runtime.interpreter as interpreter
+    except ImportError:  # no triton: the triton tests skip themselves
+        return
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_specter_patched", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._specter_patched = True
+    interpreter._patch_lang_tensor = patched
+
+
+_patch_interpreter_for_numpy_2_4()
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A fresh seed per test (or SPECTER_TEST_SEED), reported with the test's outcome."""
+    value = int(os.environ.get("SPECTER_TEST_SEED", secrets.randbits(31)))
+    request.node.user_properties.append(("seed", value))
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seeds = [v for k, v in item.user_properties if k == "seed"]
+    if report.failed and seeds:
+        report.sections.append(("seed", f"SPECTER_TEST_SEED={seeds[0]} reproduces this run"))
+
+
+@pytest.fixture
+def triton_backend(monkeypatch):
+    """Force the Triton kernels (interpreted on the CPU)."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "triton")
+
+
+class PoisonedTorch:
+    """``torch`` with ``empty`` returning poison (NaN floats, -777 ints).
+
+    Patched into the kernel launch modules so that any element a kernel should
+    write but does not shows up as NaN (or a wild index) in the result.
+    """
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        tensor = torch.empty(*args, **kwargs)
+        if tensor.is_floating_point():
+            return tensor.fill_(float("nan"))
+        return tensor.fill_(-777)
+
+
+@pytest.fixture
+def poisoned(monkeypatch, triton_backend):
+    """Triton backend with poisoned intermediate and output buffers."""
+    from specter_kernels import grouped_fp16_triton, moe_align_triton, w4a16_triton
+
+    for module in (w4a16_triton, grouped_fp16_triton, moe_align_triton):
+        monkeypatch.setattr(module, "torch", PoisonedTorch())

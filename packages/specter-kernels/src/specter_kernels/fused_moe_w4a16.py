@@ -29,8 +29,24 @@ from specter_kernels.int4_weight import Int4Weight
 
 Path = Literal["auto", "gemv", "tile"]
 
-# Up to this many routed pairs the gemv path wins (measured, docs/benchmarks-kernels.md).
-GEMV_MAX_PAIRS = 48
+# The tile path pays off once pairs share experts: measured on an H200 (see
+# docs/benchmarks-kernels.md) it wins when routed pairs exceed the expected number
+# of distinct experts by about this factor.
+TILE_MIN_SHARING = 1.3
+
+
+def choose_path(T: int, top_k: int, num_experts: int) -> Path:
+    """``"gemv"`` or ``"tile"`` from the expected sharing of experts between tokens.
+
+    Under uniform routing a batch of T tokens touches ``E * (1 - (1 - k/E)**T)``
+    distinct experts in expectation. The gemv path reads one expert per routed pair,
+    the tile path one per distinct expert (at some extra cost per byte), so the tile
+    path wins once ``T * k`` exceeds that count by ``TILE_MIN_SHARING``.
+    """
+    if T <= 1:
+        return "gemv"
+    distinct = num_experts * (1.0 - (1.0 - top_k / num_experts) ** T)
+    return "tile" if T * top_k >= TILE_MIN_SHARING * distinct else "gemv"
 
 
 def _check_inputs(
@@ -115,7 +131,7 @@ def fused_moe_w4a16(
     T, k = topk_ids.shape
     H, I = x.shape[1], w2.in_features
     if path == "auto":
-        path = "gemv" if T * k <= GEMV_MAX_PAIRS else "tile"
+        path = choose_path(T, k, w13.num_experts)
     if path == "gemv":
         gate_up, down = w4a16_configs.gemv_configs(x.device, T, k, H, I)
         return w4a16_triton.launch_gemv(x, topk_ids, topk_weights, w13, w2, gate_up, down)

@@ -20,8 +20,8 @@ from typing import Literal
 
 import torch
 
-from specter_kernels.int4_weight import PACK_FACTOR, SYMMETRIC_ZERO_POINT, Int4Weight
 from specter_kernels.int4_quantization import unpack_int4
+from specter_kernels.int4_weight import PACK_FACTOR, SYMMETRIC_ZERO_POINT, Int4Weight
 
 CheckpointFormat = Literal["gptq", "gptq_v2"]
 

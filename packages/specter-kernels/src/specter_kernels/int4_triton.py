@@ -79,6 +79,28 @@ def load_group_params(
 
 
 @triton.jit
+def zero_workspace(
+    acc_ptr, counter_ptr, num_acc, num_counters, pid, num_programs, ZERO_BLOCK: tl.constexpr
+):
+    """Zero the down projection's fp32 accumulator and counters, spread over all programs.
+
+    An unsplit gate_up launch does this for the down launch that follows it on the
+    same stream, which saves a memset launch per layer (about 2 us at decode).
+    """
+    offs = tl.arange(0, ZERO_BLOCK)
+    for start in range(pid * ZERO_BLOCK, num_acc, num_programs * ZERO_BLOCK):
+        tl.store(
+            acc_ptr + start + offs, tl.zeros([ZERO_BLOCK], tl.float32), mask=start + offs < num_acc
+        )
+    for start in range(pid * ZERO_BLOCK, num_counters, num_programs * ZERO_BLOCK):
+        tl.store(
+            counter_ptr + start + offs,
+            tl.zeros([ZERO_BLOCK], tl.int32),
+            mask=start + offs < num_counters,
+        )
+
+
+@triton.jit
 def finish_gate_up(
     ws_ptr,
     counter_ptr,

@@ -1,6 +1,6 @@
 """Triton kernels of the fused W4A16 routed-expert layer, and their launchers.
 
-Per layer: one memset of a small workspace, then two launches whatever T:
+Per layer two launches whatever T (plus a memset when gate_up is split over K):
 gate_up (SiLU-and-mul fused into its epilogue) writes ``h [T*k, I]`` fp16, then
 down multiplies by the routing weight and sums each token's experts into
 ``out [T, H]`` fp16. Both projections split K over several programs: at decode a
@@ -8,6 +8,7 @@ program's serial chain of dependent loads, not bandwidth, sets the time, so
 short K ranges and many resident programs keep enough bytes in flight. Partial
 sums meet in an fp32 workspace; the last arriving program of an output tile
 finishes it (``int4_triton.finish_gate_up`` / ``accumulate_rows_and_finish``).
+An unsplit gate_up launch zeroes the down launch's workspace itself.
 
 Two ways to map work onto programs:
 
@@ -36,6 +37,7 @@ from specter_kernels.int4_triton import (
     int4_fp32_minus,
     int4_pair_fp16,
     load_group_params,
+    zero_workspace,
 )
 from specter_kernels.int4_weight import Int4Weight
 from specter_kernels.moe_align import max_aligned_blocks, moe_align_block_size
@@ -59,7 +61,7 @@ class GemvConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 2
-    math: int = 1
+    math: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,10 @@ def _gemv_gate_up_kernel(
     h_ptr,
     ws_ptr,
     counter_ptr,
+    down_acc_ptr,
+    down_counter_ptr,
+    num_down_acc,
+    num_down_counters,
     K,
     I,
     top_k,
@@ -163,10 +169,21 @@ def _gemv_gate_up_kernel(
     HAS_ZEROS: tl.constexpr,
     MATH: tl.constexpr,
     SPLIT: tl.constexpr,
+    ZERO_BLOCK: tl.constexpr,
 ):
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    if not SPLIT:
+        zero_workspace(
+            down_acc_ptr,
+            down_counter_ptr,
+            num_down_acc,
+            num_down_counters,
+            pair * tl.num_programs(1) + pid_n,
+            tl.num_programs(0) * tl.num_programs(1),
+            ZERO_BLOCK,
+        )
     token = pair // top_k
     expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
     R: tl.constexpr = BLOCK_K // 8
@@ -332,6 +349,10 @@ def _tile_gate_up_kernel(
     h_ptr,
     ws_ptr,
     counter_ptr,
+    down_acc_ptr,
+    down_counter_ptr,
+    num_down_acc,
+    num_down_counters,
     K,
     I,
     top_k,
@@ -350,10 +371,21 @@ def _tile_gate_up_kernel(
     BLOCK_K: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
     SPLIT: tl.constexpr,
+    ZERO_BLOCK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    if not SPLIT:  # before the early exit: every program takes its share
+        zero_workspace(
+            down_acc_ptr,
+            down_counter_ptr,
+            num_down_acc,
+            num_down_counters,
+            pid_m * tl.num_programs(1) + pid_n,
+            tl.num_programs(0) * tl.num_programs(1),
+            ZERO_BLOCK,
+        )
     if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
         return  # block beyond the padded length: the grid is an upper bound
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
@@ -521,14 +553,22 @@ class _Workspace:
     down_counters: torch.Tensor  # int32 [T, N-blocks of down]
 
 
+ZERO_BLOCK = 256
+
+
 def _workspace(
     T: int, H: int, I: int, pairs: int, nb_gate_up: int, nb_down: int, split_gate_up: bool, device
 ) -> _Workspace:
-    """One zeroed allocation (a single memset) carved into the four workspaces."""
+    """One allocation carved into the four workspaces.
+
+    Split gate_up: zeroed here (one memset). Otherwise it holds only the down
+    workspace, left for the gate_up kernel to zero.
+    """
     gu = pairs * 2 * I if split_gate_up else 0
     gu_cnt = pairs * nb_gate_up if split_gate_up else 0
     down, down_cnt = T * H, T * nb_down
-    words = torch.zeros(gu + down + gu_cnt + down_cnt, dtype=torch.int32, device=device)
+    alloc = torch.zeros if split_gate_up else torch.empty
+    words = alloc(gu + down + gu_cnt + down_cnt, dtype=torch.int32, device=device)
     floats = words[: gu + down].view(torch.float32)  # all-zero bits are 0.0
     counters = words[gu + down :]
     return _Workspace(floats[:gu], counters[:gu_cnt], floats[gu:], counters[gu_cnt:])
@@ -562,11 +602,12 @@ def launch_gemv(
     out = torch.empty(T, H, dtype=torch.float16, device=device)
     _gemv_gate_up_kernel[(pairs, nb_gu, gu_splits)](
         x, ids, w13.qweight, w13.scales, _zeros_arg(w13), h, ws.gate_up, ws.gate_up_counters,
+        ws.down, ws.down_counters, ws.down.numel(), ws.down_counters.numel(),
         H, I, top_k, gu_per_split, gu_splits,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1),
         w13.scales.stride(0), w13.scales.stride(1), h.stride(0),
         GROUP=w13.group_size, BLOCK_N=cu.block_n, BLOCK_K=cu.block_k,
-        HAS_ZEROS=w13.zeros is not None, MATH=cu.math, SPLIT=gu_splits > 1,
+        HAS_ZEROS=w13.zeros is not None, MATH=cu.math, SPLIT=gu_splits > 1, ZERO_BLOCK=ZERO_BLOCK,
         num_warps=cu.num_warps, num_stages=cu.num_stages,
     )  # fmt: skip
     _gemv_down_kernel[(pairs, nb_dn, dn_splits)](
@@ -620,11 +661,12 @@ def launch_tile(
     _tile_gate_up_kernel[(max_blocks, nb_gu, gu_splits)](
         x, sorted_ids, expert_ids, num_post_padded,
         w13.qweight, w13.scales, _zeros_arg(w13), h, ws.gate_up, ws.gate_up_counters,
+        ws.down, ws.down_counters, ws.down.numel(), ws.down_counters.numel(),
         H, I, top_k, pairs, gu_per_split, gu_splits,
         x.stride(0), w13.qweight.stride(0), w13.qweight.stride(1),
         w13.scales.stride(0), w13.scales.stride(1), h.stride(0),
         GROUP=w13.group_size, BLOCK_M=cu.block_m, BLOCK_N=cu.block_n, BLOCK_K=cu.block_k,
-        HAS_ZEROS=w13.zeros is not None, SPLIT=gu_splits > 1,
+        HAS_ZEROS=w13.zeros is not None, SPLIT=gu_splits > 1, ZERO_BLOCK=ZERO_BLOCK,
         num_warps=cu.num_warps, num_stages=cu.num_stages,
     )  # fmt: skip
     _tile_down_kernel[(max_blocks, nb_dn, dn_splits)](

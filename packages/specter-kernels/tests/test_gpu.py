@@ -1,0 +1,54 @@
+"""On a CUDA device: the Triton kernels at real expert shapes against the references.
+
+Skipped without a GPU (CPU runs cover the same code through the interpreter).
+"""
+
+import pytest
+import torch
+
+import specter_kernels as sk
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all()
+    return float((out - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize(("H", "I", "E", "k"), [(2048, 1408, 64, 6), (4096, 6400, 16, 2)])
+@pytest.mark.parametrize("T", [1, 5, 33, 300])
+def test_fused_w4a16_on_the_gpu(seed, monkeypatch, H, I, E, k, T):
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    x = torch.randn(T, H, device="cuda").half()
+    ids = torch.topk(torch.randn(T, E, device="cuda"), k).indices
+    weights = torch.rand(T, k, device="cuda")
+    w13 = sk.quantize_int4(torch.randn(E, 2 * I, H, device="cuda") * 0.02, 128)
+    w2 = sk.quantize_int4(torch.randn(E, H, I, device="cuda") * 0.02, 128)
+    ref = sk.fused_moe_w4a16_reference(x, ids, weights, w13, w2)
+    for path in ("gemv", "tile"):
+        assert _rel_err(sk.fused_moe_w4a16(x, ids, weights, w13, w2, path=path), ref) < 2e-3
+
+
+@pytest.mark.parametrize("T", [1, 17])
+def test_grouped_fp16_waves_on_the_gpu(seed, T):
+    H, I, E, k, S = 2048, 1408, 64, 6, 64
+    x = torch.randn(T, H, device="cuda").half()
+    ids = torch.topk(torch.randn(T, E, device="cuda"), k).indices
+    weights = torch.rand(T, k, device="cuda")
+    w13 = (torch.randn(S, 2 * I, H, device="cuda") * 0.02).half()
+    w2 = (torch.randn(S, H, I, device="cuda") * 0.02).half()
+    slot_of = torch.randperm(S, device="cuda").int()
+    resident = torch.rand(E, device="cuda") < 0.5
+    out = torch.zeros(T, H, device="cuda")
+    sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, resident, out)
+    sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, ~resident, out)
+    everything = torch.ones(E, dtype=torch.bool, device="cuda")
+    ref = sk.grouped_moe_fp16_reference(
+        x, ids, weights, w13, w2, slot_of, everything, torch.zeros(T, H, device="cuda")
+    )
+    assert _rel_err(out, ref) < 2e-3
