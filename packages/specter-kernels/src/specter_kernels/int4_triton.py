@@ -19,8 +19,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FP16_MAGIC = 1024.0  # 0x6400: nibble q in the low mantissa bits reads as 1024 + q
-
 
 @triton.jit
 def int4_pair_fp16(words, J: tl.constexpr):
