@@ -1,9 +1,58 @@
 """specter-models.
 
-DeepSeek-V2, Qwen1.5-MoE and Phi-3.5-MoE on transformers with offloaded FP16 experts and
-a shared-weight INT4 draft.
+DeepSeek-V2, Qwen1.5-MoE and Phi-3.5-MoE on transformers' own model classes with offloaded
+FP16 experts and a shared-weight INT4 draft: ``load`` a checkpoint or preset and hand its
+``draft``, ``target`` and ``prefetcher`` to specter-spec's ``SpecController``.
 """
+
+from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, architecture_for
+from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
+from specter_models.kv_cache import StaticKVCache
+from specter_models.loader import load
+from specter_models.memory_plan import MemoryBudgetError, MemoryPlan, plan_memory
+from specter_models.presets import (
+    DEMO_MODEL,
+    FULL_SIZE_PRESETS,
+    PRESETS,
+    TINY_PRESETS,
+    Preset,
+    demo_model_path,
+    get_preset,
+    preset_config,
+)
+from specter_models.reference_model import build_reference_model, reference_model_from
+from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
+from specter_models.specter_experts import SpecterExperts
+from specter_models.specter_model import MemoryReport, SpecterModel
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "DEMO_MODEL",
+    "FULL_SIZE_PRESETS",
+    "PRESETS",
+    "SUPPORTED_MODEL_TYPES",
+    "TINY_PRESETS",
+    "Architecture",
+    "DraftModel",
+    "ExpertsMode",
+    "ExpertsRuntime",
+    "MemoryBudgetError",
+    "MemoryPlan",
+    "MemoryReport",
+    "Preset",
+    "SharedKV",
+    "SpecterExperts",
+    "SpecterModel",
+    "StaticKVCache",
+    "TargetModel",
+    "__version__",
+    "architecture_for",
+    "build_reference_model",
+    "demo_model_path",
+    "get_preset",
+    "load",
+    "plan_memory",
+    "preset_config",
+    "reference_model_from",
+]

@@ -1,0 +1,87 @@
+"""The state every swapped experts module of one model shares: which model is running.
+
+Draft and target are the same transformers model object; only their routed experts differ.
+The adapters (``TargetModel``, ``DraftModel``) set the mode around each forward, and every
+``SpecterExperts`` module reads it: INT4 experts for the draft, FP16 experts from the slot
+cache for the target. Setting the mode is one attribute write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Iterator
+
+from specter_cache import ExpertCache, RoutingCounter
+
+VERIFICATION_KINDS = ("expert", "token")
+
+
+class ExpertsMode(enum.Enum):
+    """Which routed experts a forward uses."""
+
+    DRAFT = "draft"
+    """INT4 experts resident on the device; router choices go to the routing counter."""
+    TARGET = "target"
+    """FP16 experts through the expert cache (expert-wise or token-wise verification)."""
+
+
+class ExpertsRuntime:
+    """Mode, expert cache and routing counter shared by a model's ``SpecterExperts``.
+
+    Args:
+        cache: the target's FP16 expert cache (may be attached after construction, before
+            the first target forward).
+        counter: the draft's routing counter (None: draft routing is not observed).
+        verification: ``"expert"`` (each layer's experts in waves over all verified rows)
+            or ``"token"`` (each row's experts loaded and computed in row order: the
+            ``spec-lru`` reference and an ablation).
+
+    Raises:
+        ValueError: an unknown verification kind.
+    """
+
+    def __init__(
+        self,
+        cache: ExpertCache | None,
+        counter: RoutingCounter | None = None,
+        verification: str = "expert",
+    ):
+        self.cache = cache
+        self.counter = counter
+        self.mode: ExpertsMode | None = None
+        self.verification = verification
+        self.routing_trace: list[list[list[int]]] | None = None
+
+    @property
+    def verification(self) -> str:
+        """``"expert"`` or ``"token"``."""
+        return self._verification
+
+    @verification.setter
+    def verification(self, kind: str) -> None:
+        if kind not in VERIFICATION_KINDS:
+            raise ValueError(
+                f"verification must be one of {VERIFICATION_KINDS} (expert-wise waves or "
+                f"token-wise order), got {kind!r}"
+            )
+        self._verification = kind
+
+    @contextlib.contextmanager
+    def running(self, mode: ExpertsMode) -> Iterator[None]:
+        """Run the experts modules in ``mode`` for the duration of the block."""
+        previous = self.mode
+        self.mode = mode
+        try:
+            yield
+        finally:
+            self.mode = previous
+
+    def record_routing(self, enabled: bool = True) -> None:
+        """Start (or stop) recording the target's needed experts per layer and forward.
+
+        While recording, ``routing_trace[layer][step]`` lists the unique experts the target
+        needed in that layer at each target forward: the trace specter-cache's Belady bound
+        and policy replay take. Starting discards a previous trace.
+        """
+        self.routing_trace = [[] for _ in range(self.cache.num_layers)] if enabled else None

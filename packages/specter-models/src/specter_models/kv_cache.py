@@ -1,0 +1,207 @@
+"""A preallocated KV cache for transformers models whose rollback is moving a length.
+
+``StaticKVCache`` implements transformers' ``Cache`` interface (what the models call:
+``update``, ``get_seq_length``, ``get_mask_sizes``) over one buffer per layer, allocated
+once at ``max_seq_len``. Appending copies the new rows in place; rolling back (``crop_to``)
+only moves a host-side length, as in gpt-fast: no copy, no allocation, no device sync.
+
+Unlike transformers' ``StaticCache``, ``update`` returns views of the filled prefix only
+(``[:, :, :length]``) and reports masks of that size, exactly as ``DynamicCache`` does, so
+attention reads no padding and transformers' mask creation treats it like the dynamic cache.
+The length is a Python int known on the host, which is what keeps the controller's
+``kv_length`` free of device syncs.
+
+DeepSeek-V2 caches its compressed MLA latents through the same ``update``: the normed
+``kv_lora_rank`` latent as the "keys" and the rotary part as the "values", one head each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+RowShape = tuple[tuple[int, int], tuple[int, int]]
+"""``((key_heads, key_dim), (value_heads, value_dim))`` of one cached position."""
+
+
+class StaticKVLayer(CacheLayerMixin):
+    """One layer's preallocated keys ``[1, Hk, S, Dk]`` and values ``[1, Hv, S, Dv]``.
+
+    Args:
+        row_shape: ``((Hk, Dk), (Hv, Dv))``.
+        max_seq_len: ``S``, positions the buffers hold.
+        dtype: element type of the cached states.
+        device: where the buffers live.
+    """
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = True
+
+    def __init__(
+        self,
+        row_shape: RowShape,
+        max_seq_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        super().__init__()
+        (hk, dk), (hv, dv) = row_shape
+        self.max_seq_len = max_seq_len
+        self.dtype, self.device = dtype, torch.device(device)
+        self.keys = torch.zeros(1, hk, max_seq_len, dk, dtype=dtype, device=self.device)
+        self.values = torch.zeros(1, hv, max_seq_len, dv, dtype=dtype, device=self.device)
+        self.length = 0
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to do: the buffers exist from construction."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``T`` rows and return the filled prefix.
+
+        Args:
+            key_states: ``[1, Hk, T, Dk]``.
+            value_states: ``[1, Hv, T, Dv]``.
+
+        Returns:
+            Views ``keys[:, :, :length + T]`` and ``values[:, :, :length + T]``.
+
+        Raises:
+            ValueError: shapes, dtype or device differ from the buffers, or the rows would
+                run past ``max_seq_len``.
+        """
+        start = self.length
+        end = start + key_states.shape[-2]
+        for name, new, buf in (
+            ("keys", key_states, self.keys),
+            ("values", value_states, self.values),
+        ):
+            if (
+                new.dim() != 4
+                or new.shape[0] != 1
+                or new.shape[1] != buf.shape[1]
+                or new.shape[3] != buf.shape[3]
+                or new.shape[2] != end - start
+            ):
+                raise ValueError(
+                    f"StaticKVLayer.update: {name} of shape {tuple(new.shape)} do not fit the "
+                    f"cache rows [1, {buf.shape[1]}, T, {buf.shape[3]}] (batch size one)"
+                )
+            if new.dtype != buf.dtype or new.device != buf.device:
+                raise ValueError(
+                    f"StaticKVLayer.update: {name} are {new.dtype} on {new.device}, the cache "
+                    f"holds {buf.dtype} on {buf.device}; build the cache with the model's dtype"
+                )
+        if end > self.max_seq_len:
+            raise ValueError(
+                f"the KV cache holds at most max_seq_len={self.max_seq_len} positions; writing "
+                f"positions {start}..{end - 1} would overflow it. Load the model with a larger "
+                "max_seq_len."
+            )
+        self.keys[:, :, start:end].copy_(key_states)
+        self.values[:, :, start:end].copy_(value_states)
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)`` for a query of ``query_length`` rows (as DynamicLayer)."""
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Filled positions (a host int)."""
+        return self.length
+
+    def get_max_length(self) -> int:
+        """``max_seq_len``."""
+        return self.max_seq_len
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' crop: a negative count removes that many rows, a positive one keeps
+        that many (its deprecated meaning)."""
+        if tokens_to_remove < 0:
+            self.length = max(0, self.length + tokens_to_remove)
+        else:
+            self.length = min(self.length, tokens_to_remove)
+
+    def reset(self) -> None:
+        """Forget every row (the buffers keep their stale contents; they are never read)."""
+        self.length = 0
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("StaticKVCache holds one sequence (batch size one): no beams")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("StaticKVCache holds one sequence (batch size one)")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("StaticKVCache holds one sequence (batch size one)")
+
+    def offload(self) -> None:
+        raise NotImplementedError("StaticKVCache stays on its device")
+
+    def prefetch(self) -> None:
+        """Nothing to prefetch: the buffers never leave their device."""
+
+
+class StaticKVCache(Cache):
+    """Preallocated per-layer KV buffers behind transformers' ``Cache`` interface.
+
+    Args:
+        row_shapes: one ``((Hk, Dk), (Hv, Dv))`` per decoder layer.
+        max_seq_len: positions each layer holds.
+        dtype: the model's dtype.
+        device: the model's device.
+
+    Raises:
+        ValueError: no layer, or a non-positive ``max_seq_len``.
+
+    Example:
+        >>> cache = StaticKVCache(
+        ...     [((2, 8), (2, 8))] * 3, max_seq_len=16, dtype=torch.float32, device="cpu"
+        ... )
+        >>> k = torch.randn(1, 2, 5, 8)
+        >>> keys, values = cache.update(k, k, layer_idx=0)
+        >>> keys.shape[2], cache.layers[0].length
+        (5, 5)
+    """
+
+    def __init__(
+        self,
+        row_shapes: Sequence[RowShape],
+        max_seq_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        if not row_shapes:
+            raise ValueError("StaticKVCache needs at least one layer")
+        if not isinstance(max_seq_len, int) or max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
+        layers = [StaticKVLayer(shape, max_seq_len, dtype, device) for shape in row_shapes]
+        super().__init__(layers=layers)
+        self.max_seq_len = max_seq_len
+
+    @property
+    def length(self) -> int:
+        """Positions held (every layer holds the same number between forwards)."""
+        return self.layers[0].length
+
+    def crop_to(self, length: int) -> None:
+        """Drop every position ``>= length`` in every layer (moves lengths, copies nothing).
+
+        Raises:
+            ValueError: ``length`` is negative.
+        """
+        if length < 0:
+            raise ValueError(f"crop_to length must be >= 0, got {length}")
+        for layer in self.layers:
+            layer.length = min(layer.length, length)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of every layer's buffers."""
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)

@@ -1,0 +1,313 @@
+"""``specter_models.load``: a checkpoint or preset, ready for speculative decoding.
+
+Loading builds transformers' own model with its routed experts swapped out, puts every
+non-expert weight on the device, streams the routed experts one at a time into
+specter-cache's pinned host store (from the checkpoint's memory map, or generated from a
+seed on the device), quantizes each one for the INT4 draft on the device as it passes (or
+imports the draft from a GPTQ checkpoint), and sizes the FP16 expert slots from the budget.
+No step holds all experts on the device, nor any expert twice in host memory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+
+from specter_cache import (
+    ExpertCache,
+    ExpertLayout,
+    ExpertStore,
+    ReplacementPolicy,
+    RoutingCounter,
+    SpeculativePrefetcher,
+)
+from specter_models.architecture import Architecture, MoeLayer, architecture_for, find_moe_layers
+from specter_models.checkpoint import (
+    CheckpointFiles,
+    expert_sources,
+    load_non_expert_weights,
+    read_json,
+)
+from specter_models.experts_runtime import ExpertsRuntime
+from specter_models.gptq_checkpoint import load_gptq_draft
+from specter_models.int4_draft import Int4LayerBuilder
+from specter_models.kv_cache import StaticKVCache
+from specter_models.memory_meter import MemoryMeter
+from specter_models.memory_plan import DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_VERIFY_ROWS, plan_memory
+from specter_models.model_builder import build_on_meta, materialize, swap_routed_experts
+from specter_models.presets import DEMO_MODEL, PRESETS, demo_model_path, get_preset
+from specter_models.random_weights import init_non_expert_weights, random_expert
+from specter_models.spec_adapters import SharedKV
+from specter_models.specter_model import MemoryReport, SpecterModel
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def load(
+    path_or_preset: str | os.PathLike[str],
+    *,
+    gpu_memory_gb: float | None = None,
+    slots_per_layer: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float16,
+    draft: str | os.PathLike[str] | None = "rtn",
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+    policy: str | ReplacementPolicy = "lru",
+    seed: int = 0,
+    verification: str = "expert",
+    draft_group_size: int | None = None,
+    max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
+    pin_memory: bool | None = None,
+) -> SpecterModel:
+    """Load a model for speculative decoding with offloaded experts and an INT4 draft.
+
+    Args:
+        path_or_preset: a Hugging Face checkpoint folder (``config.json`` and safetensors,
+            original per-expert names), a preset name (``deepseek-v2-lite``, ``qwen1.5-moe``,
+            ``phi-3.5-moe``, ``tiny-*``: seeded random weights) or ``specter-code-tiny`` (the
+            trained demo checkpoint shipped with the package).
+        gpu_memory_gb: GPU memory budget in GB; the FP16 expert slots get what the fixed
+            state leaves. None (and no ``slots_per_layer``): every expert resident.
+        slots_per_layer: a fixed slot count per MoE layer instead of a budget.
+        device: default ``"cuda"`` when available, else ``"cpu"``.
+        dtype: the model's dtype. float16 runs the fused kernels; float32/float64 run the
+            plain-torch reference path (CPU tests).
+        draft: ``"rtn"`` (quantize the experts on load, round-to-nearest), a GPTQ checkpoint
+            folder of the same model, or None (target only: no INT4 experts, more slots).
+        max_seq_len: positions the KV cache holds (prompt plus generation plus K).
+        policy: the expert cache's replacement policy (``"lru"``, ``"lfu"``,
+            ``"predictive"`` or an instance).
+        seed: the random-weight seed of a preset (ignored for checkpoints).
+        verification: ``"expert"`` (waves per layer) or ``"token"`` (row by row).
+        draft_group_size: force the INT4 RTN group size (default: 128, or 64/32 where a
+            dimension needs it).
+        max_verify_rows: most rows a decoding forward processes (sizes the workspace).
+        pin_memory: pin the host expert store (default: when CUDA is available).
+
+    Returns:
+        A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
+        ``.tokenizer``, ``.config`` and ``.memory``.
+
+    Raises:
+        ValueError: an unsupported model type (the message names deepseek_v2, qwen2_moe and
+            phimoe), an unknown preset, conflicting or bad arguments, or a checkpoint that does
+            not match its config.
+        MemoryBudgetError: a budget too small for the fixed state (says how many GB and why).
+        FileNotFoundError: a missing folder or weights.
+        TypeError: an unsupported dtype.
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
+    if gpu_memory_gb is not None and slots_per_layer is not None:
+        raise ValueError("give gpu_memory_gb or slots_per_layer, not both")
+    device = _resolve_device(device)
+    folder, preset_name = _resolve_source(path_or_preset)
+    config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
+    arch = architecture_for(config)
+    arch.check_config(config, max_seq_len)
+    if draft is not None and draft != "rtn":
+        draft = Path(draft)
+        if not draft.is_dir():
+            raise FileNotFoundError(
+                f"draft={str(draft)!r} is neither 'rtn' nor a GPTQ checkpoint folder"
+            )
+    plan = plan_memory(
+        config,
+        gpu_memory_gb,
+        slots_per_layer=slots_per_layer,
+        dtype=dtype,
+        max_seq_len=max_seq_len,
+        max_verify_rows=max_verify_rows,
+        draft_group_size=draft_group_size,
+        with_draft=draft is not None,
+    )
+
+    meter = MemoryMeter(device)
+    meter.start()
+    clock = _PhaseTimer()
+    model = build_on_meta(arch, config, dtype)
+    runtime = ExpertsRuntime(cache=None, verification=verification)  # type: ignore[arg-type]
+    experts = swap_routed_experts(model, runtime)
+    tied = materialize(model, device)
+    layers = find_moe_layers(model)
+    files = CheckpointFiles(folder) if folder is not None else None
+    std = float(getattr(config, "initializer_range", 0.02))
+    if files is not None:
+        load_non_expert_weights(model, files, arch, skip=tied)
+    else:
+        init_non_expert_weights(model, seed=seed, std=std)
+    clock.lap("non_expert")
+
+    layouts = [
+        ExpertLayout(
+            {
+                "gate_up": ((2 * layer.intermediate_size, layer.hidden_size), dtype),
+                "down": ((layer.hidden_size, layer.intermediate_size), dtype),
+            }
+        )
+        for layer in layers
+    ]
+    E = layers[0].num_experts
+    if files is not None:
+        store = ExpertStore.from_safetensors(
+            len(layers), E, layouts, expert_sources(files, arch, layers), pin_memory=pin_memory
+        )
+    else:
+        store = ExpertStore(len(layers), E, layouts, pin_memory=pin_memory)
+    _fill_store_and_draft(
+        store,
+        layers,
+        experts,
+        draft,
+        draft_group_size,
+        device,
+        dtype,
+        arch,
+        generate_seed=seed if files is None else None,
+        std=std,
+    )
+    store.close()
+    if files is not None:
+        files.close()
+    clock.lap("experts_and_draft")
+
+    cache = ExpertCache(store, slots_per_layer=plan.slots_per_layer, device=device, policy=policy)
+    runtime.cache = cache
+    counter = RoutingCounter(len(layers), E, device)
+    runtime.counter = counter if draft is not None else None
+    prefetcher = SpeculativePrefetcher(cache, counter)
+    row_shape = arch.kv_row_shapes(config)
+    kv = SharedKV(StaticKVCache([row_shape] * len(model.model.layers), max_seq_len, dtype, device))
+    if plan.slots_per_layer == E:
+        # No budget: every expert resident from the start (the all-resident configuration).
+        cache.prefetch({layer: list(range(E)) for layer in range(len(layers))})
+        cache.synchronize()
+        cache.expire_prefetches()
+        cache.reset_stats()
+    clock.lap("cache")
+    peaks = meter.stop()
+    tokenizer = _load_tokenizer(folder) if folder is not None else None
+    source = str(folder) if folder is not None else f"preset:{preset_name}:seed={seed}"
+    memory = MemoryReport(
+        plan=plan,
+        load=peaks,
+        host_store_bytes=store.reserved_bytes,
+        host_store_pinned=store.is_pinned,
+        load_seconds=clock.laps,
+    )
+    return SpecterModel(
+        model=model,
+        architecture=arch,
+        runtime=runtime,
+        experts=experts,
+        kv=kv,
+        counter=counter,
+        prefetcher=prefetcher,
+        has_draft=draft is not None,
+        tokenizer=tokenizer,
+        memory=memory,
+        source=source,
+    )
+
+
+def _fill_store_and_draft(
+    store: ExpertStore,
+    layers: list[MoeLayer],
+    experts: list,
+    draft: str | Path | None,
+    group_size: int | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    arch: Architecture,
+    *,
+    generate_seed: int | None,
+    std: float,
+) -> None:
+    """Stream every routed expert through the host store, quantizing it for the draft.
+
+    With ``generate_seed`` (a preset) each expert is generated on the device and copied into
+    the (pinned) store; otherwise it is read from the checkpoint's memory map into the store.
+    With an RTN draft each expert is then quantized on the device before the next one.
+    """
+    for layer, module in zip(layers, experts, strict=True):
+        builder = (
+            Int4LayerBuilder(
+                layer.num_experts, layer.hidden_size, layer.intermediate_size, device, group_size
+            )
+            if draft == "rtn"
+            else None
+        )
+        for e in range(layer.num_experts):
+            if generate_seed is not None:
+                tensors = random_expert(
+                    layer, e, seed=generate_seed, std=std, device=device, dtype=dtype
+                )
+                store.put(layer.index, e, tensors)
+            else:
+                tensors = store.get(layer.index, e)  # mmap -> pinned record, pages dropped
+            if builder is not None:
+                builder.quantize(e, tensors["gate_up"], tensors["down"])
+        if builder is not None:
+            module.set_draft_weights(*builder.finish())
+    if isinstance(draft, Path):
+        for module, (gate_up, down) in zip(
+            experts, load_gptq_draft(draft, arch, layers, device), strict=True
+        ):
+            module.set_draft_weights(gate_up, down)
+
+
+class _PhaseTimer:
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._start = self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = now - self._last
+        self.laps["total"] = now - self._start
+        self._last = now
+
+
+def _resolve_device(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _resolve_source(source: str | os.PathLike[str]) -> tuple[Path | None, str | None]:
+    """``(checkpoint folder, None)`` or ``(None, preset name)``."""
+    if not isinstance(source, str | os.PathLike):
+        raise TypeError(f"path_or_preset must be a folder path or a preset name, got {source!r}")
+    text = os.fspath(source)
+    if text == DEMO_MODEL:
+        return demo_model_path(), None
+    if Path(text).is_dir():
+        return Path(text), None
+    if text.lower() in PRESETS:
+        return None, text.lower()
+    raise ValueError(
+        f"{text!r} is neither a checkpoint folder nor a preset; presets: {sorted(PRESETS)} and "
+        f"{DEMO_MODEL!r}"
+    )
+
+
+def _load_config(folder: Path) -> PretrainedConfig:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; is it a Hugging Face checkpoint?")
+    architecture_for(str(read_json(config_path).get("model_type")))  # clear error first
+    return AutoConfig.from_pretrained(folder)
+
+
+def _load_tokenizer(folder: Path):
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return AutoTokenizer.from_pretrained(folder)

@@ -1,0 +1,237 @@
+"""How a GPU memory budget is spent: fixed state first, FP16 expert slots from the rest.
+
+The budget is the GPU memory the whole process may allocate (what
+``torch.cuda.max_memory_allocated`` reports). The fixed state is every non-expert weight, the
+INT4 draft experts of every layer, the KV cache at ``max_seq_len`` and an activation
+workspace; whatever remains buys FP16 expert slots, the same number in every MoE layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import PretrainedConfig
+
+from specter_models.architecture import architecture_for, find_moe_layers
+from specter_models.int4_draft import int4_expert_bytes
+from specter_models.model_builder import build_on_meta
+
+GB = 1e9
+# cuBLAS workspaces, allocator rounding and small tensors the estimate does not itemise.
+WORKSPACE_RESERVE_BYTES = 256 * 2**20
+DEFAULT_MAX_SEQ_LEN = 2048
+DEFAULT_MAX_VERIFY_ROWS = 33  # a verification of depth 32
+
+
+class MemoryBudgetError(ValueError):
+    """The GPU memory budget cannot hold the fixed state plus one expert slot per layer."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The planned use of GPU memory (bytes unless stated).
+
+    Attributes:
+        model_type: the architecture.
+        dtype: the model's dtype name.
+        budget_bytes: the budget, or None for no budget (every expert resident).
+        non_expert_bytes: embeddings, attention, norms, routers, shared experts, LM head.
+        draft_int4_bytes: every INT4 routed expert of the draft.
+        kv_cache_bytes: the preallocated KV cache.
+        max_seq_len: positions the KV cache holds.
+        buffer_bytes: estimated activation workspace (logits, attention, MLP, reserve).
+        num_moe_layers: MoE layers ``L``.
+        num_experts: routed experts per layer ``E``.
+        expert_bytes: one FP16 routed expert (gate_up and down).
+        slots_per_layer: FP16 expert slots per MoE layer.
+    """
+
+    model_type: str
+    dtype: str
+    budget_bytes: int | None
+    non_expert_bytes: int
+    draft_int4_bytes: int
+    kv_cache_bytes: int
+    max_seq_len: int
+    buffer_bytes: int
+    num_moe_layers: int
+    num_experts: int
+    expert_bytes: int
+    slots_per_layer: int
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Everything but the expert slots."""
+        return (
+            self.non_expert_bytes + self.draft_int4_bytes + self.kv_cache_bytes + self.buffer_bytes
+        )
+
+    @property
+    def slot_bytes(self) -> int:
+        """All FP16 expert slots."""
+        return self.slots_per_layer * self.num_moe_layers * self.expert_bytes
+
+    @property
+    def all_experts_bytes(self) -> int:
+        """Every FP16 routed expert (what the pinned host store holds)."""
+        return self.num_experts * self.num_moe_layers * self.expert_bytes
+
+    @property
+    def expected_peak_bytes(self) -> int:
+        """Fixed state plus slots: the planned peak of allocated GPU memory."""
+        return self.fixed_bytes + self.slot_bytes
+
+    def as_dict(self) -> dict[str, object]:
+        """Fields plus the derived totals."""
+        out = asdict(self)
+        out.update(
+            fixed_bytes=self.fixed_bytes,
+            slot_bytes=self.slot_bytes,
+            all_experts_bytes=self.all_experts_bytes,
+            expected_peak_bytes=self.expected_peak_bytes,
+        )
+        return out
+
+    def describe(self) -> str:
+        """A small table in GB, for ``specter info``."""
+        budget = (
+            "none (every expert resident)" if self.budget_bytes is None else _gb(self.budget_bytes)
+        )
+        rows = [
+            ("budget", budget),
+            ("non-expert weights", _gb(self.non_expert_bytes)),
+            ("INT4 draft experts", _gb(self.draft_int4_bytes)),
+            (f"KV cache ({self.max_seq_len} positions)", _gb(self.kv_cache_bytes)),
+            ("activation buffers (estimate)", _gb(self.buffer_bytes)),
+            (
+                f"FP16 expert slots ({self.slots_per_layer}/{self.num_experts} per layer x "
+                f"{self.num_moe_layers} layers)",
+                _gb(self.slot_bytes),
+            ),
+            ("expected peak", _gb(self.expected_peak_bytes)),
+            ("host store (pinned, all FP16 experts)", _gb(self.all_experts_bytes)),
+        ]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:.2f} GB"
+
+
+def plan_memory(
+    config: PretrainedConfig,
+    gpu_memory_gb: float | None = None,
+    *,
+    slots_per_layer: int | None = None,
+    dtype: torch.dtype = torch.float16,
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+    max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
+    draft_group_size: int | None = None,
+    with_draft: bool = True,
+) -> MemoryPlan:
+    """Plan GPU memory for a model under a budget (or a fixed slot count).
+
+    Args:
+        config: the model's transformers config.
+        gpu_memory_gb: the budget in GB (1e9 bytes); None with ``slots_per_layer`` None means
+            no budget: every expert gets a slot.
+        slots_per_layer: a fixed slot count instead of a budget.
+        dtype: the model's dtype.
+        max_seq_len: positions of the KV cache.
+        max_verify_rows: most rows one forward processes in decoding (sizes the workspace).
+        draft_group_size: force the INT4 group size.
+        with_draft: whether INT4 draft experts are resident (False: target-only engine).
+
+    Returns:
+        The plan.
+
+    Raises:
+        ValueError: both a budget and a slot count, a slot count outside ``[1, E]``, or an
+            unsupported model type.
+        MemoryBudgetError: the budget cannot hold the fixed state plus one slot per layer;
+            the message says how many GB are needed and what fills them.
+    """
+    if gpu_memory_gb is not None and slots_per_layer is not None:
+        raise ValueError("give gpu_memory_gb or slots_per_layer, not both")
+    arch = architecture_for(config)
+    model = build_on_meta(arch, config, dtype)
+    layers = find_moe_layers(model)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    routed = {id(p) for layer in layers for p in layer.block.experts.parameters()}
+    non_expert = sum(p.numel() for p in model.parameters() if id(p) not in routed) * itemsize
+    first = layers[0]
+    E, H, I = first.num_experts, first.hidden_size, first.intermediate_size
+    L = len(layers)
+    expert_bytes = 3 * H * I * itemsize
+    draft_bytes = L * E * int4_expert_bytes(H, I, draft_group_size) if with_draft else 0
+    (hk, dk), (hv, dv) = arch.kv_row_shapes(config)
+    kv_bytes = len(model.model.layers) * max_seq_len * (hk * dk + hv * dv) * itemsize
+    buffers = _workspace_bytes(config, arch.mla, itemsize, max_seq_len, max_verify_rows, H, I)
+    plan_args: dict[str, object] = {
+        "model_type": arch.model_type,
+        "dtype": str(dtype).removeprefix("torch."),
+        "non_expert_bytes": non_expert,
+        "draft_int4_bytes": draft_bytes,
+        "kv_cache_bytes": kv_bytes,
+        "max_seq_len": max_seq_len,
+        "buffer_bytes": buffers,
+        "num_moe_layers": L,
+        "num_experts": E,
+        "expert_bytes": expert_bytes,
+    }
+    if slots_per_layer is not None:
+        if not isinstance(slots_per_layer, int) or not 1 <= slots_per_layer <= E:
+            raise ValueError(f"slots_per_layer must be an int in [1, {E}], got {slots_per_layer!r}")
+        return MemoryPlan(budget_bytes=None, slots_per_layer=slots_per_layer, **plan_args)
+    if gpu_memory_gb is None:
+        return MemoryPlan(budget_bytes=None, slots_per_layer=E, **plan_args)
+    budget = int(gpu_memory_gb * GB)
+    fixed = non_expert + draft_bytes + kv_bytes + buffers
+    slots = min(E, (budget - fixed) // (L * expert_bytes)) if budget > fixed else 0
+    if slots < 1:
+        needed = fixed + L * expert_bytes
+        raise MemoryBudgetError(
+            f"gpu_memory_gb={gpu_memory_gb} is too small for this {arch.model_type} model: it "
+            f"needs at least {needed / GB:.2f} GB: non-expert weights {non_expert / GB:.2f} GB, "
+            f"INT4 draft experts {draft_bytes / GB:.2f} GB, KV cache at "
+            f"max_seq_len={max_seq_len} {kv_bytes / GB:.2f} GB, buffers {buffers / GB:.2f} GB, "
+            f"and one FP16 expert slot per layer {L * expert_bytes / GB:.2f} GB. Give a larger "
+            "budget or a smaller max_seq_len."
+        )
+    return MemoryPlan(budget_bytes=budget, slots_per_layer=int(slots), **plan_args)
+
+
+def _workspace_bytes(
+    config: PretrainedConfig,
+    mla: bool,
+    itemsize: int,
+    max_seq_len: int,
+    rows: int,
+    hidden: int,
+    intermediate: int,
+) -> int:
+    """Peak transient activations of one forward of ``rows`` rows, plus a fixed reserve.
+
+    Logits (model dtype, plus a float32 copy for sampling) coexist with the last layer's
+    transients; within a layer, attention or the MLP dominates.
+    """
+    heads = config.num_attention_heads
+    logits = rows * config.vocab_size * (itemsize + 4)
+    if mla:
+        # DeepSeek expands the cached latents of every position into per-head keys and values.
+        per_position = heads * (
+            config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim
+        )
+    else:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        per_position = 2 * heads * head_dim  # keys and values repeated to every query head
+    attention = max_seq_len * per_position * itemsize * 2 + heads * rows * max_seq_len * 4
+    dense = max(
+        getattr(config, "intermediate_size", 0) or 0,
+        getattr(config, "shared_expert_intermediate_size", 0) or 0,
+        intermediate * config.num_experts_per_tok * 2,
+    )
+    mlp = rows * dense * 4 * 3 + rows * hidden * 4 * 4
+    return WORKSPACE_RESERVE_BYTES + logits + max(attention, mlp)

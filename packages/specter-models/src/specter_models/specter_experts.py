@@ -1,0 +1,213 @@
+"""The routed-experts module Specter swaps into transformers' MoE blocks.
+
+transformers 5.17's three MoE blocks call ``self.experts(hidden [T, H], top_k_index [T, k],
+top_k_weights [T, k])`` after their own router, so replacing that one module keeps every
+routing rule (DeepSeek's greedy/group-limited top-k with routed scaling, Qwen's
+``norm_topk_prob``, Phi's sparsemixer) untouched. ``SpecterExperts`` has no FP16 weights of
+its own; it runs one of two paths, chosen by the shared ``ExpertsRuntime``:
+
+* draft: INT4 routed experts resident on the device, ``fused_moe_w4a16``; the router's
+  choices are counted with ``RoutingCounter.observe`` (no host sync);
+* target: FP16 experts from specter-cache's slots, in waves (``ExpertCache.acquire``):
+  resident experts first, missing ones as their copies land, each wave through
+  ``grouped_moe_fp16`` into one fp32 accumulator, cast back at the end. Token-wise
+  verification does the same per row, in row order.
+
+Non-fp16 models (float32/float64 CPU tests) use the plain-torch arithmetic of
+``expert_math`` on the same slots and INT4 weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specter_kernels import Int4Weight, dequantize_int4, fused_moe_w4a16, grouped_moe_fp16
+from specter_models.expert_math import accumulate_experts
+from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
+
+
+class SpecterExperts(nn.Module):
+    """Routed experts of one MoE layer: INT4 for the draft, cached FP16 for the target.
+
+    Args:
+        runtime: the model's shared runtime (mode, cache, counter).
+        layer: this layer's index among the MoE layers (the cache's layer index).
+        num_experts: ``E``.
+        hidden_dim: ``H``.
+        intermediate_dim: ``I`` of one expert.
+
+    The attribute names ``num_experts``, ``hidden_dim`` and ``intermediate_dim`` are those of
+    transformers' experts modules.
+    """
+
+    def __init__(
+        self,
+        runtime: ExpertsRuntime,
+        layer: int,
+        num_experts: int,
+        hidden_dim: int,
+        intermediate_dim: int,
+    ):
+        super().__init__()
+        self.runtime = runtime
+        self.layer = layer
+        self.num_experts = num_experts
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.draft_gate_up: Int4Weight | None = None
+        self.draft_down: Int4Weight | None = None
+
+    def extra_repr(self) -> str:
+        return (
+            f"layer={self.layer}, num_experts={self.num_experts}, hidden={self.hidden_dim}, "
+            f"intermediate={self.intermediate_dim}, draft_int4={self.draft_gate_up is not None}"
+        )
+
+    # ------------------------------------------------------------------------------ setup
+    def set_draft_weights(self, gate_up: Int4Weight, down: Int4Weight) -> None:
+        """Install the draft's INT4 experts.
+
+        Args:
+            gate_up: ``[E, 2I, H]`` (gate rows first).
+            down: ``[E, H, I]``.
+
+        Raises:
+            ValueError: shapes that do not match this layer.
+        """
+        E, H, I = self.num_experts, self.hidden_dim, self.intermediate_dim
+        got = (
+            (gate_up.num_experts, gate_up.out_features, gate_up.in_features),
+            (down.num_experts, down.out_features, down.in_features),
+        )
+        if got != ((E, 2 * I, H), (E, H, I)):
+            raise ValueError(
+                f"MoE layer {self.layer}: INT4 draft experts are gate_up {list(got[0])} and down "
+                f"{list(got[1])} [E, N, K]; the model needs gate_up [{E}, {2 * I}, {H}] and "
+                f"down [{E}, {H}, {I}]"
+            )
+        self.draft_gate_up, self.draft_down = gate_up, down
+
+    def draft_tensors(self) -> dict[str, torch.Tensor]:
+        """The INT4 draft's tensors of this layer, by name (for byte accounting)."""
+        out: dict[str, torch.Tensor] = {}
+        for prefix, w in (("gate_up", self.draft_gate_up), ("down", self.draft_down)):
+            if w is None:
+                continue
+            out[f"{prefix}.qweight"] = w.qweight
+            out[f"{prefix}.scales"] = w.scales
+            if w.zeros is not None:
+                out[f"{prefix}.zeros"] = w.zeros
+        return out
+
+    # ---------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """Routed-expert output ``[T, H]`` for ``hidden_states [T, H]`` routed by the block's
+        router to ``top_k_index [T, k]`` with ``top_k_weights [T, k]``.
+
+        Raises:
+            RuntimeError: called outside a draft or target forward (no mode set), or in draft
+                mode before INT4 weights were installed.
+        """
+        mode = self.runtime.mode
+        if mode is ExpertsMode.DRAFT:
+            return self._draft(hidden_states, top_k_index, top_k_weights)
+        if mode is ExpertsMode.TARGET:
+            if self.runtime.verification == "token":
+                return self._target_tokenwise(hidden_states, top_k_index, top_k_weights)
+            return self._target(hidden_states, top_k_index, top_k_weights)
+        raise RuntimeError(
+            "SpecterExperts ran outside a draft or target forward: call the model through "
+            "TargetModel / DraftModel (or inside ExpertsRuntime.running(mode))"
+        )
+
+    def _draft(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.draft_gate_up is None or self.draft_down is None:
+            raise RuntimeError(
+                f"MoE layer {self.layer} has no INT4 draft experts; load the model with a draft"
+            )
+        counter = self.runtime.counter
+        if counter is not None:
+            counter.observe(self.layer, ids)  # device-side index_add_, no host sync
+        if x.dtype == torch.float16:
+            return fused_moe_w4a16(x, ids, weights, self.draft_gate_up, self.draft_down)
+        # Reference path for float32/float64 models: dequantize the routed experts only.
+        used = torch.unique(ids)
+        gate_up = dequantize_int4(self.draft_gate_up.experts(used), x.dtype)
+        down = dequantize_int4(self.draft_down.experts(used), x.dtype)
+        experts = ((e, gate_up[i], down[i]) for i, e in enumerate(used.tolist()))
+        return accumulate_experts(x, ids, weights, experts, torch.zeros_like(x))
+
+    def _needed(self, ids: torch.Tensor) -> list[list[int]]:
+        # The one host sync of a verified layer: the cache's bookkeeping (which experts are
+        # resident, what to load into which slot) runs on the host and needs the ids.
+        rows = ids.tolist()
+        trace = self.runtime.routing_trace
+        if trace is not None:
+            trace[self.layer].append(sorted({e for row in rows for e in row}))
+        return rows
+
+    def _target(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        rows = self._needed(ids)
+        needed = list(dict.fromkeys(e for row in rows for e in row))
+        out = torch.zeros(x.shape, dtype=_accumulator_dtype(x.dtype), device=x.device)
+        for wave in self.runtime.cache.acquire(self.layer, needed):
+            self._compute_wave(x, ids, weights, wave.experts, wave.slots, out)
+        return out.to(x.dtype)
+
+    def _target_tokenwise(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        rows = self._needed(ids)
+        out = torch.zeros(x.shape, dtype=_accumulator_dtype(x.dtype), device=x.device)
+        for t, row in enumerate(rows):
+            span = slice(t, t + 1)
+            for wave in self.runtime.cache.acquire(self.layer, list(dict.fromkeys(row))):
+                self._compute_wave(
+                    x[span], ids[span], weights[span], wave.experts, wave.slots, out[span]
+                )
+        return out.to(x.dtype)
+
+    def _compute_wave(
+        self,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        experts: tuple[int, ...],
+        slots: tuple[int, ...],
+        out: torch.Tensor,
+    ) -> None:
+        cache = self.runtime.cache
+        slot_tensors = cache.slot_tensors(self.layer)
+        gate_up, down = slot_tensors["gate_up"], slot_tensors["down"]
+        if x.dtype == torch.float16:
+            mask = _expert_mask(experts, self.num_experts, x.device)
+            grouped_moe_fp16(
+                x, ids, weights, gate_up, down, cache.expert_to_slot(self.layer), mask, out
+            )
+        else:
+            weighted = ((e, gate_up[s], down[s]) for e, s in zip(experts, slots, strict=True))
+            accumulate_experts(x, ids, weights, weighted, out)
+
+
+def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 sums for half-precision models, the model's own dtype otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _expert_mask(experts: tuple[int, ...], num_experts: int, device: torch.device) -> torch.Tensor:
+    """Bool ``[E]`` on ``device``, True for the wave's experts.
+
+    The ids go up as a pageable ``non_blocking`` copy: CUDA stages pageable memory at once
+    and returns without waiting for the device, so this adds no host sync.
+    """
+    ids = torch.tensor(experts, dtype=torch.long)
+    if device.type != "cpu":
+        ids = ids.to(device, non_blocking=True)
+    mask = torch.zeros(num_experts, dtype=torch.bool, device=device)
+    return mask.index_fill_(0, ids, True)

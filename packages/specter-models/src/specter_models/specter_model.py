@@ -1,0 +1,193 @@
+"""A loaded Specter model: target, draft, expert cache and prefetcher over one model object."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+from specter_cache import ExpertCache, RoutingCounter, SpeculativePrefetcher
+from specter_models.architecture import Architecture
+from specter_models.experts_runtime import ExpertsRuntime
+from specter_models.memory_meter import MemoryPeaks
+from specter_models.memory_plan import MemoryPlan
+from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
+from specter_models.specter_experts import SpecterExperts
+
+
+@dataclass
+class MemoryReport:
+    """Planned and measured memory of a loaded model.
+
+    Attributes:
+        plan: the GPU memory plan (budget, fixed state, slots, expected peak).
+        load: host and GPU peaks measured while loading.
+        host_store_bytes: pinned (or plain) host bytes of the FP16 expert store.
+        host_store_pinned: whether the store is page-locked.
+        load_seconds: wall time of the load, by phase.
+    """
+
+    plan: MemoryPlan
+    load: MemoryPeaks
+    host_store_bytes: int
+    host_store_pinned: bool
+    load_seconds: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.as_dict(),
+            "load": self.load.as_dict(),
+            "host_store_bytes": self.host_store_bytes,
+            "host_store_pinned": self.host_store_pinned,
+            "load_seconds": dict(self.load_seconds),
+        }
+
+
+class SpecterModel:
+    """Everything ``specter_models.load`` builds, ready for specter-spec's controller.
+
+    Attributes:
+        model: transformers' own model object (routed experts swapped for ``SpecterExperts``).
+        config: its config.
+        architecture: the model type's facts.
+        target: the FP16 target (``SpecModel``).
+        draft: the INT4 draft sharing every other tensor (``SpecModel``), or None.
+        cache: the FP16 expert cache (specter-cache ``ExpertCache``).
+        counter: the draft's routing counters.
+        prefetcher: the speculation observer to pass as ``SpecController(cache=...)``.
+        runtime: the shared experts runtime (mode, verification kind, routing trace).
+        tokenizer: the checkpoint's tokenizer, or None.
+        memory: planned and measured memory.
+        source: what was loaded (a checkpoint folder or ``preset:<name>:seed=<seed>``).
+
+    Example:
+        >>> from specter_spec import SpecController
+        >>> lm = specter_models.load("tiny-deepseek-v2", device="cpu")  # doctest: +SKIP
+        >>> SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *,
+        model: PreTrainedModel,
+        architecture: Architecture,
+        runtime: ExpertsRuntime,
+        experts: Sequence[SpecterExperts],
+        kv: SharedKV,
+        counter: RoutingCounter,
+        prefetcher: SpeculativePrefetcher,
+        has_draft: bool,
+        tokenizer: Any,
+        memory: MemoryReport,
+        source: str,
+    ):
+        self.model = model
+        self.config: PretrainedConfig = model.config
+        self.architecture = architecture
+        self.runtime = runtime
+        self.experts = list(experts)
+        self.kv = kv
+        self.cache: ExpertCache = runtime.cache
+        self.counter = counter
+        self.prefetcher = prefetcher
+        self.target = TargetModel(model, runtime, kv)
+        self.draft = DraftModel(model, runtime, kv) if has_draft else None
+        self.tokenizer = tokenizer
+        self.memory = memory
+        self.source = source
+
+    def __repr__(self) -> str:
+        plan = self.memory.plan
+        return (
+            f"SpecterModel({self.architecture.model_type}, source={self.source!r}, "
+            f"device={self.device}, dtype={plan.dtype}, slots_per_layer={plan.slots_per_layer}"
+            f"/{plan.num_experts}, draft={'int4' if self.draft else None})"
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device."""
+        return self.target.device
+
+    @property
+    def verification(self) -> str:
+        """``"expert"`` (waves per layer) or ``"token"`` (row by row)."""
+        return self.runtime.verification
+
+    @verification.setter
+    def verification(self, kind: str) -> None:
+        self.runtime.verification = kind
+
+    def reset(self) -> None:
+        """Empty the KV cache and zero every statistic (cache, prefetcher, counters).
+
+        Resident experts stay resident: a benchmark's warm-up decides what the cache holds.
+        """
+        self.kv.reset()
+        self.counter.clear()
+        self.cache.reset_stats()
+        self.prefetcher.reset_stats()
+
+    def prefetch_all(self) -> None:
+        """Load every expert into its slot (the all-resident configuration).
+
+        Raises:
+            ValueError: a layer has fewer slots than experts.
+        """
+        E = self.cache.num_experts
+        if min(self.cache.slots_per_layer) < E:
+            raise ValueError(
+                f"prefetch_all needs a slot per expert ({E} per layer), the cache has "
+                f"{list(self.cache.slots_per_layer)}; load without a budget for all-resident"
+            )
+        self.cache.prefetch({layer: list(range(E)) for layer in range(self.cache.num_layers)})
+        self.cache.synchronize()
+        self.cache.expire_prefetches()
+
+    def controller(self, depth: Any = 8, **kwargs: Any):
+        """A ``SpecController`` over this model's draft and target with the prefetcher.
+
+        Args:
+            depth: K, or a depth policy (see specter-spec); 0 runs the target alone.
+            **kwargs: more ``SpecController`` arguments (``sampling``, ``clock``, ...).
+        """
+        from specter_spec import SpecController
+
+        return SpecController(self.draft, self.target, cache=self.prefetcher, depth=depth, **kwargs)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int] | torch.Tensor,
+        max_new_tokens: int,
+        *,
+        depth: Any = 8,
+        stop_token_ids: Iterable[int] = (),
+        **kwargs: Any,
+    ):
+        """Speculative generation (greedy unless ``sampling=`` is given); see ``controller``."""
+        return self.controller(depth, **kwargs).generate(prompt_ids, max_new_tokens, stop_token_ids)
+
+    def state_tensors(self, role: str) -> dict[str, torch.Tensor]:
+        """Device tensors a role reads, by name: for byte accounting of what is shared.
+
+        ``"target"``: every parameter plus the FP16 slot tensors; ``"draft"``: every parameter
+        plus the INT4 experts. Parameters appear under the same names, as the same objects.
+
+        Raises:
+            ValueError: an unknown role.
+        """
+        params = {f"param:{n}": p for n, p in self.model.named_parameters()}
+        if role == "target":
+            for layer in range(self.cache.num_layers):
+                for name, t in self.cache.slot_tensors(layer).items():
+                    params[f"slots:{layer}.{name}"] = t
+            return params
+        if role == "draft":
+            for module in self.experts:
+                for name, t in module.draft_tensors().items():
+                    params[f"int4:{module.layer}.{name}"] = t
+            return params
+        raise ValueError(f"role must be 'target' or 'draft', got {role!r}")
