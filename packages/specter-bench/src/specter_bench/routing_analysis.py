@@ -97,29 +97,38 @@ def _distinct_per_window(routing: torch.Tensor, depth: int, stride: int) -> torc
     return (counts > 0).sum(-1)
 
 
-def working_set(routing: torch.Tensor, depth: int, *, stride: int = 1) -> WorkingSet:
+def working_set(
+    routing: torch.Tensor | Sequence[torch.Tensor], depth: int, *, stride: int = 1
+) -> WorkingSet:
     """Distinct experts per layer over every window of ``depth`` consecutive tokens.
 
     Args:
-        routing: ``[T, L, k]`` expert ids.
-        depth: window length K (1 <= K <= T).
+        routing: ``[T, L, k]`` expert ids, or a list of them (one per request: windows never
+            span two requests; statistics pool every window).
+        depth: window length K (1 <= K <= the shortest T).
         stride: tokens between window starts (1: every window; K: non-overlapping).
 
     Raises:
-        ValueError: ``depth`` outside ``[1, T]`` or ``stride`` < 1.
+        ValueError: ``depth`` outside ``[1, T]``, ``stride`` < 1, or requests with
+            different numbers of layers.
 
     Example:
         >>> r = torch.tensor([[[0, 1]], [[1, 2]], [[3, 4]]])  # T=3, L=1, k=2
         >>> working_set(r, 2).mean  # windows {0,1,2} and {1,2,3,4}
         3.5
     """
-    routing = check_routing(routing)
-    T = routing.shape[0]
+    requests = [routing] if isinstance(routing, torch.Tensor) else list(routing)
+    if not requests:
+        raise ValueError("routing is an empty list; give at least one [T, L, k] tensor.")
+    requests = [check_routing(r) for r in requests]
+    if len({r.shape[1] for r in requests}) != 1:
+        raise ValueError("every request's routing must cover the same MoE layers.")
+    T = min(r.shape[0] for r in requests)
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= T:
         raise ValueError(f"depth must be an int in [1, {T}] (the tokens recorded), got {depth!r}.")
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
         raise ValueError(f"stride must be an int >= 1, got {stride!r}.")
-    distinct = _distinct_per_window(routing, depth, stride).double()  # [W, L]
+    distinct = torch.cat([_distinct_per_window(r, depth, stride) for r in requests]).double()
     flat = distinct.flatten()
     return WorkingSet(
         depth=depth,
@@ -134,11 +143,15 @@ def working_set(routing: torch.Tensor, depth: int, *, stride: int = 1) -> Workin
 
 
 def working_set_curve(
-    routing: torch.Tensor, depths: Iterable[int] = DEFAULT_DEPTHS, *, stride: int = 1
+    routing: torch.Tensor | Sequence[torch.Tensor],
+    depths: Iterable[int] = DEFAULT_DEPTHS,
+    *,
+    stride: int = 1,
 ) -> list[WorkingSet]:
-    """:func:`working_set` at each depth not longer than the recording (others skipped)."""
-    routing = check_routing(routing)
-    return [working_set(routing, d, stride=stride) for d in depths if d <= routing.shape[0]]
+    """:func:`working_set` at each depth not longer than the shortest recording (others skipped)."""
+    requests = [routing] if isinstance(routing, torch.Tensor) else list(routing)
+    shortest = min(check_routing(r).shape[0] for r in requests) if requests else 0
+    return [working_set(requests, d, stride=stride) for d in depths if d <= shortest]
 
 
 @dataclass(frozen=True)

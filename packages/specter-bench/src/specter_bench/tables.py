@@ -23,6 +23,7 @@ __all__ = [
     "depth_sweep_table",
     "evaluate_targets",
     "format_value",
+    "kernel_table",
     "markdown_table",
     "memory_table",
     "phase_table",
@@ -458,3 +459,13 @@ def memory_table(records: Iterable[dict[str, Any]]) -> str:
         for r in recs
     ]
     return markdown_table(["model", "budget", *[name for name, _ in columns]], rows)
+
+
+def kernel_table(records: Iterable[dict[str, Any]]) -> str:
+    """``kernel-bench`` timings: one row per (model, T, path), with the error checked first."""
+    rows = [
+        [t["model"], t["tokens"], t["path"], t["median_ms"], f"{t['relative_error']:.1e}"]
+        for r in _experiments(records, "kernel")
+        for t in r["data"]["timings"]
+    ]
+    return markdown_table(["model", "T", "path", "median ms", "rel. error"], rows)

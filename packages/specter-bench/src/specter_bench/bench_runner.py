@@ -1,0 +1,661 @@
+"""Run an experiment: every stage's systems on the same prompts, records out as JSON lines.
+
+For each stage of :func:`~specter_bench.experiments.plan_stages` the runner builds the
+model, warms each system up (unrecorded), decodes every prompt, and appends one ``tpot``
+record per (system, prompt) when the stage ends, so a run stopped early keeps every
+finished stage. Around the decodes:
+
+* **cross-check**: every greedy output is compared with ``hf``'s for the same prompt (or,
+  without ``hf``, the first system that decoded it); the first differing index is recorded;
+* **routing** (first engine stage with a draft): the reference tokens are teacher-forced
+  through the target and the draft with routing hooks, giving each prompt's routing
+  ``[T, L, k]``; from it come the working set against K, draft/target agreement (per layer
+  and per request, with greedy agreement), hit rate per policy at every budget, and each
+  record's Belady bound (with the per-expert transfer time measured on that load);
+* **depth sweep** (high budget): ``specter`` at each depth K on the first prompts;
+* a ``memory`` record per engine load (plan, measured load peaks and decode peak).
+
+``max_minutes`` is checked before every decode: once past it, nothing new starts, what
+finished is written, and a ``skipped`` record lists what was not measured.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from specter_bench.belady_bound import belady_bound, measure_expert_transfer_s, policy_hit_rates
+from specter_bench.bench_record import ExperimentRecord, TpotRecord, append_records
+from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
+from specter_bench.experiments import BenchConfig, Stage, plan_stages, resolve_budgets
+from specter_bench.hf_baseline import HFRunner, offload_model
+from specter_bench.model_loading import (
+    build_hf_model,
+    load_engine,
+    load_tokenizer,
+    model_config,
+    model_name,
+    release_memory,
+    tokenizer_name,
+    weights_description,
+)
+from specter_bench.prompt_encoding import encode_prompt
+from specter_bench.prompt_sources import Prompt, load_prompts
+from specter_bench.routing_analysis import routing_agreement, working_set_curve
+from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_routing
+from specter_bench.run_identity import collect_identity
+from specter_bench.system_run import SystemRun, first_mismatch
+
+__all__ = ["BenchResult", "BenchRunner", "EncodedPrompt"]
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    """A prompt and its token ids."""
+
+    prompt: Prompt
+    ids: list[int]
+
+
+@dataclass
+class BenchResult:
+    """What a run wrote.
+
+    Attributes:
+        path: the JSON-lines file.
+        records: every record written, as dicts.
+        skipped: what the time limit (or an error) left unmeasured.
+    """
+
+    path: Path
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+class _Deadline:
+    def __init__(self, minutes: float | None) -> None:
+        self.end = None if minutes is None else time.monotonic() + 60.0 * minutes
+
+    def expired(self) -> bool:
+        return self.end is not None and time.monotonic() >= self.end
+
+
+class BenchRunner:
+    """Runs one :class:`~specter_bench.experiments.BenchConfig`.
+
+    Args:
+        config: what to run.
+        progress: show a tqdm bar on stderr.
+        log: where status lines go.
+
+    Raises:
+        ValueError: bad budgets for the model, prompts that do not fit its vocabulary.
+    """
+
+    def __init__(
+        self,
+        config: BenchConfig,
+        *,
+        progress: bool = True,
+        log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.progress = progress
+        self.name = model_name(config.model)
+        self.hf_config = model_config(config.model)
+        vocab = int(self.hf_config.vocab_size)
+        self.tokenizer = load_tokenizer(config.model, vocab)
+        budget = config.max_prompt_tokens
+        self.prompts = [
+            EncodedPrompt(p, encode_prompt(p.text, self.tokenizer, budget, vocab_size=vocab))
+            for p in load_prompts(config.prompts)
+        ]
+        longest = max(len(p.ids) for p in self.prompts)
+        # KV positions: the longest prompt, the new tokens and one verification of max depth.
+        need = longest + config.max_new_tokens + config.max_depth + 2
+        self.max_seq_len = -(-need // 64) * 64
+        low, high = self._default_budgets()
+        self.budgets = resolve_budgets(config.budgets, low, high)
+        self.stages = plan_stages(config, self.budgets)
+        date = datetime.date.today().isoformat()
+        self.path = Path(config.out_dir) / f"bench-{self.name}-{config.tag or date}.jsonl"
+        self.identity = collect_identity(
+            weights=weights_description(config.model, config.seed),
+            device=config.device,
+            dtype=config.dtype,
+        )
+        self.identity.update(
+            command=config.command,
+            experiment=config.experiment,
+            tokenizer=tokenizer_name(self.tokenizer),
+            max_new_tokens=config.max_new_tokens,
+            prompt_source=config.prompts.source,
+        )
+        # Filled as the run goes.
+        self.reference: dict[str, tuple[str, list[int]]] = {}
+        self.routing: dict[str, dict[str, torch.Tensor]] = {}
+        self.transfer_s: float | None = None
+        self._deadline = _Deadline(config.max_minutes)
+
+    # ---------------------------------------------------------------------------- helpers
+    def _default_budgets(self) -> tuple[float, float]:
+        """The preset's low and high budgets; for other models (test presets, checkpoints),
+        the budgets that leave a quarter and a half of each layer's experts a slot."""
+        from specter_models import plan_memory
+        from specter_models.presets import PRESETS
+
+        preset = PRESETS.get(self.config.model.lower())
+        if preset is not None and preset.low_budget_gb and preset.high_budget_gb:
+            return preset.low_budget_gb, preset.high_budget_gb
+        full = plan_memory(self.hf_config, dtype=self.config.dtype, max_seq_len=self.max_seq_len)
+        E = full.num_experts
+        budgets = []
+        for slots in (max(1, E // 4), max(1, E // 2)):
+            plan = plan_memory(
+                self.hf_config,
+                slots_per_layer=slots,
+                dtype=self.config.dtype,
+                max_seq_len=self.max_seq_len,
+            )
+            # Half a slot row of margin so the plan at this budget gives exactly `slots`.
+            extra = plan.num_moe_layers * plan.expert_bytes // 2
+            budgets.append(round((plan.expected_peak_bytes + extra) / GB, 6))
+        return budgets[0], budgets[1]
+
+    def _write(self, result: BenchResult, records: list[TpotRecord | ExperimentRecord]) -> None:
+        if not records:
+            return
+        append_records(self.path, records)
+        result.records.extend(r.as_dict() for r in records)
+
+    def _experiment(self, kind: str, budget: float | None, data: dict, note: str | None = None):
+        return ExperimentRecord(kind, self.name, budget, data, dict(self.identity), note)
+
+    def _skip(self, result: BenchResult, what: str, reason: str, budget: float | None) -> None:
+        result.skipped.append(f"{what}: {reason}")
+        self.log(f"skipped {what}: {reason}")
+        self._write(result, [self._experiment("skipped", budget, {"what": what, "reason": reason})])
+
+    def _count_runs(self) -> int:
+        n = len(self.prompts)
+        total = 0
+        for stage in self.stages:
+            for system in stage.systems:
+                if system == "hf-offload":
+                    total += min(self.config.offload_prompts, n)
+                else:
+                    total += n
+            if stage.depth_sweep:
+                total += len(self.config.sweep_depths) * min(self.config.sweep_prompts, n)
+        return total
+
+    # -------------------------------------------------------------------------------- run
+    def run(self) -> BenchResult:
+        """Run every stage; returns what was written (also appended to ``self.path``)."""
+        result = BenchResult(self.path)
+        self.log(
+            f"specter bench: {self.name}, experiment {self.config.experiment}, "
+            f"{len(self.prompts)} prompts x {self.config.max_new_tokens} tokens, budgets "
+            f"{[b if b is not None else 'unlimited' for b in self.budgets]}, "
+            f"{len(self.stages)} stages -> {self.path}"
+        )
+        bar = tqdm(
+            total=self._count_runs(), desc=self.name, unit="run", file=sys.stderr,
+            disable=not self.progress,
+        )  # fmt: skip
+        try:
+            for stage in self.stages:
+                label = (
+                    f"{stage.kind} stage at {_budget(stage.budget_gb)} ({', '.join(stage.systems)})"
+                )
+                if self._deadline.expired():
+                    self._skip(result, label, "--max-minutes reached", stage.budget_gb)
+                    continue
+                try:
+                    if stage.kind == "hf":
+                        self._hf_stage(stage, result, bar)
+                    elif stage.kind == "engine":
+                        self._engine_stage(stage, result, bar)
+                    else:
+                        self._offload_stage(stage, result, bar)
+                except (RuntimeError, ValueError, ImportError, MemoryError) as exc:
+                    # One stage failing (out of memory, a missing library) must not lose the
+                    # others: record why, free what it held, go on.
+                    self.log(traceback.format_exc())
+                    self._skip(result, label, f"{type(exc).__name__}: {exc}", stage.budget_gb)
+                finally:
+                    release_memory()
+        finally:
+            bar.close()
+        return result
+
+    # ------------------------------------------------------------------------- hf stage
+    def _decode_all(
+        self,
+        system: str,
+        generate: Callable[[list[int], int], SystemRun],
+        max_new_tokens: int,
+        prompts: list[EncodedPrompt],
+        bar: tqdm,
+        result: BenchResult,
+        budget: float | None,
+        *,
+        warmup: int | None = None,
+    ) -> list[tuple[EncodedPrompt, SystemRun]]:
+        runs = []
+        warmup = self.config.warmup if warmup is None else warmup
+        if warmup and not self._deadline.expired():
+            for _ in range(warmup):
+                generate(prompts[0].ids, max_new_tokens)  # compilation, autotuning, caches
+        for prompt in prompts:
+            if self._deadline.expired():
+                self._skip(
+                    result, f"{system} at {_budget(budget)} on {prompt.prompt.id}",
+                    "--max-minutes reached", budget,
+                )  # fmt: skip
+                bar.update(1)
+                continue
+            bar.set_postfix_str(f"{system} {_budget(budget)} {prompt.prompt.id}")
+            runs.append((prompt, generate(prompt.ids, max_new_tokens)))
+            bar.update(1)
+        return runs
+
+    def _hf_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
+        cfg = self.config
+        started = time.perf_counter()
+        model = build_hf_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+        build_s = time.perf_counter() - started
+        records = []
+        try:
+            for system in stage.systems:
+                runner = HFRunner(model, system, pad_token_id=_pad_id(self.hf_config))
+
+                def generate(ids: list[int], n: int, runner: HFRunner = runner) -> SystemRun:
+                    gen = runner.generate(ids, n)
+                    return SystemRun(
+                        system=runner.system,
+                        tokens=gen.tokens,
+                        prefill_s=gen.prefill_s,
+                        decode_s=gen.decode_s,
+                        decode_tokens=max(0, len(gen.tokens) - 1),
+                        peak_gpu_bytes=gen.peak_gpu_bytes,
+                        settings={**gen.settings, "build_s": build_s},
+                    )
+
+                if cfg.device.startswith("cuda"):
+                    torch.cuda.reset_peak_memory_stats()
+                runs = self._decode_all(
+                    system, generate, cfg.max_new_tokens, self.prompts, bar, result, None
+                )
+                records += [self._tpot(run, prompt, None) for prompt, run in runs]
+        finally:
+            del model
+            self._write(result, records)
+
+    # --------------------------------------------------------------------- engine stage
+    def _engine_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
+        cfg = self.config
+        started = time.perf_counter()
+        loaded = load_engine(
+            cfg.model,
+            budget_gb=stage.budget_gb,
+            with_draft=stage.with_draft,
+            policy=stage.policy,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            seed=cfg.seed,
+            max_seq_len=self.max_seq_len,
+        )
+        load_s = time.perf_counter() - started
+        self.log(f"loaded {loaded!r} in {load_s:.1f} s")
+        runs: list[tuple[EncodedPrompt, SystemRun]] = []
+        experiments: list[ExperimentRecord] = []
+        decode_peak = 0
+        try:
+            if self.transfer_s is None and loaded.cache.num_experts > 0:
+                self.transfer_s = measure_expert_transfer_s(loaded.cache.store, loaded.device)
+                self.log(f"one expert host-to-device: {1e3 * self.transfer_s:.3f} ms")
+            for system in stage.systems:
+                runner = EngineSystemRunner(
+                    loaded, ENGINE_SYSTEMS[system], cfg.depth, max_depth=cfg.max_depth
+                )
+                done = self._decode_all(
+                    system, runner.generate, cfg.max_new_tokens, self.prompts, bar, result,
+                    stage.budget_gb,
+                )  # fmt: skip
+                runs += done
+                decode_peak = max([decode_peak, *(r.peak_gpu_bytes or 0 for _, r in done)])
+            if stage.routing and not self._deadline.expired():
+                experiments += self._routing_experiments(loaded, runs)
+            if stage.depth_sweep and not self._deadline.expired():
+                experiments.append(self._depth_sweep(loaded, stage, bar, result))
+        finally:
+            memory = loaded.memory.as_dict()
+            plan = memory["plan"]
+            experiments.append(
+                self._experiment(
+                    "memory",
+                    stage.budget_gb,
+                    {
+                        "with_draft": stage.with_draft,
+                        "policy": stage.policy,
+                        "non_expert_gb": plan["non_expert_bytes"] / GB,
+                        "draft_gb": plan["draft_int4_bytes"] / GB,
+                        "kv_gb": plan["kv_cache_bytes"] / GB,
+                        "buffers_gb": plan["buffer_bytes"] / GB,
+                        "slots_gb": plan["slot_bytes"] / GB,
+                        "slots_per_layer": plan["slots_per_layer"],
+                        "expected_peak_gb": plan["expected_peak_bytes"] / GB,
+                        "measured_peak_gb": decode_peak / GB if decode_peak else None,
+                        "load_peak_gb": memory["load"]["gpu_peak_allocated"] / GB,
+                        "host_store_gb": memory["host_store_bytes"] / GB,
+                        "host_store_pinned": memory["host_store_pinned"],
+                        "load_s": load_s,
+                        "load_phases_s": memory["load_seconds"],
+                        "max_seq_len": self.max_seq_len,
+                    },
+                )
+            )
+            records = [self._tpot(run, prompt, stage.budget_gb) for prompt, run in runs]
+            del loaded
+            self._write(result, [*records, *experiments])
+
+    def _reference_tokens(
+        self, loaded: Any, runs: list[tuple[EncodedPrompt, SystemRun]], prompt: EncodedPrompt
+    ) -> list[int]:
+        """The tokens to teacher-force: hf's, else this stage's first decode, else a new one."""
+        if prompt.prompt.id in self.reference:
+            return self.reference[prompt.prompt.id][1]
+        for p, run in runs:
+            if p is prompt:
+                return run.tokens
+        runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"], 0)
+        return runner.generate(prompt.ids, self.config.max_new_tokens).tokens
+
+    def _routing_experiments(
+        self, loaded: Any, runs: list[tuple[EncodedPrompt, SystemRun]]
+    ) -> list[ExperimentRecord]:
+        recorder = RoutingRecorder(loaded.model)
+        target_routes, draft_routes, greedy = [], [], []
+        per_request = []
+        try:
+            for prompt in self.prompts:
+                if self._deadline.expired():
+                    break
+                tokens = self._reference_tokens(loaded, runs, prompt)
+                sequence = prompt.ids + tokens[:-1]
+                start = len(prompt.ids) - 1
+                target, target_next = teacher_forced_routing(
+                    recorder, loaded.target, sequence, start, loaded.reset
+                )
+                self.routing[prompt.prompt.id] = {"target": target}
+                target_routes.append(target)
+                if loaded.draft is not None:
+                    draft, draft_next = teacher_forced_routing(
+                        recorder, loaded.draft, sequence, start, loaded.reset
+                    )
+                    self.routing[prompt.prompt.id]["draft"] = draft
+                    draft_routes.append(draft)
+                    greedy.append((draft_next == target_next).double().mean().item())
+                    per_request.append(routing_agreement(draft, target).mean)
+        finally:
+            recorder.remove()
+        if not target_routes:
+            return []
+        out = []
+        depths = self.config.working_set_depths
+        for routing, which in ((target_routes, "target"), (draft_routes, "draft")):
+            if routing:
+                curve = working_set_curve(routing, depths)
+                data = {
+                    "routing": which,
+                    "prompts": len(routing),
+                    "tokens_per_prompt": min(r.shape[0] for r in routing),
+                    "curve": [p.as_dict() for p in curve],
+                }
+                out.append(self._experiment("working_set", None, data))
+        if draft_routes:
+            pooled = routing_agreement(torch.cat(draft_routes), torch.cat(target_routes))
+            data = {
+                **pooled.as_dict(),
+                "per_request": per_request,
+                "greedy_agreement": statistics.fmean(greedy),
+                "prompts": len(draft_routes),
+            }
+            del data["per_token"]  # per request and per layer are the published views
+            out.append(self._experiment("routing_agreement", None, data, "teacher-forced"))
+        out += self._policy_records(target_routes, draft_routes)
+        return out
+
+    def _policy_records(
+        self, target_routes: list[torch.Tensor], draft_routes: list[torch.Tensor]
+    ) -> list[ExperimentRecord]:
+        from specter_models import plan_memory
+
+        out = []
+        depth = self.config.depth if isinstance(self.config.depth, int) else 8
+        E = None
+        for budget in self.budgets:
+            if budget is None:
+                continue
+            try:
+                plan = plan_memory(
+                    self.hf_config, budget, dtype=self.config.dtype, max_seq_len=self.max_seq_len
+                )
+            except ValueError as exc:  # MemoryBudgetError: this budget cannot be replayed
+                self.log(f"policy replay at {_budget(budget)} skipped: {exc}")
+                continue
+            E = plan.num_experts
+            for window in (1, depth + 1):
+                totals: dict[str, dict[str, float]] = {}
+                for i, target in enumerate(target_routes):
+                    draft = draft_routes[i] if draft_routes else None
+                    rates = policy_hit_rates(
+                        target, plan.slots_per_layer, draft_routing=draft, window=window,
+                        num_experts=E,
+                    )  # fmt: skip
+                    for name, r in rates.items():
+                        acc = totals.setdefault(name, {"accesses": 0, "loads": 0})
+                        acc["accesses"] += r["accesses"]  # type: ignore[operator]
+                        acc["loads"] += r["loads"]  # type: ignore[operator]
+                        if "hits" in r:
+                            acc["hits"] = acc.get("hits", 0) + r["hits"]  # type: ignore[operator]
+                policies = {}
+                for name, acc in totals.items():
+                    hits = acc.get("hits", acc["accesses"] - acc["loads"])
+                    policies[name] = {**acc, "hit_rate": hits / acc["accesses"]}
+                data = {
+                    "window": window,
+                    "slots_per_layer": plan.slots_per_layer,
+                    "num_experts": E,
+                    "prompts": len(target_routes),
+                    "policies": policies,
+                }
+                note = (
+                    "replayed through specter-cache on the teacher-forced target routing; "
+                    "predictive = the draft's routing of the same step prefetched"
+                )
+                out.append(self._experiment("policy_hit_rate", budget, data, note))
+        return out
+
+    def _depth_sweep(
+        self, loaded: Any, stage: Stage, bar: tqdm, result: BenchResult
+    ) -> ExperimentRecord:
+        cfg = self.config
+        prompts = self.prompts[: cfg.sweep_prompts]
+        points = []
+        for depth in cfg.sweep_depths:
+            runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"], depth)
+            runner_runs = self._decode_all(
+                f"specter K={depth}", runner.generate, cfg.max_new_tokens, prompts, bar, result,
+                stage.budget_gb,
+            )  # fmt: skip
+            if not runner_runs:
+                continue
+            gens = [r.generation or {} for _, r in runner_runs]
+            points.append(
+                {
+                    "depth": depth,
+                    "tpot_ms": statistics.fmean(1e3 * r.tpot_s for _, r in runner_runs if r.tpot_s),
+                    "acceptance_rate": _mean(g.get("acceptance_rate") for g in gens),
+                    "accepted_per_iteration": _mean(
+                        g.get("mean_accepted_per_iteration") for g in gens
+                    ),
+                    "hit_rate": _mean((r.cache or {}).get("hit_rate") for _, r in runner_runs),
+                    "prompts": len(runner_runs),
+                }
+            )
+        best = min(points, key=lambda p: (p["tpot_ms"], p["depth"]))["depth"] if points else None
+        return self._experiment(
+            "depth_sweep", stage.budget_gb, {"points": points, "best_depth": best}
+        )
+
+    # -------------------------------------------------------------------- offload stage
+    def _offload_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
+        cfg = self.config
+        if not cfg.device.startswith("cuda"):
+            raise RuntimeError("hf-offload measures GPU offloading; this run is on the CPU")
+        model = build_hf_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed).to(
+            "cpu"
+        )
+        release_memory()
+        device_map = offload_model(model, stage.budget_gb or 0.0)
+        runner = HFRunner(model, "hf-offload", pad_token_id=_pad_id(self.hf_config))
+        on_gpu = sum(1 for where in device_map.values() if where not in ("cpu", "disk"))
+        prompts = self.prompts[: cfg.offload_prompts]
+        n = min(cfg.offload_new_tokens, cfg.max_new_tokens)
+        note = (
+            f"very slow: measured on {len(prompts)} prompt(s) x {n} new tokens (others: "
+            f"{len(self.prompts)} x {cfg.max_new_tokens}); accelerate placed {on_gpu} of "
+            f"{len(device_map)} modules on the GPU"
+        )
+
+        def generate(ids: list[int], count: int) -> SystemRun:
+            gen = runner.generate(ids, count)
+            return SystemRun(
+                system="hf-offload",
+                tokens=gen.tokens,
+                prefill_s=gen.prefill_s,
+                decode_s=gen.decode_s,
+                decode_tokens=max(0, len(gen.tokens) - 1),
+                peak_gpu_bytes=gen.peak_gpu_bytes,
+                settings={**gen.settings, "device_map_modules_on_gpu": on_gpu},
+            )
+
+        records = []
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            runs = self._decode_all(
+                "hf-offload", generate, n, prompts, bar, result, stage.budget_gb, warmup=0
+            )
+            records = [self._tpot(run, prompt, stage.budget_gb, note=note) for prompt, run in runs]
+        finally:
+            del model
+            self._write(result, records)
+
+    # -------------------------------------------------------------------------- records
+    def _tpot(
+        self, run: SystemRun, prompt: EncodedPrompt, budget: float | None, note: str | None = None
+    ) -> TpotRecord:
+        pid = prompt.prompt.id
+        # The first system to decode a prompt is its reference: hf when it runs (first).
+        ref_system, ref_tokens = self.reference.setdefault(pid, (run.system, run.tokens))
+        checked = ref_system != run.system
+        mismatch = first_mismatch(run.tokens, ref_tokens[: len(run.tokens)]) if checked else None
+        n = run.decode_tokens
+        cache = run.cache or {}
+        gen = run.generation or {}
+        tpot_ms = 1e3 * run.tpot_s if run.tpot_s is not None else None
+        speculated = run.draft_s is not None
+        bound_ms = ratio = None
+        bound: dict[str, Any] | None = None
+        routes = self.routing.get(pid)
+        if (
+            routes is not None
+            and run.slots_per_layer is not None
+            and self.transfer_s
+            and routes["target"].shape[0] == len(run.tokens)
+        ):
+            b = belady_bound(routes["target"], run.slots_per_layer, self.transfer_s)
+            bound = b.as_dict()
+            bound_ms = b.tpot_ms
+            ratio = tpot_ms / bound_ms if tpot_ms is not None and bound_ms > 0 else None
+        extra: dict[str, Any] = {"settings": run.settings}
+        if run.generation is not None:
+            extra["generation"] = run.generation
+        if run.cache is not None:
+            extra["cache"] = run.cache
+        if run.prefetcher is not None:
+            extra["prefetcher"] = run.prefetcher
+        if bound is not None:
+            extra["belady"] = bound
+        return TpotRecord(
+            system=run.system,
+            model=self.name,
+            budget_gb=budget,
+            prompt_source=prompt.prompt.source,
+            prompt_id=pid,
+            prompt_tokens=len(prompt.ids),
+            new_tokens=len(run.tokens),
+            tpot_ms=tpot_ms,
+            tokens_per_s=1e3 / tpot_ms if tpot_ms else None,
+            prefill_ms=1e3 * run.prefill_s,
+            decode_ms=1e3 * run.decode_s,
+            draft_ms_per_token=_per_token(run.draft_s, n),
+            verify_ms_per_token=_per_token(run.verify_s, n),
+            accepted_per_iteration=gen.get("mean_accepted_per_iteration") if speculated else None,
+            acceptance_rate=gen.get("acceptance_rate"),
+            depth=gen.get("mean_depth"),
+            hit_rate=cache.get("hit_rate"),
+            prefetch_precision=cache.get("prefetch_precision"),
+            prefetch_recall=cache.get("prefetch_recall"),
+            h2d_bytes_per_token=cache["bytes_moved"] / n if "bytes_moved" in cache and n else None,
+            stall_ms_per_token=_per_token(cache.get("stall_seconds"), n),
+            peak_gpu_memory_gb=run.peak_gpu_bytes / GB if run.peak_gpu_bytes else None,
+            slots_per_layer=run.slots_per_layer,
+            belady_tpot_ms=bound_ms,
+            tpot_over_belady=ratio,
+            reference_system=ref_system if checked else None,
+            matches_reference=mismatch is None if checked else None,
+            first_mismatch=mismatch,
+            note=note,
+            identity=dict(self.identity),
+            extra=extra,
+        )  # fmt: skip
+
+
+def _budget(budget: float | None) -> str:
+    return "unlimited" if budget is None else f"{budget:g} GB"
+
+
+def _per_token(seconds: float | None, tokens: int) -> float | None:
+    """Milliseconds per token, None when not measured."""
+    return 1e3 * seconds / tokens if seconds is not None and tokens else None
+
+
+def _mean(values: Any) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
+
+
+def _pad_id(config: Any) -> int:
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        value = getattr(config, name, None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if isinstance(value, int):
+            return value
+    return 0

@@ -1,0 +1,234 @@
+"""The systems that run on Specter's engine: ``lru``, ``spec-lru``, ``specter`` and ablations.
+
+All of them decode through a ``specter_models.SpecterModel`` (the same FP16 target weights
+and expert cache machinery) and specter-spec's ``SpecController``; they differ in what is
+switched on:
+
+=======================  ===========  ================  ============  ===========  ===========
+system                   speculation  draft prefetch    verification  draft        policy
+=======================  ===========  ================  ============  ===========  ===========
+lru                      no           no                (one row)     none         LRU
+spec-lru                 yes          no                token-wise    fused INT4   LRU
+specter                  yes          yes               expert-wise   fused INT4   predictive
+specter-no-prefetch      yes          no                expert-wise   fused INT4   predictive*
+specter-token-verify     yes          yes               token-wise    fused INT4   predictive
+specter-unfused-draft    yes          yes               expert-wise   per-expert   predictive
+=======================  ===========  ================  ============  ===========  ===========
+
+\\* without plans the predictive policy is LRU. ``lru`` loads no INT4 draft, so at a budget
+it gets the draft's memory as extra expert slots (Mixtral-Offloading's same-memory setting).
+
+Statistics cover the decode only: the cache's and prefetcher's counters are zeroed when the
+first iteration starts (after the prefill), by an observer wrapped around the prefetcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specter_bench.system_run import SystemRun
+from specter_bench.unfused_draft import unfused_draft_kernel
+from specter_spec import AdaptiveDepth, AdaptiveDepthConfig, SpecController
+
+__all__ = [
+    "ENGINE_SYSTEMS",
+    "DecodeWindow",
+    "EngineSystem",
+    "EngineSystemRunner",
+    "make_depth_policy",
+]
+
+
+@dataclass(frozen=True)
+class EngineSystem:
+    """What an engine system switches on.
+
+    Attributes:
+        name: the system's name in records.
+        speculate: draft K proposals per iteration (else K = 0, the target alone).
+        prefetch: the draft's routing drives prefetches (the prefetcher observes phases).
+        verification: ``"expert"`` (waves per layer over all rows) or ``"token"``.
+        needs_draft: load the INT4 draft (``lru`` does not: more slots at a budget).
+        policy: the replacement policy of the cache it is loaded with.
+        fused_draft: the draft's routed experts in one fused launch (else per expert).
+    """
+
+    name: str
+    speculate: bool
+    prefetch: bool
+    verification: str
+    needs_draft: bool
+    policy: str
+    fused_draft: bool = True
+
+
+ENGINE_SYSTEMS: dict[str, EngineSystem] = {
+    s.name: s
+    for s in (
+        EngineSystem("lru", False, False, "expert", False, "lru"),
+        EngineSystem("spec-lru", True, False, "token", True, "predictive"),
+        EngineSystem("specter", True, True, "expert", True, "predictive"),
+        EngineSystem("specter-no-prefetch", True, False, "expert", True, "predictive"),
+        EngineSystem("specter-token-verify", True, True, "token", True, "predictive"),
+        EngineSystem("specter-unfused-draft", True, True, "expert", True, "predictive", False),
+    )
+}
+"""Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans
+cleared and no prefetch, that policy is exactly LRU)."""
+
+
+def make_depth_policy(depth: int | str, max_depth: int = 16) -> Any:
+    """A fixed depth K, or ``"auto"``: specter-spec's online ``AdaptiveDepth`` up to ``max_depth``.
+
+    Raises:
+        ValueError: a negative depth or an unknown word.
+    """
+    if depth == "auto":
+        return AdaptiveDepth(AdaptiveDepthConfig(max_depth=max_depth))
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise ValueError(f"depth must be an int >= 0 or 'auto', got {depth!r}.")
+    return depth
+
+
+class DecodeWindow:
+    """A speculation observer that zeroes cache statistics when decoding starts.
+
+    The controller prefills, then starts the first iteration with ``on_draft_start``; at that
+    first call this observer resets the cache's (and prefetcher's) counters, so what they
+    hold afterwards covers the decode alone. Every call is forwarded to ``inner`` (the
+    prefetcher) when there is one.
+
+    Args:
+        cache: the expert cache.
+        inner: the prefetcher to forward phases to, or None (no draft-guided prefetch).
+    """
+
+    def __init__(self, cache: Any, inner: Any | None) -> None:
+        self.cache = cache
+        self.inner = inner
+        self.started = False
+
+    def on_draft_start(self, depth: int) -> None:
+        if not self.started:
+            self.started = True
+            self.cache.reset_stats()
+            if self.inner is not None:
+                self.inner.reset_stats()
+        if self.inner is not None:
+            self.inner.on_draft_start(depth)
+
+    def on_draft_token(self, index: int) -> None:
+        if self.inner is not None:
+            self.inner.on_draft_token(index)
+
+    def on_verify_start(self, num_tokens: int) -> None:
+        if self.inner is not None:
+            self.inner.on_verify_start(num_tokens)
+
+    def on_verify_end(self, num_accepted: int) -> None:
+        if self.inner is not None:
+            self.inner.on_verify_end(num_accepted)
+
+
+class EngineSystemRunner:
+    """Decodes prompts with one engine system on one loaded ``SpecterModel``.
+
+    One controller (and depth policy) serves every prompt, so an adaptive depth carries what
+    it learned from one prompt to the next, as in serving.
+
+    Args:
+        loaded: the model from ``specter_models.load`` (its draft, policy and budget must fit
+            the system: see :data:`ENGINE_SYSTEMS`).
+        system: the system.
+        depth: K or ``"auto"`` (ignored without speculation).
+        max_depth: the adaptive depth's largest K.
+        clock: the controller's clock (default: specter-spec's phase clock).
+
+    Raises:
+        ValueError: the system speculates but the model has no draft.
+    """
+
+    def __init__(
+        self,
+        loaded: Any,
+        system: EngineSystem,
+        depth: int | str = "auto",
+        *,
+        max_depth: int = 16,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if system.speculate and loaded.draft is None:
+            raise ValueError(
+                f"system {system.name!r} speculates but the model was loaded without a draft "
+                "(draft=None); load it with draft='rtn'."
+            )
+        self.loaded = loaded
+        self.system = system
+        self.depth = depth if system.speculate else 0
+        self.window = DecodeWindow(loaded.cache, loaded.prefetcher if system.prefetch else None)
+        self.controller = SpecController(
+            loaded.draft if system.speculate else None,
+            loaded.target,
+            cache=self.window,
+            depth=make_depth_policy(self.depth, max_depth),
+            clock=clock,
+        )
+
+    def _prepare(self) -> None:
+        loaded, system = self.loaded, self.system
+        loaded.reset()
+        loaded.verification = system.verification
+        policy = loaded.cache.policy
+        if not system.prefetch and hasattr(policy, "clear_plan"):
+            policy.clear_plan()  # no plans: the predictive policy is plain LRU
+        self.window.started = False
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> SystemRun:
+        """Greedy decode of ``max_new_tokens`` tokens with this system.
+
+        Raises:
+            ValueError: as ``SpecController.generate``.
+        """
+        self._prepare()
+        device = self.loaded.device
+        cuda = device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        kernel = contextlib.nullcontext() if self.system.fused_draft else unfused_draft_kernel()
+        with kernel:
+            result = self.controller.generate(prompt_ids, max_new_tokens)
+        stats = result.stats
+        # Statistics are read once per generation, outside the decode loop (host syncs).
+        cache_stats = self.loaded.cache.stats()
+        prefetcher = None
+        if self.system.prefetch:
+            prefetcher = {k: v for k, v in self.loaded.prefetcher.stats().items() if k != "cache"}
+        speculates = self.system.speculate
+        return SystemRun(
+            system=self.system.name,
+            tokens=list(result.tokens),
+            prefill_s=stats.prefill_time_s,
+            decode_s=stats.decode_time_s,
+            decode_tokens=stats.new_tokens,
+            draft_s=stats.draft_time_s if speculates else None,
+            verify_s=stats.verify_time_s if speculates else None,
+            generation=stats.as_dict(per_iteration=False),
+            cache=cache_stats["total"],  # type: ignore[arg-type]
+            prefetcher=prefetcher,
+            peak_gpu_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
+            slots_per_layer=list(self.loaded.cache.slots_per_layer),
+            settings={
+                "depth": self.depth,
+                "verification": self.system.verification,
+                "prefetch": self.system.prefetch,
+                "fused_draft": self.system.fused_draft,
+                "policy": cache_stats["policy"],
+                "draft": "int4" if self.loaded.draft is not None else None,
+            },
+        )

@@ -1,0 +1,243 @@
+"""Experiments of BENCHMARK.md: which systems run at which budgets, and in what order.
+
+An experiment is a list of *stages*, each one model build: the transformers reference
+(``hf``, ``hf-default``), one Specter load per (budget, with or without the INT4 draft), and
+the accelerate offload. Stages run in priority order so that a run stopped by its time limit
+has measured what matters most first: the transformers reference, then the unlimited budget,
+then the high budget (where the issue's targets are), then the low one, then the slow
+offload baseline.
+
+``default`` is what ``nox -s bench-<model>`` runs: every system of the TPOT table at the
+model's low and high budgets and unlimited, the ablations at the high budget, the depth
+sweep at the high budget, and the routing experiments (working set against K, draft/target
+agreement, hit rate per policy, Belady bound), from HumanEval prompts, 128 new tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specter_bench.bench_record import SYSTEM_NAMES
+from specter_bench.engine_systems import ENGINE_SYSTEMS
+from specter_bench.prompt_sources import PromptSourceConfig
+from specter_bench.routing_analysis import DEFAULT_DEPTHS
+
+__all__ = [
+    "ABLATIONS",
+    "EXPERIMENTS",
+    "BenchConfig",
+    "Stage",
+    "plan_stages",
+    "resolve_budgets",
+]
+
+TPOT_SYSTEMS = ("hf", "hf-default", "lru", "spec-lru", "specter")
+ABLATIONS = ("specter-no-prefetch", "specter-token-verify", "specter-unfused-draft")
+HF_SYSTEMS = ("hf", "hf-default")
+DEFAULT_SWEEP_DEPTHS = (0, 2, 4, 8, 16, 32)
+
+EXPERIMENTS = {
+    "default": "TPOT of every system at low/high/unlimited, ablations, depth sweep, routing",
+    "tpot": "TPOT of hf, hf-default, lru, spec-lru and specter at each budget",
+    "ablations": "specter and its three ablations at the high budget",
+    "routing": "working set against K, draft/target agreement, hit rate per policy",
+    "depth-sweep": "specter's TPOT against depth K at the high budget",
+    "offload": "hf-offload at the low budget (very slow: few tokens and prompts)",
+    "all": "default plus hf-offload",
+}
+"""Experiment names and what they measure."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One ``specter bench`` invocation.
+
+    Attributes:
+        model: preset name, ``specter-code-tiny`` or a checkpoint folder.
+        experiment: one of :data:`EXPERIMENTS`.
+        systems: restrict the TPOT systems (None: the experiment's).
+        budgets: GB budgets with None for unlimited (None: the model's low, high, unlimited).
+        prompts: where prompts come from (``limit`` = prompts used).
+        max_new_tokens: tokens generated per prompt.
+        max_prompt_tokens: prompts are cut to this many tokens.
+        depth: K of the speculating systems, or ``"auto"`` (online adaptive depth).
+        max_depth: the adaptive depth's largest K.
+        sweep_depths: depths of the depth sweep.
+        working_set_depths: depths K of the working-set experiment.
+        device: ``cuda``, ``cuda:N`` or ``cpu``.
+        dtype: the models' dtype (float16 on a GPU; float64 keeps CPU tests free of
+            near-tie flips).
+        seed: seed of preset weights.
+        out_dir: where JSON lines go.
+        tag: file name tag (default: model and date).
+        max_minutes: no new run starts after this long (None: no limit).
+        warmup: unrecorded decodes per system before measuring.
+        offload_new_tokens: tokens per prompt for ``hf-offload``.
+        offload_prompts: prompts for ``hf-offload``.
+        sweep_prompts: prompts of the depth sweep (the first ones).
+        command: the command line, recorded with the results.
+    """
+
+    model: str
+    experiment: str = "default"
+    systems: tuple[str, ...] | None = None
+    budgets: tuple[float | None, ...] | None = None
+    prompts: PromptSourceConfig = field(default_factory=lambda: PromptSourceConfig(limit=3))
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 512
+    depth: int | str = "auto"
+    max_depth: int = 16
+    sweep_depths: tuple[int, ...] = DEFAULT_SWEEP_DEPTHS
+    working_set_depths: tuple[int, ...] = DEFAULT_DEPTHS
+    device: str = "cuda"
+    dtype: torch.dtype = torch.float16
+    seed: int = 0
+    out_dir: Path = Path("benchmarks/results")
+    tag: str | None = None
+    max_minutes: float | None = None
+    warmup: int = 1
+    offload_new_tokens: int = 8
+    offload_prompts: int = 1
+    sweep_prompts: int = 2
+    command: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.experiment not in EXPERIMENTS:
+            raise ValueError(
+                f"unknown experiment {self.experiment!r}; expected one of {', '.join(EXPERIMENTS)}."
+            )
+        known = set(SYSTEM_NAMES)
+        for system in self.systems or ():
+            if system not in known:
+                raise ValueError(
+                    f"unknown system {system!r}; expected some of {', '.join(SYSTEM_NAMES)}."
+                )
+        if self.depth != "auto" and (not isinstance(self.depth, int) or self.depth < 1):
+            raise ValueError(
+                f"depth of the speculating systems must be an int >= 1 or 'auto', got "
+                f"{self.depth!r} (use --systems lru for decoding without speculation)."
+            )
+        for name in ("max_new_tokens", "max_prompt_tokens", "max_depth", "sweep_prompts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One model build and what runs on it.
+
+    Attributes:
+        kind: ``"hf"`` (transformers, every weight on the device), ``"engine"`` (a Specter
+            load) or ``"offload"`` (transformers with accelerate offload).
+        budget_gb: the budget (None: unlimited).
+        with_draft: an engine load with the INT4 draft (``lru`` alone loads none).
+        policy: the engine cache's replacement policy.
+        systems: systems measured on this build, in order.
+        routing: record teacher-forced target/draft routing here (the first engine stage
+            with a draft).
+        depth_sweep: run the depth sweep on this build.
+    """
+
+    kind: str
+    budget_gb: float | None
+    systems: tuple[str, ...]
+    with_draft: bool = True
+    policy: str = "predictive"
+    routing: bool = False
+    depth_sweep: bool = False
+
+
+def resolve_budgets(
+    requested: tuple[float | None, ...] | None, low: float | None, high: float | None
+) -> tuple[float | None, ...]:
+    """The budgets to measure: as requested, else the model's low, high and unlimited.
+
+    Args:
+        requested: explicit budgets (None entries are unlimited), or None.
+        low, high: the model's benchmark budgets (None when it has none).
+
+    Raises:
+        ValueError: no explicit budgets for a model without benchmark budgets.
+    """
+    if requested is not None:
+        if not requested:
+            raise ValueError("budgets is empty; give at least one (a GB value or 'unlimited').")
+        return tuple(dict.fromkeys(requested))
+    if low is None or high is None:
+        raise ValueError(
+            "this model has no benchmark budgets (only the full-size presets do); give them "
+            "with --budgets, e.g. --budgets 0.3,0.5,unlimited."
+        )
+    return (low, high, None)
+
+
+def _order(budgets: tuple[float | None, ...]) -> list[float | None]:
+    """Unlimited first, then from the largest budget to the smallest."""
+    return sorted(budgets, key=lambda b: (b is not None, -(b or 0.0)))
+
+
+def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[Stage]:
+    """The stages of ``config.experiment`` at ``budgets``, in running order.
+
+    The high budget is the largest finite one (where ablations and the depth sweep run);
+    the low budget the smallest (where ``hf-offload`` runs).
+    """
+    exp = config.experiment
+    finite = [b for b in budgets if b is not None]
+    high = max(finite) if finite else None
+    low = min(finite) if finite else None
+    if exp in ("default", "all", "tpot"):
+        tpot = TPOT_SYSTEMS
+    elif exp == "ablations":
+        tpot = ("specter",)
+    else:
+        tpot = ()
+    if config.systems is not None:
+        tpot = tuple(s for s in config.systems if s not in ABLATIONS and s != "hf-offload")
+    ablations = (
+        ABLATIONS if exp in ("default", "all", "ablations") and config.systems is None
+        else tuple(s for s in (config.systems or ()) if s in ABLATIONS)
+    )  # fmt: skip
+    sweep = exp in ("default", "all", "depth-sweep")
+    routing = exp in ("default", "all", "routing")
+    offload = exp in ("all", "offload") or "hf-offload" in (config.systems or ())
+
+    stages: list[Stage] = []
+    hf = tuple(s for s in HF_SYSTEMS if s in tpot)
+    if hf:
+        stages.append(Stage("hf", None, hf))
+    engine_spec = tuple(s for s in tpot if s in ENGINE_SYSTEMS and ENGINE_SYSTEMS[s].needs_draft)
+    wants_lru = "lru" in tpot
+    # Ablations and the sweep run at the high budget (unlimited when no finite budget).
+    sweep_budget = ablation_budget = high
+    first_draft_stage = True
+    for budget in _order(budgets):
+        on_draft = list(engine_spec)
+        if budget == ablation_budget:
+            on_draft += [s for s in ablations if s not in on_draft]
+        if budget is None and wants_lru:
+            on_draft.append("lru")  # unlimited: every expert resident, the draft costs no slot
+        do_sweep = sweep and budget == sweep_budget
+        do_routing = routing and first_draft_stage
+        if on_draft or do_sweep or do_routing:
+            stages.append(
+                Stage(
+                    "engine",
+                    budget,
+                    tuple(on_draft),
+                    with_draft=True,
+                    policy="predictive",
+                    routing=do_routing,
+                    depth_sweep=do_sweep,
+                )
+            )
+            first_draft_stage = False
+        if budget is not None and wants_lru:
+            stages.append(Stage("engine", budget, ("lru",), with_draft=False, policy="lru"))
+    if offload and low is not None:
+        stages.append(Stage("offload", low, ("hf-offload",)))
+    return stages

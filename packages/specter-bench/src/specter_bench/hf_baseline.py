@@ -1,0 +1,176 @@
+"""The transformers baselines: ``hf`` (fastest configuration), ``hf-default`` and ``hf-offload``.
+
+``hf`` is transformers' own ``generate`` with every weight on the GPU, in the fastest
+configuration BENCHMARK.md found (static KV cache, ``batched_mm`` experts); ``hf-default``
+is ``generate`` as a user calls it (dynamic cache, the model's default experts
+implementation); ``hf-offload`` dispatches the model with accelerate's ``device_map`` under
+``max_memory`` at the budget, so whole layers of experts move per token.
+
+Timing: a streamer stamps the host clock when each new token reaches it (``generate``
+copies each token to the host, which waits for the GPU). The first new token ends the
+prefill; TPOT is the time from it to the last token over the tokens after the first: the
+same per-token decode cost Specter's TPOT measures.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["HF_CONFIGS", "HFGeneration", "HFRunner", "offload_model"]
+
+HF_CONFIGS = {
+    "hf": {"cache_implementation": "static", "experts_implementation": "batched_mm"},
+    "hf-default": {"cache_implementation": None, "experts_implementation": "grouped_mm"},
+    "hf-offload": {"cache_implementation": None, "experts_implementation": None},
+}
+"""``generate`` settings of each transformers system (None: transformers' default)."""
+
+
+class _TimingStreamer:
+    """Stamps the host clock at every ``put`` after the prompt's (transformers streamer API)."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:  # generate puts the prompt first
+            self._prompt_seen = True
+            return
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        """Nothing to flush."""
+
+
+@dataclass
+class HFGeneration:
+    """One ``generate`` call's tokens and times.
+
+    Attributes:
+        tokens: the new token ids.
+        prefill_s: from the call to the first new token (prompt processing).
+        decode_s: from the first new token to the last.
+        tpot_s: ``decode_s / (len(tokens) - 1)``; None with fewer than two tokens.
+        peak_gpu_bytes: ``torch.cuda.max_memory_allocated`` after the call (None on CPU).
+    """
+
+    tokens: list[int]
+    prefill_s: float
+    decode_s: float
+    tpot_s: float | None
+    peak_gpu_bytes: int | None = None
+    settings: dict[str, object] = field(default_factory=dict)
+
+
+class HFRunner:
+    """Greedy ``generate`` on a transformers causal LM with one of :data:`HF_CONFIGS`.
+
+    Args:
+        model: a transformers causal LM (on its device, eval mode).
+        system: ``hf``, ``hf-default`` or ``hf-offload``.
+        pad_token_id: passed to ``generate`` (no tokenizer needed).
+
+    Raises:
+        ValueError: an unknown system.
+    """
+
+    def __init__(self, model: torch.nn.Module, system: str, pad_token_id: int = 0) -> None:
+        if system not in HF_CONFIGS:
+            raise ValueError(
+                f"unknown transformers system {system!r}; expected {list(HF_CONFIGS)}."
+            )
+        self.model = model
+        self.system = system
+        self.settings = dict(HF_CONFIGS[system])
+        self.pad_token_id = pad_token_id
+        impl = self.settings["experts_implementation"]
+        if next(model.parameters()).dtype == torch.float64:
+            impl = "eager"  # grouped_mm and batched_mm have no float64 kernels (CPU tests)
+        if impl is not None:
+            model.set_experts_implementation(impl)
+        self.settings["experts_implementation"] = model.config._experts_implementation
+        self.settings["cache_implementation"] = self.settings["cache_implementation"] or "dynamic"
+
+    @property
+    def device(self) -> torch.device:
+        """Where input ids go (the embedding's device)."""
+        return self.model.get_input_embeddings().weight.device
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> HFGeneration:
+        """Greedy decode exactly ``max_new_tokens`` tokens (EOS does not stop it).
+
+        Raises:
+            ValueError: an empty prompt or a budget < 1.
+        """
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty; give at least one token.")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        streamer = _TimingStreamer()
+        kwargs: dict[str, object] = {}
+        if self.settings["cache_implementation"] == "static":
+            kwargs["cache_implementation"] = "static"
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        started = time.perf_counter()
+        with torch.no_grad():
+            out = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                pad_token_id=self.pad_token_id,
+                streamer=streamer,
+                **kwargs,
+            )
+        tokens = out[0, len(prompt_ids) :].tolist()
+        stamps = streamer.stamps
+        prefill = stamps[0] - started if stamps else time.perf_counter() - started
+        decode = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
+        return HFGeneration(
+            tokens=tokens,
+            prefill_s=prefill,
+            decode_s=decode,
+            tpot_s=decode / (len(stamps) - 1) if len(stamps) > 1 else None,
+            peak_gpu_bytes=torch.cuda.max_memory_allocated(self.device) if cuda else None,
+            settings=dict(self.settings),
+        )
+
+
+def offload_model(model: torch.nn.Module, gpu_memory_gb: float, device: int = 0) -> dict:
+    """Dispatch a CPU-resident model with accelerate under ``max_memory`` at the budget.
+
+    Args:
+        model: the transformers model, weights in host memory.
+        gpu_memory_gb: GPU memory accelerate may fill with weights (GB, 1e9 bytes).
+        device: CUDA device index.
+
+    Returns:
+        The device map (module name -> device), for the record.
+
+    Raises:
+        ImportError: accelerate is not installed (it ships on the GPU machine's image).
+    """
+    try:
+        from accelerate import dispatch_model, infer_auto_device_map
+    except ImportError as exc:
+        raise ImportError(
+            "hf-offload needs accelerate (`pip install accelerate`); it is part of the GPU "
+            "machine's image."
+        ) from exc
+    no_split = getattr(model, "_no_split_modules", None) or []
+    device_map = infer_auto_device_map(
+        model,
+        max_memory={device: int(gpu_memory_gb * 1e9), "cpu": 10**15},
+        no_split_module_classes=list(no_split),
+        dtype=next(model.parameters()).dtype,
+    )
+    dispatch_model(model, device_map=device_map)
+    return {name: str(where) for name, where in device_map.items()}

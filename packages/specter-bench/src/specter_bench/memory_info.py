@@ -1,0 +1,45 @@
+"""``specter info``: the GPU, library versions, and a model's memory plan at a budget."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from specter_bench.bench_record import budget_label
+from specter_bench.model_loading import model_config
+from specter_bench.run_identity import git_commit, gpu_name, package_versions
+
+__all__ = ["describe_machine", "run_info"]
+
+
+def describe_machine() -> str:
+    """GPU (name, memory, capability) or its absence, and the versions that matter."""
+    lines = []
+    name = gpu_name()
+    if name is None:
+        lines.append("GPU: none visible to torch (torch.cuda.is_available() is False): CPU only")
+    else:
+        props = torch.cuda.get_device_properties(0)
+        lines.append(
+            f"GPU: {name}, {props.total_memory / 1e9:.1f} GB, {props.multi_processor_count} SMs, "
+            f"compute capability {props.major}.{props.minor}"
+        )
+    versions = package_versions()
+    lines.append("versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in versions.items()))
+    lines.append(f"git commit: {git_commit()}")
+    return "\n".join(lines)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    """Print the machine and, for ``args.model``, the memory plan at ``args.gpu_memory_gb``."""
+    from specter_models import plan_memory
+
+    print(describe_machine())
+    config = model_config(args.model)
+    kwargs = {} if args.max_seq_len is None else {"max_seq_len": args.max_seq_len}
+    plan = plan_memory(config, args.gpu_memory_gb, **kwargs)
+    print()
+    print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(args.gpu_memory_gb)}")
+    print(plan.describe())
+    return 0

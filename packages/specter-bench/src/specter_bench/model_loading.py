@@ -1,0 +1,162 @@
+"""Where the benchmark meets specter-models: names, configs and loading.
+
+A model argument is a preset name (``deepseek-v2-lite``, ``tiny-deepseek-v2``, ...), the
+trained demo ``specter-code-tiny``, or a checkpoint folder. This module resolves it to a
+config, to the weights' description recorded in results, and to loaded models.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+from specter_bench.prompt_encoding import ByteTokenizer
+
+__all__ = [
+    "build_hf_model",
+    "is_checkpoint",
+    "load_engine",
+    "load_tokenizer",
+    "model_config",
+    "model_name",
+    "release_memory",
+    "tokenizer_name",
+    "weights_description",
+]
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def is_checkpoint(model: str) -> bool:
+    """Whether ``model`` names a checkpoint folder (a directory holding ``config.json``)."""
+    return (Path(model) / "config.json").is_file()
+
+
+def model_config(model: str) -> PretrainedConfig:
+    """The transformers config of a preset, the demo model or a checkpoint folder.
+
+    Raises:
+        KeyError: not a preset and not a checkpoint folder (the message lists the presets).
+        FileNotFoundError: the demo checkpoint is missing from this installation.
+    """
+    from specter_models.presets import DEMO_MODEL, demo_model_path, preset_config
+
+    if is_checkpoint(model):
+        return AutoConfig.from_pretrained(model)
+    if model == DEMO_MODEL:
+        return AutoConfig.from_pretrained(demo_model_path())
+    if Path(model).exists():
+        raise FileNotFoundError(
+            f"{model} has no config.json; a checkpoint folder holds config.json and "
+            "*.safetensors (as save_pretrained writes them)."
+        )
+    return preset_config(model)
+
+
+def weights_description(model: str, seed: int) -> str:
+    """What a record says about the weights: a checkpoint path, or random with its seed."""
+    from specter_models.presets import DEMO_MODEL, demo_model_path
+
+    if is_checkpoint(model):
+        return f"checkpoint {Path(model).resolve()}"
+    if model == DEMO_MODEL:
+        return f"checkpoint {DEMO_MODEL} (trained demo, {demo_model_path()})"
+    return f"random (seed {seed})"
+
+
+def model_name(model: str) -> str:
+    """A short name for files and tables: the preset, or the checkpoint folder's name."""
+    return Path(model).name if is_checkpoint(model) else model
+
+
+def load_tokenizer(model: str, vocab_size: int | None = None) -> Any:
+    """The checkpoint's tokenizer, or a :class:`ByteTokenizer` for random-weight presets.
+
+    Args:
+        model: the model argument.
+        vocab_size: the model's vocabulary (small test vocabularies fold bytes into it).
+
+    Raises:
+        FileNotFoundError: the demo checkpoint is missing from this installation.
+    """
+    from specter_models.presets import DEMO_MODEL, demo_model_path
+
+    folder = (
+        demo_model_path() if model == DEMO_MODEL else Path(model) if is_checkpoint(model) else None
+    )
+    if folder is not None and any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+    return ByteTokenizer(vocab_size=vocab_size)
+
+
+def tokenizer_name(tokenizer: Any) -> str:
+    """What a record says about the tokenizer."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return "bytes (one id per UTF-8 byte; the preset has no tokenizer)"
+    return f"{type(tokenizer).__name__} (vocab {len(tokenizer)})"
+
+
+def load_engine(
+    model: str,
+    *,
+    budget_gb: float | None,
+    with_draft: bool,
+    policy: str,
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+    max_seq_len: int,
+) -> Any:
+    """``specter_models.load`` of the benchmark's model at one budget.
+
+    Raises:
+        ValueError, MemoryBudgetError, FileNotFoundError: from ``specter_models.load``.
+    """
+    import specter_models
+
+    return specter_models.load(
+        model,
+        gpu_memory_gb=budget_gb,
+        device=device,
+        dtype=dtype,
+        draft="rtn" if with_draft else None,
+        policy=policy,
+        seed=seed,
+        max_seq_len=max_seq_len,
+    )
+
+
+def build_hf_model(model: str, *, device: str, dtype: torch.dtype, seed: int) -> Any:
+    """transformers' own model with the engine's weights, every weight on ``device``.
+
+    Presets are rebuilt from their seed on the device (``build_reference_model``: the same
+    values as the engine's); checkpoints load with ``from_pretrained``.
+    """
+    from specter_models import build_reference_model
+    from specter_models.presets import DEMO_MODEL, demo_model_path
+
+    if model == DEMO_MODEL or is_checkpoint(model):
+        from transformers import AutoModelForCausalLM
+
+        folder = demo_model_path() if model == DEMO_MODEL else Path(model)
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
+        if dtype == torch.float64:
+            hf.set_experts_implementation("eager")  # grouped_mm has no float64 kernel
+        return hf.eval()
+    return build_reference_model(model, seed=seed, device=device, dtype=dtype).eval()
+
+
+def release_memory() -> None:
+    """Collect garbage and return cached device (and pinned host) memory after a stage."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        empty_host = getattr(torch._C, "_host_emptyCache", None)
+        if empty_host is not None:
+            empty_host()  # pinned blocks of a freed expert store go back to the system

@@ -1,0 +1,216 @@
+"""``specter generate``: load a model, stream a completion, print statistics.
+
+With no arguments it runs the built-in demo ``specter-code-tiny`` (a small trained
+DeepSeek-V2-architecture MoE shipped with specter-models) on the GPU when there is one and
+on the CPU otherwise, through the full Specter path: INT4 draft, expert cache, verification.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from specter_bench.bench_command import parse_dtype
+from specter_bench.engine_systems import DecodeWindow, make_depth_policy
+from specter_bench.model_loading import load_engine, load_tokenizer, model_config
+from specter_bench.tables import format_value
+from specter_spec import SamplingConfig, SpecController
+
+__all__ = ["generation_summary", "run_generate"]
+
+
+def _prompt_text(args: argparse.Namespace) -> str:
+    from specter_bench.cli import DEFAULT_PROMPT, CommandError
+
+    if args.prompt is not None and args.prompt_file is not None:
+        raise CommandError("give the prompt as an argument or with --prompt-file, not both.")
+    if args.prompt_file is not None:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"--prompt-file {path}: no such file.")
+        text = path.read_text(encoding="utf-8")
+    else:
+        text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    if not text:
+        raise CommandError("the prompt is empty; give some text to complete.")
+    return text
+
+
+def _sampling(args: argparse.Namespace) -> SamplingConfig:
+    from specter_bench.cli import CommandError
+
+    if not 0 < args.top_p <= 1:
+        raise CommandError(f"--top-p must be in (0, 1], got {args.top_p}.")
+    if args.top_k < 0:
+        raise CommandError(f"--top-k must be >= 0 (0 keeps every token), got {args.top_k}.")
+    if args.temperature == 0:
+        if args.top_p != 1 or args.top_k != 0:
+            raise CommandError("--top-p/--top-k need sampling: give --temperature > 0.")
+        return SamplingConfig.greedy()
+    return SamplingConfig(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed
+    )
+
+
+def generation_summary(loaded: Any, stats: Any, peak_gpu_bytes: int | None) -> dict[str, Any]:
+    """The statistics ``generate`` prints: speed, acceptance, depth, cache, memory.
+
+    Args:
+        loaded: the ``SpecterModel``.
+        stats: the stream's ``GenerationStats``.
+        peak_gpu_bytes: ``torch.cuda.max_memory_allocated`` or None on a CPU.
+    """
+    cache = loaded.cache.stats()["total"]  # one host sync, after generation
+    tokens = stats.new_tokens
+    tpot = stats.tpot_s
+    return {
+        "new_tokens": tokens,
+        "tpot_ms": 1e3 * tpot if tpot is not None else None,
+        "tokens_per_s": 1.0 / tpot if tpot else None,
+        "prefill_ms": 1e3 * stats.prefill_time_s,
+        "iterations": stats.num_iterations,
+        "acceptance_rate": stats.acceptance_rate,
+        "accepted_per_iteration": stats.mean_accepted_per_iteration,
+        "mean_depth": stats.mean_depth,
+        "hit_rate": cache["hit_rate"],
+        "prefetch_precision": cache["prefetch_precision"],
+        "prefetch_recall": cache["prefetch_recall"],
+        "h2d_mb_per_token": cache["bytes_moved"] / 1e6 / tokens if tokens else None,
+        "stall_ms_per_token": 1e3 * cache["stall_seconds"] / tokens if tokens else None,
+        "slots_per_layer": loaded.memory.plan.slots_per_layer,
+        "num_experts": loaded.memory.plan.num_experts,
+        "peak_gpu_memory_gb": peak_gpu_bytes / 1e9 if peak_gpu_bytes else None,
+        "device": str(loaded.device),
+    }
+
+
+def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
+    rows = [
+        ("tokens", summary["new_tokens"]),
+        ("TPOT (ms, decode only)", summary["tpot_ms"]),
+        ("tokens/s", summary["tokens_per_s"]),
+        ("prefill (ms)", summary["prefill_ms"]),
+        ("acceptance (per proposed token)", summary["acceptance_rate"]),
+        ("accepted per iteration", summary["accepted_per_iteration"]),
+        ("mean depth K", summary["mean_depth"]),
+        ("expert cache hit rate", summary["hit_rate"]),
+        (
+            "prefetch precision / recall",
+            (summary["prefetch_precision"], summary["prefetch_recall"]),
+        ),
+        ("host-to-device MB per token", summary["h2d_mb_per_token"]),
+        ("transfer stall ms per token", summary["stall_ms_per_token"]),
+        ("expert slots per layer", f"{summary['slots_per_layer']}/{summary['num_experts']}"),
+        ("peak GPU memory (GB)", summary["peak_gpu_memory_gb"]),
+        ("device", summary["device"]),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        if isinstance(value, tuple):
+            value = " / ".join(format_value(v) for v in value)
+        print(f"{name:<{width}}  {format_value(value)}", file=out)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Load, stream the completion to stdout, then print statistics; exit status 0."""
+    from specter_bench.cli import resolve_device
+
+    text = _prompt_text(args)
+    sampling = _sampling(args)
+    device = resolve_device(args.device)
+    dtype = parse_dtype(None, device)
+    config = model_config(args.model)
+    tokenizer = load_tokenizer(args.model, int(config.vocab_size))
+    ids = tokenizer.encode(text)
+    max_depth = 16 if args.depth == "auto" else args.depth
+    need = len(ids) + args.max_new_tokens + max_depth + 2
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and need > limit:
+        raise ValueError(
+            f"the prompt ({len(ids)} tokens) plus --max-new-tokens {args.max_new_tokens} and "
+            f"one verification of depth {max_depth} need {need} positions; {args.model} has "
+            f"{limit}. Shorten the prompt or generate fewer tokens."
+        )
+    print(f"loading {args.model} on {device} ...", file=sys.stderr)
+    started = time.perf_counter()
+    if args.slots_per_layer is not None and args.gpu_memory_gb is not None:
+        raise ValueError("give --gpu-memory-gb or --slots-per-layer, not both.")
+    if args.slots_per_layer is not None:
+        import specter_models
+
+        loaded = specter_models.load(
+            args.model,
+            slots_per_layer=args.slots_per_layer,
+            device=device,
+            dtype=dtype,
+            policy="predictive",
+            seed=args.seed,
+            max_seq_len=min(limit or need, -(-need // 64) * 64),
+        )
+    else:
+        loaded = load_engine(
+            args.model,
+            budget_gb=args.gpu_memory_gb,
+            with_draft=True,
+            policy="predictive",
+            device=device,
+            dtype=dtype,
+            seed=args.seed,
+            max_seq_len=min(limit or need, -(-need // 64) * 64),
+        )
+    print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    if loaded.tokenizer is None and hasattr(tokenizer, "offset"):
+        print(
+            "note: this model has random weights and no tokenizer: its text is noise (bytes)",
+            file=sys.stderr,
+        )
+    controller = SpecController(
+        loaded.draft,
+        loaded.target,
+        cache=DecodeWindow(loaded.cache, loaded.prefetcher),
+        depth=make_depth_policy(args.depth, max_depth),
+        sampling=sampling,
+    )
+    eos = getattr(tokenizer, "eos_token_id", None)
+    stop = [eos] if isinstance(eos, int) and loaded.tokenizer is not None else []
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    stream = controller.stream(ids, args.max_new_tokens, stop_token_ids=stop)
+    out = sys.stdout
+    generated: list[int] = []
+    shown = ""
+    if not args.no_stream:
+        out.write(text)
+        out.flush()
+    for token in stream:
+        generated.append(token)
+        if args.no_stream:
+            continue
+        # Decode everything so far and print the new suffix: tokens that merge into one
+        # character (bytes of UTF-8) appear once complete.
+        decoded = tokenizer.decode(generated)
+        if decoded.startswith(shown) and not decoded.endswith("\ufffd"):
+            out.write(decoded[len(shown) :])
+            out.flush()
+            shown = decoded
+    final = tokenizer.decode(generated)
+    if args.no_stream:
+        out.write(text + final)
+    elif final.startswith(shown):
+        out.write(final[len(shown) :])
+    out.write("\n")
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    summary = generation_summary(loaded, stream.stats, peak)
+    summary["stop_reason"] = stream.stop_reason
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print("-" * 40)
+        _print_summary(summary, out)
+    return 0
