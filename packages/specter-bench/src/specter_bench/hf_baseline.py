@@ -101,7 +101,7 @@ class HFRunner:
         return self.model.get_input_embeddings().weight.device
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> HFGeneration:
-        """Greedy decode exactly ``max_new_tokens`` tokens (EOS does not stop it).
+        """Greedy decode exactly ``max_new_tokens`` tokens (an EOS token does not stop it).
 
         Raises:
             ValueError: an empty prompt or a budget < 1.
@@ -125,7 +125,9 @@ class HFRunner:
                 attention_mask=torch.ones_like(ids),
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
+                # No EOS: every system decodes exactly max_new_tokens greedy tokens. (Not
+                # min_new_tokens, which would mask EOS and change the greedy choice.)
+                eos_token_id=None,
                 pad_token_id=self.pad_token_id,
                 streamer=streamer,
                 **kwargs,

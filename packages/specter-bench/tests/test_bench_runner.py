@@ -1,0 +1,214 @@
+"""The default experiment end to end on a tiny model (CPU, float64): records, checks, report."""
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specter_bench.bench_record import read_records
+from specter_bench.bench_runner import BenchRunner
+from specter_bench.experiments import ABLATIONS, BenchConfig
+from specter_bench.prompt_sources import PromptSourceConfig
+from specter_bench.report import write_report
+from specter_bench.system_run import first_mismatch
+
+NEW_TOKENS = 12
+SWEEP = (0, 2, 3)
+
+
+def _prompts(tmp: Path) -> PromptSourceConfig:
+    path = tmp / "prompts.jsonl"
+    rows = [
+        {"id": "a", "text": "def add(a, b):\n    return"},
+        {"id": "b", "text": "import os\nfor name in os.listdir('.'):\n"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return PromptSourceConfig("jsonl", str(path), field="text")
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    config = BenchConfig(
+        model="tiny-deepseek-v2",
+        prompts=_prompts(tmp),
+        max_new_tokens=NEW_TOKENS,
+        max_prompt_tokens=40,
+        depth=3,
+        sweep_depths=SWEEP,
+        working_set_depths=(1, 2, 4, 8),
+        device="cpu",
+        dtype=torch.float64,
+        seed=2,
+        out_dir=tmp / "results",
+        tag="test",
+        command="specter bench --model tiny-deepseek-v2",
+    )
+    runner = BenchRunner(config, progress=False, log=lambda line: None)
+    return runner, runner.run()
+
+
+def test_every_record_kind_is_written_and_readable(default_run):
+    runner, result = default_run
+    assert result.path.name == "bench-tiny-deepseek-v2-test.jsonl"
+    assert result.skipped == []
+    assert read_records(result.path) == json.loads(json.dumps(result.records))
+    kinds = {r["kind"] for r in result.records}
+    assert kinds == {
+        "tpot", "memory", "working_set", "routing_agreement", "policy_hit_rate", "depth_sweep",
+    }  # fmt: skip
+    low, high = runner.budgets[:2]
+    assert low < high
+    assert runner.budgets[2] is None
+    cells = {(r["system"], r["budget_gb"]) for r in result.records if r["kind"] == "tpot"}
+    expected = {("hf", None), ("hf-default", None)}
+    for budget in (None, low, high):
+        expected |= {("lru", budget), ("spec-lru", budget), ("specter", budget)}
+    expected |= {(system, high) for system in ABLATIONS}
+    assert cells == expected
+
+
+def test_every_system_decodes_what_hf_decodes(default_run):
+    _, result = default_run
+    tpot = [r for r in result.records if r["kind"] == "tpot"]
+    assert len(tpot) == 2 * 14
+    for r in tpot:
+        assert r["new_tokens"] == NEW_TOKENS
+        assert r["tpot_ms"] > 0
+        assert r["identity"]["weights"] == "random (seed 2)"
+        assert r["identity"]["command"] == "specter bench --model tiny-deepseek-v2"
+        if r["system"] == "hf":
+            assert r["reference_system"] is None
+            continue
+        assert r["reference_system"] == "hf"
+        assert r["matches_reference"] is True, (r["system"], r["budget_gb"], r["first_mismatch"])
+        assert r["first_mismatch"] is None
+
+
+def test_engine_records_hold_cache_acceptance_and_the_belady_bound(default_run):
+    runner, result = default_run
+    k = runner.hf_config.num_experts_per_tok
+    for r in result.records:
+        if r["kind"] != "tpot" or r["system"].startswith("hf"):
+            continue
+        layers = len(r["slots_per_layer"])
+        assert 0 <= r["hit_rate"] <= 1
+        if r["system"] != "lru":
+            assert 0 < r["depth"] <= 3  # K = 3, shortened only where the token budget ends
+            assert 0 <= r["acceptance_rate"] <= 1
+            assert r["draft_ms_per_token"] > 0
+        if r["budget_gb"] is None:
+            assert r["hit_rate"] == 1.0  # every expert resident
+            assert r["h2d_bytes_per_token"] == 0
+            continue
+        bound = r["extra"]["belady"]
+        assert bound["slots_per_layer"] == r["slots_per_layer"]
+        assert bound["accesses"] == NEW_TOKENS * layers * k
+        assert r["belady_tpot_ms"] == pytest.approx(
+            1e3 * bound["loads"] * bound["expert_transfer_s"] / NEW_TOKENS
+        )
+        if bound["loads"]:
+            assert r["tpot_over_belady"] == pytest.approx(r["tpot_ms"] / r["belady_tpot_ms"])
+        # No system loads fewer experts than Belady's bound allows.
+        cache = r["extra"]["cache"]
+        assert cache["demand_loads"] + cache["prefetch_loads"] >= bound["loads"]
+    high = runner.budgets[1]
+    slots = {
+        r["system"]: r["slots_per_layer"][0]
+        for r in result.records
+        if r["kind"] == "tpot" and r["budget_gb"] == high
+    }
+    # lru loads no INT4 draft: at the same budget it has at least as many slots.
+    assert slots["lru"] >= slots["specter"]
+
+
+def test_routing_experiments(default_run):
+    runner, result = default_run
+    k = runner.hf_config.num_experts_per_tok
+    E = runner.hf_config.n_routed_experts
+    by_kind = {}
+    for r in result.records:
+        by_kind.setdefault(r["kind"], []).append(r)
+    ws = {r["data"]["routing"]: r["data"] for r in by_kind["working_set"]}
+    assert set(ws) == {"target", "draft"}
+    curve = ws["target"]["curve"]
+    assert [p["depth"] for p in curve] == [1, 2, 4, 8]
+    assert curve[0]["mean"] == curve[0]["minimum"] == k
+    assert all(a["mean"] <= b["mean"] for a, b in itertools.pairwise(curve))
+    assert curve[-1]["maximum"] <= E
+    (agreement,) = by_kind["routing_agreement"]
+    d = agreement["data"]
+    assert 0 <= d["mean"] <= 1
+    assert len(d["per_request"]) == 2
+    assert len(d["per_layer"]) == len(runner.routing["a"]["target"][0])
+    assert 0 <= d["greedy_agreement"] <= 1
+    policies = by_kind["policy_hit_rate"]
+    assert {(r["budget_gb"], r["data"]["window"]) for r in policies} == {
+        (b, w) for b in runner.budgets[:2] for w in (1, 4)
+    }
+    for r in policies:
+        rates = r["data"]["policies"]
+        assert set(rates) == {"lru", "lfu", "predictive", "belady"}
+        for name in ("lru", "lfu", "predictive"):
+            assert rates[name]["loads"] >= rates["belady"]["loads"]
+            assert rates[name]["accesses"] == rates["belady"]["accesses"]
+    (sweep,) = by_kind["depth_sweep"]
+    points = sweep["data"]["points"]
+    assert [p["depth"] for p in points] == list(SWEEP)
+    assert sweep["budget_gb"] == runner.budgets[1]
+    assert sweep["data"]["best_depth"] == min(points, key=lambda p: p["tpot_ms"])["depth"]
+    assert points[0]["acceptance_rate"] is None  # K = 0 proposes nothing
+    memory = by_kind["memory"]
+    assert len(memory) == 5
+    for r in memory:
+        assert r["data"]["expected_peak_gb"] > r["data"]["slots_gb"] > 0
+
+
+def test_report_from_the_records(default_run, tmp_path):
+    _, result = default_run
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.parent.mkdir()
+    page.write_text("# Benchmarks\n\nHand-written intro.\n")
+    write_report([result.path], page)
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\nHand-written intro.\n")
+    for title in (
+        "### Targets", "### TPOT per system", "### Latency per phase", "### Memory accounting",
+        "### Expert working set against depth K", "### Draft/target routing agreement",
+        "### Cache hit rate per policy", "### Depth sweep",
+    ):  # fmt: skip
+        assert title in text
+    assert "specter bench --model tiny-deepseek-v2" in text
+    for png in ("tpot_per_system", "working_set", "policy_hit_rate", "depth_sweep"):
+        data = (page.parent / "img" / f"{png}.png").read_bytes()
+        assert data.startswith(b"\x89PNG")
+        assert f"](img/{png}.png)" in text
+    write_report([result.path], page)  # regenerating replaces the section, keeps the intro
+    assert page.read_text() == text
+
+
+def test_time_limit_stops_cleanly(tmp_path):
+    config = BenchConfig(
+        model="tiny-qwen2-moe",
+        experiment="tpot",
+        prompts=_prompts(tmp_path),
+        max_new_tokens=4,
+        device="cpu",
+        dtype=torch.float64,
+        out_dir=tmp_path,
+        tag="late",
+        max_minutes=0.0,
+        budgets=(None,),
+    )
+    result = BenchRunner(config, progress=False, log=lambda line: None).run()
+    assert {r["kind"] for r in result.records} == {"skipped"}
+    assert all("--max-minutes" in r["data"]["reason"] for r in result.records)
+    assert len(result.skipped) == len(result.records) == 2  # the hf and engine stages
+
+
+def test_first_mismatch():
+    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert first_mismatch([1, 5, 3], [1, 2, 3]) == 1
+    assert first_mismatch([1, 2], [1, 2, 3]) == 2

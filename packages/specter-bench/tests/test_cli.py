@@ -1,0 +1,197 @@
+"""The specter command line: every command runs on tiny models; bad arguments fail clearly."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import specter_models
+from specter_bench.cli import main
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny DeepSeek-V2 checkpoint folder with a tokenizer, as save_pretrained writes it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("ckpt")
+    model = specter_models.build_reference_model("tiny-deepseek-v2", seed=4, device="cpu")
+    model.float().save_pretrained(folder)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    corpus = ["def add(a, b): return a + b", "for i in range(10): print(i)"] * 20
+    trainer = trainers.BpeTrainer(vocab_size=90, special_tokens=["<unk>", "<s>", "</s>"])
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.save_pretrained(folder)
+    return folder
+
+
+def test_generate_on_a_preset_streams_and_prints_statistics(capsys):
+    code, out, err = _run(
+        capsys, "--model", "tiny-qwen2-moe", "--max-new-tokens", "6", "--depth", "2", "hi"
+    )
+    assert code == 0, err
+    assert out.startswith("hi")
+    for line in ("TPOT (ms, decode only)", "acceptance (per proposed token)", "mean depth K",
+                 "expert cache hit rate", "peak GPU memory (GB)"):  # fmt: skip
+        assert line in out
+    assert "random weights and no tokenizer" in err
+    code, out, _ = _run(
+        capsys, "generate", "--model", "tiny-qwen2-moe", "--max-new-tokens", "5", "--json",
+        "--no-stream", "--gpu-memory-gb", "unlimited", "hi",
+    )  # fmt: skip
+    stats = json.loads(out.strip().splitlines()[-1])
+    assert stats["new_tokens"] == 5
+    assert stats["slots_per_layer"] == stats["num_experts"]
+    assert stats["device"] == "cpu"
+
+
+def test_generate_samples_reproducibly(capsys):
+    argv = ["--model", "tiny-phimoe", "--max-new-tokens", "8", "--temperature", "0.9",
+            "--top-k", "20", "--sample-seed", "3", "--json", "x"]  # fmt: skip
+    first = _run(capsys, *argv)
+    second = _run(capsys, *argv)
+    assert first[0] == second[0] == 0
+    assert first[1].splitlines()[0] == second[1].splitlines()[0]
+
+
+def test_default_command_runs_the_demo_model_through_specter(capsys, checkpoint, monkeypatch):
+    # Stand in for the shipped specter-code-tiny: `specter` with no argument loads the demo.
+    import specter_models.loader
+    import specter_models.presets
+
+    monkeypatch.setattr(specter_models.presets, "demo_model_path", lambda: checkpoint)
+    monkeypatch.setattr(specter_models.loader, "demo_model_path", lambda: checkpoint)
+    code, out, err = _run(capsys, "--max-new-tokens", "12", "--slots-per-layer", "3")
+    assert code == 0, err
+    assert "loaded SpecterModel(deepseek_v2" in err
+    assert "draft=int4" in err
+    assert out.startswith("def fibonacci(n):")
+    assert "expert slots per layer           3/8" in out
+    assert "random weights" not in err  # a checkpoint with its own tokenizer
+
+
+def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("def add(a, b):")
+    code, out, err = _run(
+        capsys, "--model", str(checkpoint), "--prompt-file", str(prompt), "--max-new-tokens", "6",
+        "--depth", "0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.startswith("def add(a, b):")
+    assert "mean depth K                     0.00" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["generate", "--depth", "deep"], "depth must be an int >= 0"),
+        (["generate", "--gpu-memory-gb", "-3"], "GPU memory budget must be a number of GB > 0"),
+        (["generate", "--model", "tiny-qwen2-moe", "--top-p", "0.5", "x"], "need sampling"),
+        (["generate", "--model", "tiny-qwen2-moe", "--device", "tpu", "x"], "--device must be"),
+        (["generate", "--model", "gpt-5", "x"], "known presets"),
+        (["generate", "--model", "tiny-qwen2-moe", "--gpu-memory-gb", "0.001", "x"], "too small"),
+        (["generate", "--prompt-file", "/no/such/file"], "no such file"),
+        (["bench"], "--model is required"),
+        (["bench", "--model", "tiny-qwen2-moe", "--experiment", "fast"], "unknown experiment"),
+        (["bench", "--model", "tiny-qwen2-moe", "--systems", "vllm"], "unknown system 'vllm'"),
+        (["bench", "--model", "tiny-qwen2-moe", "--budgets", "x"], "GPU memory budget must be"),
+        (["kernel-bench", "--tokens", "a,b"], "comma-separated list of ints"),
+        (["report", "/no/such.jsonl"], "does not exist"),
+    ],
+)
+def test_bad_arguments_fail_with_a_clear_message(capsys, argv, message):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2
+    assert message in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU-only machine")
+def test_cuda_asked_for_without_a_gpu(capsys):
+    code, _, err = _run(capsys, "generate", "--device", "cuda", "--model", "tiny-phimoe", "x")
+    assert code == 2
+    assert "torch sees no CUDA GPU" in err
+
+
+def test_info_prints_the_machine_and_the_memory_plan(capsys):
+    code, out, _ = _run(capsys, "info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "24")
+    assert code == 0
+    assert "GPU: none visible" in out or "GPU: " in out
+    assert "versions: torch" in out
+    assert "memory plan: deepseek-v2-lite (deepseek_v2) at 24 GB" in out
+    assert "INT4 draft experts" in out
+    assert "per layer x 26 layers" in out
+    code, _, err = _run(capsys, "info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "4")
+    assert code == 2
+    assert "needs at least" in err
+
+
+def test_bench_kernel_bench_profile_depth_and_report(capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    out_dir = tmp_path / "results"
+    code, out, err = _run(
+        capsys, "bench", "--model", "tiny-qwen2-moe", "--experiment", "tpot", "--systems",
+        "lru,specter", "--budgets", "unlimited", "--prompts", "jsonl", "--prompts-path",
+        str(prompts), "--max-new-tokens", "4", "--depth", "2", "--dtype", "float64", "--out",
+        str(out_dir), "--tag", "cli",
+    )  # fmt: skip
+    assert code == 0, err
+    results = out_dir / "bench-tiny-qwen2-moe-cli.jsonl"
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert {(r["kind"], r.get("system")) for r in lines} == {
+        ("tpot", "lru"), ("tpot", "specter"), ("memory", None),
+    }  # fmt: skip
+    assert "| tiny-qwen2-moe | unlimited | specter |" in out
+    assert lines[0]["identity"]["command"].startswith("specter bench --model tiny-qwen2-moe")
+
+    code, out, _ = _run(
+        capsys, "kernel-bench", "--model", "tiny-phimoe", "--tokens", "1,3", "--repeats", "2",
+        "--out", str(out_dir),
+    )  # fmt: skip
+    assert code == 0
+    assert out.count("fused_w4a16") == 2
+    kernel = json.loads((out_dir / "kernel-tiny-phimoe.jsonl").read_text())
+    assert [t["tokens"] for t in kernel["data"]["timings"]] == [1, 1, 1, 3, 3, 3]
+    assert all(t["relative_error"] < 1e-2 for t in kernel["data"]["timings"])
+
+    code, out, _ = _run(
+        capsys, "profile-depth", "--model", "tiny-deepseek-v2", "--depths", "0,2",
+        "--prompts", "jsonl", "--prompts-path", str(prompts), "--max-new-tokens", "4",
+    )  # fmt: skip
+    assert code == 0
+    assert "best depth:" in out
+
+    page = tmp_path / "bench.md"
+    code, out, _ = _run(
+        capsys, "report", str(results), str(out_dir / "kernel-tiny-phimoe.jsonl"), "--markdown",
+        str(page), "--list-command", "specter bench ...",
+    )  # fmt: skip
+    assert code == 0
+    text = page.read_text()
+    assert "### TPOT per system" in text
+    assert "### Routed-expert kernels (one MoE layer)" in text
+    assert "specter bench ..." in text
+
+
+def test_python_dash_m_runs_the_cli():
+    done = subprocess.run(
+        [sys.executable, "-m", "specter_bench", "--help"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0
+    for command in ("generate", "bench", "profile-depth", "kernel-bench", "info", "report"):
+        assert command in done.stdout

@@ -1,0 +1,153 @@
+"""Engine systems on tiny models: every system's greedy output equals transformers' own."""
+
+import pytest
+import torch
+
+import specter_models
+from specter_bench.engine_systems import (
+    ENGINE_SYSTEMS,
+    DecodeWindow,
+    EngineSystemRunner,
+    make_depth_policy,
+)
+from specter_bench.hf_baseline import HFRunner
+from specter_bench.unfused_draft import per_expert_w4a16, unfused_draft_kernel
+from specter_models import build_reference_model
+
+ARCHS = ("tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe")
+
+
+def _prompt(seed: int, vocab: int, length: int = 9) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (length,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_engine_system_matches_transformers_greedy(arch):
+    # float64 keeps near-tie argmaxes from flipping between summation orders.
+    kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
+    spec_load = specter_models.load(arch, slots_per_layer=3, policy="predictive", **kwargs)
+    lru_load = specter_models.load(arch, slots_per_layer=3, policy="lru", draft=None, **kwargs)
+    reference = build_reference_model(arch, seed=3, device="cpu", dtype=torch.float64)
+    prompt = _prompt(1, spec_load.config.vocab_size)
+    expected = HFRunner(reference, "hf-default").generate(prompt, 14).tokens
+    for name, system in ENGINE_SYSTEMS.items():
+        loaded = spec_load if system.needs_draft else lru_load
+        run = EngineSystemRunner(loaded, system, depth=3).generate(prompt, 14)
+        assert run.tokens == expected, name
+        assert run.system == name
+        assert run.decode_tokens == 14
+        assert run.slots_per_layer == [3] * len(run.slots_per_layer)
+        if system.speculate:
+            assert run.generation["proposed"] > 0
+            assert run.draft_s is not None
+        else:
+            assert run.generation["proposed"] == 0
+            assert run.draft_s is None
+        assert run.settings["verification"] == system.verification
+        # Decode-only statistics: every decode step needs at least top-k experts per layer.
+        cache = run.cache
+        assert cache["hits"] + cache["misses"] >= 14 * len(run.slots_per_layer)
+        assert (run.prefetcher is not None) == system.prefetch
+
+
+def test_lru_gets_the_draft_memory_as_slots_at_a_budget():
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    with_draft = specter_models.plan_memory(config, slots_per_layer=2, dtype=torch.float64)
+    budget = (with_draft.expected_peak_bytes + with_draft.draft_int4_bytes) / 1e9
+    spec = specter_models.plan_memory(config, budget, dtype=torch.float64)
+    lru = specter_models.plan_memory(config, budget, dtype=torch.float64, with_draft=False)
+    assert lru.slots_per_layer > spec.slots_per_layer
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def on_draft_start(self, depth):
+        self.calls.append(("draft", depth))
+
+    def on_draft_token(self, index):
+        self.calls.append(("token", index))
+
+    def on_verify_start(self, num_tokens):
+        self.calls.append(("verify", num_tokens))
+
+    def on_verify_end(self, num_accepted):
+        self.calls.append(("end", num_accepted))
+
+    def reset_stats(self):
+        self.calls.append(("reset",))
+
+
+class _Cache:
+    def __init__(self):
+        self.resets = 0
+
+    def reset_stats(self):
+        self.resets += 1
+
+
+def test_decode_window_resets_once_and_forwards_every_phase():
+    cache, inner = _Cache(), _Recorder()
+    window = DecodeWindow(cache, inner)
+    window.on_draft_start(2)
+    window.on_draft_token(0)
+    window.on_verify_start(3)
+    window.on_verify_end(1)
+    window.on_draft_start(4)
+    assert cache.resets == 1
+    assert inner.calls == [
+        ("reset",),
+        ("draft", 2),
+        ("token", 0),
+        ("verify", 3),
+        ("end", 1),
+        ("draft", 4),
+    ]
+    alone = DecodeWindow(cache, None)
+    alone.on_draft_start(0)
+    alone.on_verify_start(1)
+    assert cache.resets == 2
+
+
+def test_statistics_cover_the_decode_only():
+    loaded = specter_models.load(
+        "tiny-qwen2-moe", slots_per_layer=2, device="cpu", dtype=torch.float64, max_seq_len=96,
+        policy="lru", draft=None,
+    )  # fmt: skip
+    prompt = _prompt(4, loaded.config.vocab_size, length=40)
+    run = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"]).generate(prompt, 5)
+    # One acquire per MoE layer per decode step: the 39-token prefill is not counted.
+    assert run.cache["acquires"] == 5 * loaded.cache.num_layers
+
+
+def test_unfused_draft_equals_fused_and_is_restored():
+    import specter_models.specter_experts as experts_module
+    from specter_kernels import fused_moe_w4a16, quantize_int4
+
+    g = torch.Generator().manual_seed(0)
+    E, H, inter, T, k = 6, 64, 32, 5, 2
+    w13 = quantize_int4(torch.randn(E, 2 * inter, H, generator=g).half(), 32)
+    w2 = quantize_int4(torch.randn(E, H, inter, generator=g).half(), 32)
+    x = torch.randn(T, H, generator=g).half()
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    weights = torch.rand(T, k, generator=g).softmax(-1)
+    fused = fused_moe_w4a16(x, ids, weights, w13, w2).float()
+    unfused = per_expert_w4a16(x, ids, weights, w13, w2).float()
+    assert torch.allclose(unfused, fused, rtol=2e-2, atol=2e-2)
+    with unfused_draft_kernel():
+        assert experts_module.fused_moe_w4a16 is per_expert_w4a16
+    assert experts_module.fused_moe_w4a16 is fused_moe_w4a16
+
+
+def test_depth_policies_and_bad_systems():
+    assert make_depth_policy(4) == 4
+    assert make_depth_policy("auto").choose_depth() >= 0
+    with pytest.raises(ValueError, match="depth must be an int >= 0 or 'auto'"):
+        make_depth_policy(-1)
+    loaded = specter_models.load(
+        "tiny-phimoe", device="cpu", dtype=torch.float64, draft=None, max_seq_len=64
+    )
+    with pytest.raises(ValueError, match="loaded without a draft"):
+        EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"])

@@ -1,0 +1,58 @@
+"""Experiment plans: which systems run at which budgets, in priority order."""
+
+import pytest
+
+from specter_bench.experiments import ABLATIONS, BenchConfig, plan_stages, resolve_budgets
+
+
+def _stages(**kw):
+    config = BenchConfig(model="deepseek-v2-lite", **kw)
+    return plan_stages(config, resolve_budgets(config.budgets, 16.0, 24.0))
+
+
+def test_default_plan_covers_every_system_budget_and_experiment():
+    stages = _stages()
+    described = [(s.kind, s.budget_gb, s.with_draft, s.systems) for s in stages]
+    assert described[0] == ("hf", None, True, ("hf", "hf-default"))
+    # Unlimited first (lru shares the all-resident load), then 24 GB, then 16 GB.
+    assert described[1] == ("engine", None, True, ("spec-lru", "specter", "lru"))
+    assert described[2] == ("engine", 24.0, True, ("spec-lru", "specter", *ABLATIONS))
+    assert described[3] == ("engine", 24.0, False, ("lru",))
+    assert described[4] == ("engine", 16.0, True, ("spec-lru", "specter"))
+    assert described[5] == ("engine", 16.0, False, ("lru",))
+    assert len(stages) == 6  # hf-offload only in "all" / "offload"
+    assert [s.routing for s in stages] == [False, True, False, False, False, False]
+    assert [s.depth_sweep for s in stages] == [False, False, True, False, False, False]
+    assert stages[3].policy == "lru"
+    assert stages[2].policy == "predictive"
+
+
+def test_other_experiments():
+    offload = _stages(experiment="all")[-1]
+    assert (offload.kind, offload.budget_gb, offload.systems) == ("offload", 16.0, ("hf-offload",))
+    routing = _stages(experiment="routing")
+    assert [(s.kind, s.routing, s.systems) for s in routing] == [("engine", True, ())]
+    sweep = _stages(experiment="depth-sweep")
+    assert [(s.budget_gb, s.depth_sweep, s.systems) for s in sweep] == [(24.0, True, ())]
+    chosen = _stages(experiment="tpot", systems=("lru", "specter"), budgets=(20.0,))
+    assert [(s.budget_gb, s.with_draft, s.systems) for s in chosen] == [
+        (20.0, True, ("specter",)),
+        (20.0, False, ("lru",)),
+    ]
+
+
+def test_budgets_and_config_are_checked():
+    assert resolve_budgets(None, 14.0, 20.0) == (14.0, 20.0, None)
+    assert resolve_budgets((8.0, None, 8.0), None, None) == (8.0, None)
+    with pytest.raises(ValueError, match="no benchmark budgets"):
+        resolve_budgets(None, None, None)
+    with pytest.raises(ValueError, match="budgets is empty"):
+        resolve_budgets((), 1.0, 2.0)
+    with pytest.raises(ValueError, match="unknown experiment 'fast'"):
+        BenchConfig(model="m", experiment="fast")
+    with pytest.raises(ValueError, match="unknown system 'vllm'"):
+        BenchConfig(model="m", systems=("vllm",))
+    with pytest.raises(ValueError, match="depth of the speculating systems"):
+        BenchConfig(model="m", depth=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
+        BenchConfig(model="m", max_new_tokens=0)

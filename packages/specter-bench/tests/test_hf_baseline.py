@@ -1,0 +1,50 @@
+"""transformers baselines: greedy tokens and timing fields."""
+
+import pytest
+import torch
+
+from specter_bench.hf_baseline import HFRunner
+from specter_models import build_reference_model
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return build_reference_model("tiny-qwen2-moe", seed=5, device="cpu", dtype=torch.float64)
+
+
+def _greedy_by_hand(model, prompt, steps):
+    ids = torch.tensor([prompt])
+    out = []
+    with torch.no_grad():
+        for _ in range(steps):
+            token = int(model(ids).logits[0, -1].argmax())
+            out.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out
+
+
+@pytest.mark.parametrize("system", ["hf", "hf-default"])
+def test_generate_is_greedy_and_exactly_n_tokens(reference, system):
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, reference.config.vocab_size, (7,), generator=g).tolist()
+    run = HFRunner(reference, system).generate(prompt, 10)
+    assert run.tokens == _greedy_by_hand(reference, prompt, 10)
+    assert run.prefill_s > 0
+    assert run.decode_s >= 0
+    assert run.tpot_s == pytest.approx(run.decode_s / 9)
+    assert run.peak_gpu_bytes is None  # CPU
+    assert run.settings["cache_implementation"] == ("static" if system == "hf" else "dynamic")
+    assert run.settings["experts_implementation"] == "eager"  # float64 has no grouped kernels
+    one = HFRunner(reference, system).generate(prompt, 1)
+    assert len(one.tokens) == 1
+    assert one.tpot_s is None
+
+
+def test_bad_arguments(reference):
+    with pytest.raises(ValueError, match="unknown transformers system 'vllm'"):
+        HFRunner(reference, "vllm")
+    runner = HFRunner(reference, "hf-default")
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        runner.generate([], 3)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        runner.generate([1, 2], 0)
