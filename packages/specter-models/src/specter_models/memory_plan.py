@@ -117,7 +117,7 @@ class MemoryPlan:
 
 
 def _gb(n: int) -> str:
-    return f"{n / GB:.2f} GB"
+    return f"{n / GB:.2f} GB" if n >= 0.1 * GB else f"{n / 1e6:.3f} MB"
 
 
 def plan_memory(
@@ -194,11 +194,10 @@ def plan_memory(
         needed = fixed + L * expert_bytes
         raise MemoryBudgetError(
             f"gpu_memory_gb={gpu_memory_gb} is too small for this {arch.model_type} model: it "
-            f"needs at least {needed / GB:.2f} GB: non-expert weights {non_expert / GB:.2f} GB, "
-            f"INT4 draft experts {draft_bytes / GB:.2f} GB, KV cache at "
-            f"max_seq_len={max_seq_len} {kv_bytes / GB:.2f} GB, buffers {buffers / GB:.2f} GB, "
-            f"and one FP16 expert slot per layer {L * expert_bytes / GB:.2f} GB. Give a larger "
-            "budget or a smaller max_seq_len."
+            f"needs at least {needed / GB:.3f} GB: non-expert weights {_gb(non_expert)}, "
+            f"INT4 draft experts {_gb(draft_bytes)}, KV cache at max_seq_len={max_seq_len} "
+            f"{_gb(kv_bytes)}, buffers {_gb(buffers)}, and one FP16 expert slot per layer "
+            f"{_gb(L * expert_bytes)}. Give a larger budget or a smaller max_seq_len."
         )
     return MemoryPlan(budget_bytes=budget, slots_per_layer=int(slots), **plan_args)
 

@@ -1,0 +1,62 @@
+"""Builders shared by the tests: tiny transformers models and their checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from specter_models import architecture_for, get_preset
+
+TINY_ARCHS = ("tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe")
+
+
+def tiny_transformers_model(
+    name: str, seed: int, *, dtype: torch.dtype = torch.float32, **config_changes
+) -> PreTrainedModel:
+    """transformers' own model of a tiny preset with every tensor random.
+
+    Norm scales and biases are random too (transformers initialises them to one and zero),
+    so a loader that drops or swaps them cannot pass the logits tests.
+    """
+    config = get_preset(name).make_config()
+    for key, value in config_changes.items():
+        setattr(config, key, value)
+    model = _model_class(name)(config).to(dtype).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if param.dim() == 1:
+                # Norm scales near one, biases near zero: random but in their usual range.
+                base = 1.0 if pname.endswith("weight") else 0.0
+                param.copy_(base + 0.2 * torch.randn(param.shape, generator=generator))
+            else:
+                param.copy_(0.15 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def _model_class(name: str) -> type:
+    return architecture_for(get_preset(name).make_config()).model_class
+
+
+def save_tiny_checkpoint(name: str, folder: Path, *, seed: int, **save_kwargs) -> Path:
+    """Save a random tiny model with ``save_pretrained`` (fp32 safetensors)."""
+    model = tiny_transformers_model(name, seed)
+    model.save_pretrained(folder, **save_kwargs)
+    return folder
+
+
+def reference_from_checkpoint(folder: Path, dtype: torch.dtype = torch.float64) -> PreTrainedModel:
+    """transformers' own loading of a checkpoint (eager experts: float64 has no grouped_mm)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, experts_implementation="eager"
+    ).eval()
+
+
+def random_prompt(length: int, vocab: int, seed: int) -> torch.Tensor:
+    """``[1, length]`` random token ids."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (1, length), generator=generator)
