@@ -110,3 +110,24 @@ def test_experiment_tables_hold_every_point():
     assert pol.count("\n") == 2 + 2 * 2 * 2
     first = next(r for r in records if r["kind"] == "policy_hit_rate")
     assert f"{first['data']['policies']['lfu']['hit_rate']:.2f}" in pol
+
+
+def test_models_without_targets_get_the_same_ratios_for_information():
+    records = tpot_records(seed=14, models=("deepseek-v2-lite", "qwen1.5-moe"))
+    by = {(s.model, s.budget_gb, s.system): s for s in summarize_tpot(records)}
+    results = evaluate_targets(records)
+    qwen = [r for r in results if r["model"] == "qwen1.5-moe"]
+    assert [r["target"] for r in qwen] == [
+        "specter / lru (no target)",
+        "specter / spec-lru (no target)",
+        "specter / belady (no target)",
+        "specter / hf (no target)",
+    ]
+    assert [r["budget"] for r in qwen] == ["24 GB", "24 GB", "24 GB", "unlimited"]
+    assert all(r["met"] is None for r in qwen)
+    high = ("qwen1.5-moe", 24.0)
+    assert qwen[0]["ratio"] == pytest.approx(
+        by[(*high, "specter")].tpot_ms / by[(*high, "lru")].tpot_ms
+    )
+    table = targets_table(records)
+    assert table.count("(no target)") == 4

@@ -82,6 +82,8 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         tag=args.tag,
         max_minutes=args.max_minutes,
         warmup=args.warmup,
+        warmup_tokens=args.warmup_tokens,
+        hf_compile=not args.hf_no_compile,
         offload_new_tokens=args.offload_new_tokens,
         offload_prompts=args.offload_prompts,
         command=getattr(args, "invocation", None),

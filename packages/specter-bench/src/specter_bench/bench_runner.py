@@ -88,8 +88,9 @@ class _Deadline:
     def __init__(self, minutes: float | None) -> None:
         self.end = None if minutes is None else time.monotonic() + 60.0 * minutes
 
-    def expired(self) -> bool:
-        return self.end is not None and time.monotonic() >= self.end
+    def expired(self, reserve_minutes: float = 0.0) -> bool:
+        """Past the end, or less than ``reserve_minutes`` before it."""
+        return self.end is not None and time.monotonic() + 60.0 * reserve_minutes >= self.end
 
 
 class BenchRunner:
@@ -148,6 +149,7 @@ class BenchRunner:
         self.reference: dict[str, tuple[str, list[int]]] = {}
         self.routing: dict[str, dict[str, torch.Tensor]] = {}
         self.transfer_s: float | None = None
+        self._replay_routes: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self._deadline = _Deadline(config.max_minutes)
 
     # ---------------------------------------------------------------------------- helpers
@@ -221,8 +223,11 @@ class BenchRunner:
                 label = (
                     f"{stage.kind} stage at {_budget(stage.budget_gb)} ({', '.join(stage.systems)})"
                 )
-                if self._deadline.expired():
-                    self._skip(result, label, "--max-minutes reached", stage.budget_gb)
+                if self._deadline.expired(self.config.stage_reserve_minutes):
+                    reason = (
+                        f"--max-minutes: less than {self.config.stage_reserve_minutes:g} min left"
+                    )
+                    self._skip(result, label, reason, stage.budget_gb)
                     continue
                 try:
                     if stage.kind == "hf":
@@ -238,6 +243,11 @@ class BenchRunner:
                     self._skip(result, label, f"{type(exc).__name__}: {exc}", stage.budget_gb)
                 finally:
                     release_memory()
+            if self._replay_routes is not None:
+                if self._deadline.expired():
+                    self._skip(result, "policy replay", "--max-minutes reached", None)
+                else:
+                    self._write(result, self._policy_records(*self._replay_routes))
         finally:
             bar.close()
         return result
@@ -257,9 +267,12 @@ class BenchRunner:
     ) -> list[tuple[EncodedPrompt, SystemRun]]:
         runs = []
         warmup = self.config.warmup if warmup is None else warmup
+        started = time.perf_counter()
         if warmup and not self._deadline.expired():
             for _ in range(warmup):
-                generate(prompts[0].ids, max_new_tokens)  # compilation, autotuning, caches
+                # Compilation, autotuning, cache filling: unrecorded.
+                generate(prompts[0].ids, min(max_new_tokens, self.config.warmup_tokens))
+        warmup_s = time.perf_counter() - started
         for prompt in prompts:
             if self._deadline.expired():
                 self._skip(
@@ -269,7 +282,9 @@ class BenchRunner:
                 bar.update(1)
                 continue
             bar.set_postfix_str(f"{system} {_budget(budget)} {prompt.prompt.id}")
-            runs.append((prompt, generate(prompt.ids, max_new_tokens)))
+            run = generate(prompt.ids, max_new_tokens)
+            run.settings["warmup_s"] = warmup_s
+            runs.append((prompt, run))
             bar.update(1)
         return runs
 
@@ -281,7 +296,9 @@ class BenchRunner:
         records = []
         try:
             for system in stage.systems:
-                runner = HFRunner(model, system, pad_token_id=_pad_id(self.hf_config))
+                runner = HFRunner(
+                    model, system, pad_token_id=_pad_id(self.hf_config), compile=cfg.hf_compile
+                )
 
                 def generate(ids: list[int], n: int, runner: HFRunner = runner) -> SystemRun:
                     gen = runner.generate(ids, n)
@@ -303,6 +320,8 @@ class BenchRunner:
                 records += [self._tpot(run, prompt, None) for prompt, run in runs]
         finally:
             del model
+            # Compiled decode steps hold the model's weights; drop them with the model.
+            torch._dynamo.reset()
             self._write(result, records)
 
     # --------------------------------------------------------------------- engine stage
@@ -437,7 +456,8 @@ class BenchRunner:
             }
             del data["per_token"]  # per request and per layer are the published views
             out.append(self._experiment("routing_agreement", None, data, "teacher-forced"))
-        out += self._policy_records(target_routes, draft_routes)
+        # The policy replay is CPU work: it runs after every GPU stage (see run()).
+        self._replay_routes = (target_routes, draft_routes)
         return out
 
     def _policy_records(
@@ -528,9 +548,9 @@ class BenchRunner:
         cfg = self.config
         if not cfg.device.startswith("cuda"):
             raise RuntimeError("hf-offload measures GPU offloading; this run is on the CPU")
-        model = build_hf_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed).to(
-            "cpu"
-        )
+        release_memory(host=True)  # cached pinned blocks of the expert stores back to the system
+        model = build_hf_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+        model = model.to("cpu")
         release_memory()
         device_map = offload_model(model, stage.budget_gb or 0.0)
         runner = HFRunner(model, "hf-offload", pad_token_id=_pad_id(self.hf_config))

@@ -11,6 +11,7 @@ what was expected (exit status 2). Long work shows tqdm progress bars on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -209,7 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="depths of the depth sweep / working set (default 0,2,4,8,16,32 / 1,2,4,8,16,32)",
     )
-    bench.add_argument("--out", default="benchmarks/results", help="output folder")
+    bench.add_argument(
+        "--out",
+        default=os.environ.get("OUT") or "benchmarks/results",
+        help="output folder (default: $OUT when set, else benchmarks/results)",
+    )
     bench.add_argument("--tag", default=None, help="file name tag (default model and date)")
     bench.add_argument(
         "--max-minutes",
@@ -219,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--warmup", type=int, default=1, help="unrecorded runs per system")
     bench.add_argument(
+        "--warmup-tokens", type=_positive_int, default=32, help="tokens per warm-up run"
+    )
+    bench.add_argument(
+        "--hf-no-compile",
+        action="store_true",
+        help="stop transformers from compiling its static-cache decode step for hf",
+    )
+    bench.add_argument(
         "--offload-new-tokens",
         type=_positive_int,
         default=8,
@@ -227,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--offload-prompts", type=_positive_int, default=1, help="prompts for hf-offload"
     )
-    bench.add_argument("--dtype", default="float16", help="float16 (GPU), float32/float64 (CPU)")
+    bench.add_argument(
+        "--dtype", default=None, help="default: float16 on a GPU, float32 on a CPU (float64 too)"
+    )
 
     prof = sub.add_parser(
         "profile-depth",

@@ -74,7 +74,13 @@ class BenchConfig:
         out_dir: where JSON lines go.
         tag: file name tag (default: model and date).
         max_minutes: no new run starts after this long (None: no limit).
+        stage_reserve_minutes: no new stage (a model build) starts with less than this left
+            before ``max_minutes``.
         warmup: unrecorded decodes per system before measuring.
+        warmup_tokens: tokens of each warm-up decode (compilation, autotuning, cache filling
+            and the adaptive depth's first estimates need a few iterations, not a full decode).
+        hf_compile: let transformers compile its static-cache decode step (its fastest
+            configuration; the compilation happens in the warm-up).
         offload_new_tokens: tokens per prompt for ``hf-offload``.
         offload_prompts: prompts for ``hf-offload``.
         sweep_prompts: prompts of the depth sweep (the first ones).
@@ -98,7 +104,10 @@ class BenchConfig:
     out_dir: Path = Path("benchmarks/results")
     tag: str | None = None
     max_minutes: float | None = None
+    stage_reserve_minutes: float = 1.0
     warmup: int = 1
+    warmup_tokens: int = 32
+    hf_compile: bool = True
     offload_new_tokens: int = 8
     offload_prompts: int = 1
     sweep_prompts: int = 2

@@ -73,12 +73,16 @@ class HFRunner:
         model: a transformers causal LM (on its device, eval mode).
         system: ``hf``, ``hf-default`` or ``hf-offload``.
         pad_token_id: passed to ``generate`` (no tokenizer needed).
+        compile: allow transformers' automatic compilation of the static-cache decode step
+            (on CUDA; False passes ``disable_compile=True``).
 
     Raises:
         ValueError: an unknown system.
     """
 
-    def __init__(self, model: torch.nn.Module, system: str, pad_token_id: int = 0) -> None:
+    def __init__(
+        self, model: torch.nn.Module, system: str, pad_token_id: int = 0, *, compile: bool = True
+    ) -> None:
         if system not in HF_CONFIGS:
             raise ValueError(
                 f"unknown transformers system {system!r}; expected {list(HF_CONFIGS)}."
@@ -94,6 +98,7 @@ class HFRunner:
             model.set_experts_implementation(impl)
         self.settings["experts_implementation"] = model.config._experts_implementation
         self.settings["cache_implementation"] = self.settings["cache_implementation"] or "dynamic"
+        self.settings["compile"] = compile and self.settings["cache_implementation"] == "static"
 
     @property
     def device(self) -> torch.device:
@@ -115,6 +120,8 @@ class HFRunner:
         kwargs: dict[str, object] = {}
         if self.settings["cache_implementation"] == "static":
             kwargs["cache_implementation"] = "static"
+            if not self.settings["compile"]:
+                kwargs["disable_compile"] = True
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)

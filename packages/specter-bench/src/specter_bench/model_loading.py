@@ -152,11 +152,17 @@ def build_hf_model(model: str, *, device: str, dtype: torch.dtype, seed: int) ->
     return build_reference_model(model, seed=seed, device=device, dtype=dtype).eval()
 
 
-def release_memory() -> None:
-    """Collect garbage and return cached device (and pinned host) memory after a stage."""
+def release_memory(*, host: bool = False) -> None:
+    """Collect garbage and return cached device memory after a stage.
+
+    Args:
+        host: also return torch's cached pinned host blocks to the system. Off between
+            engine loads on purpose: the next load's expert store reuses those blocks
+            instead of pinning tens of GB again.
+    """
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         empty_host = getattr(torch._C, "_host_emptyCache", None)
-        if empty_host is not None:
-            empty_host()  # pinned blocks of a freed expert store go back to the system
+        if host and empty_host is not None:
+            empty_host()

@@ -265,21 +265,41 @@ TARGETS = (
 """Issue 7's targets (DeepSeek-V2-Lite, random weights, greedy, HumanEval)."""
 
 
+def _same_ratios_elsewhere(
+    summaries: Sequence[SystemSummary], targets: Sequence[Target]
+) -> list[Target]:
+    """The targets' ratios for models without targets, at their largest finite budget."""
+    targeted = {t.model for t in targets}
+    out = []
+    for model in sorted({s.model for s in summaries} - targeted):
+        finite = [s.budget_gb for s in summaries if s.model == model and s.budget_gb is not None]
+        high = max(finite) if finite else None
+        for t in targets:
+            budget = None if t.budget_gb is None else high
+            if t.budget_gb is not None and high is None:
+                continue
+            out.append(Target(t.system, t.versus, float("nan"), "(no target)", budget, model))
+    return out
+
+
 def evaluate_targets(
     records: Iterable[dict[str, Any]], targets: Sequence[Target] = TARGETS
 ) -> list[dict[str, Any]]:
     """Each target's measured ratio, whether it is met, and the acceptance beside it.
 
+    Models the targets do not name get the same ratios at their largest finite budget and
+    unlimited, marked ``(no target)`` (``met`` None).
+
     Returns:
         One dict per target: ``model``, ``budget``, ``target`` (text), ``ratio`` (None when
-        a side was not measured), ``met`` (None then), ``tpot_ms``, ``versus_tpot_ms``,
-        ``acceptance_rate``.
+        a side was not measured), ``met`` (None then, or without a target), ``tpot_ms``,
+        ``versus_tpot_ms``, ``acceptance_rate``.
     """
     summaries = summarize_tpot(records)
     index = {(s.model, s.budget_gb, s.system): s for s in summaries}
     models = sorted({s.model for s in summaries})
     out = []
-    for t in targets:
+    for t in [*targets, *_same_ratios_elsewhere(summaries, targets)]:
         for model in [t.model] if t.model is not None else models:
             mine = index.get((model, t.budget_gb, t.system))
             if t.versus == "belady":
@@ -302,7 +322,7 @@ def evaluate_targets(
                     "budget": budget_label(t.budget_gb),
                     "target": f"{t.system} / {t.versus} {t.limit_text}",
                     "ratio": ratio,
-                    "met": None if ratio is None else ratio <= t.limit,
+                    "met": None if ratio is None or t.limit != t.limit else ratio <= t.limit,
                     "tpot_ms": mine.tpot_ms if mine is not None else None,
                     "versus_tpot_ms": other,
                     "acceptance_rate": mine.acceptance_rate if mine is not None else None,
@@ -321,13 +341,21 @@ def targets_table(records: Iterable[dict[str, Any]], targets: Sequence[Target] =
             t["tpot_ms"],
             t["versus_tpot_ms"],
             t["ratio"],
-            "not measured" if t["met"] is None else ("met" if t["met"] else "NOT met"),
+            _status(t),
             t["acceptance_rate"],
         ]
         for t in evaluate_targets(records, targets)
     ]
     headers = ["model", "budget", "target", "TPOT ms", "versus ms", "ratio", "status", "acceptance"]
     return markdown_table(headers, rows)
+
+
+def _status(target: dict[str, Any]) -> str:
+    if target["ratio"] is None:
+        return "not measured"
+    if target["met"] is None:
+        return "-"
+    return "met" if target["met"] else "NOT met"
 
 
 def _experiments(records: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
