@@ -1,0 +1,64 @@
+"""The engine on a CUDA device: Triton kernels, the copy stream, and no host sync in the
+draft's decode step. Skipped without a GPU (run on the GPU machine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specter_models import load, reference_model_from
+from specter_spec import SpecController
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+TINY = ("tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe")
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_target_matches_transformers_and_speculation_is_exact(name):
+    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=3, seed=1)
+    assert lm.cache.store.is_pinned
+    ids = torch.randint(0, lm.config.vocab_size, (1, 12), device="cuda")
+    got = lm.target.forward(ids, 0).float()
+    reference = reference_model_from(lm)
+    with torch.no_grad():
+        expected = reference(ids).logits.float()
+    assert (got - expected).abs().max() < 0.02 * expected.abs().max()
+    prompt = ids[0, :6].tolist()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4).generate(prompt, 24)
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 24)
+    assert spec.tokens == plain.tokens
+    assert lm.cache.stats()["total"]["misses"] > 0
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_expert_wise_equals_token_wise(name):
+    out = {}
+    ids = torch.randint(
+        0, 96, (1, 9), device="cuda", generator=torch.Generator("cuda").manual_seed(0)
+    )
+    for kind in ("expert", "token"):
+        lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=2, verification=kind)
+        lm.target.forward(ids[:, :4], 0)
+        out[kind] = lm.target.forward(ids[:, 4:], 4).float()
+    assert (out["expert"] - out["token"]).abs().max() < 0.01 * out["expert"].abs().max()
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_draft_step_has_no_host_sync(name):
+    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=3)
+    lm.target.forward(torch.tensor([[1, 2, 3, 4]], device="cuda"), 0)
+    token = torch.tensor([[5]], device="cuda")
+    lm.draft.forward(token, 4)  # warm-up: kernels compiled, buffers grown
+    lm.draft.truncate(4)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for position in range(4, 8):
+            logits = lm.draft.forward(token, position)
+            token = logits[:, -1].argmax(-1, keepdim=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert lm.draft.kv_length == 8
