@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from specter_bench.belady_bound import belady_bound, measure_expert_transfer_s, policy_hit_rates
+from specter_bench.belady import belady_bound, measure_expert_transfer_s, policy_hit_rates
 from specter_bench.bench_record import ExperimentRecord, TpotRecord, append_records
 from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
 from specter_bench.experiments import BenchConfig, Stage, plan_stages, resolve_budgets

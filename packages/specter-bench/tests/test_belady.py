@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from specter_bench.belady_bound import (
+from specter_bench.belady import (
     belady_bound,
     measure_expert_transfer_s,
     policy_hit_rates,
