@@ -11,7 +11,8 @@
 #   SPECTER_BENCH_MINUTES no new measurement starts after this many minutes (default 7.5)
 #
 # Leaves at most 8 flat files under $OUT:
-#   bench-<model>-gpu.jsonl    every record (TPOT per system x budget x prompt, routing,
+#   bench-<model>-gpu.jsonl    every record of `--experiment all` (TPOT per system x budget
+#                              x prompt, hf-offload last if time is left, routing,
 #                              policies, depth sweep, memory), see docs/benchmarks.md
 #   log-<model>.txt            the GPU, versions, memory plans and the run's log
 #   report-<model>.md          tables (specter report), linking the plots beside it
@@ -49,7 +50,7 @@ esac
     done
 } >"$log" 2>&1
 
-python3 -m specter_bench bench --model "$model" --experiment default --out "$out" --tag gpu \
+python3 -m specter_bench bench --model "$model" --experiment all --out "$out" --tag gpu \
     --max-minutes "$minutes" "$@" 2>&1 | tee -a "$log"
 status=${PIPESTATUS[0]}
 

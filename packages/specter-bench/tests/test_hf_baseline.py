@@ -48,3 +48,13 @@ def test_bad_arguments(reference):
         runner.generate([], 3)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         runner.generate([1, 2], 0)
+
+
+def test_static_cache_has_one_size_for_every_prompt(reference):
+    # One compiled decode step serves every prompt: the cache is sized once, not per call.
+    runner = HFRunner(reference, "hf", max_cache_len=96)
+    short = runner.generate([5, 6, 7], 4)
+    long = runner.generate(list(range(3, 40)), 4)
+    assert reference._previous_max_cache_length == 96
+    assert short.tokens == _greedy_by_hand(reference, [5, 6, 7], 4)
+    assert long.tokens == _greedy_by_hand(reference, list(range(3, 40)), 4)

@@ -223,10 +223,9 @@ class BenchRunner:
                 label = (
                     f"{stage.kind} stage at {_budget(stage.budget_gb)} ({', '.join(stage.systems)})"
                 )
-                if self._deadline.expired(self.config.stage_reserve_minutes):
-                    reason = (
-                        f"--max-minutes: less than {self.config.stage_reserve_minutes:g} min left"
-                    )
+                reserve = self.config.stage_reserve_minutes * (3 if stage.kind == "offload" else 1)
+                if self._deadline.expired(reserve):
+                    reason = f"--max-minutes: less than {reserve:g} min left for this stage"
                     self._skip(result, label, reason, stage.budget_gb)
                     continue
                 try:
@@ -297,7 +296,11 @@ class BenchRunner:
         try:
             for system in stage.systems:
                 runner = HFRunner(
-                    model, system, pad_token_id=_pad_id(self.hf_config), compile=cfg.hf_compile
+                    model,
+                    system,
+                    pad_token_id=_pad_id(self.hf_config),
+                    compile=cfg.hf_compile,
+                    max_cache_len=self.max_seq_len,
                 )
 
                 def generate(ids: list[int], n: int, runner: HFRunner = runner) -> SystemRun:

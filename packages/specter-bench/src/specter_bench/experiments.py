@@ -75,7 +75,8 @@ class BenchConfig:
         tag: file name tag (default: model and date).
         max_minutes: no new run starts after this long (None: no limit).
         stage_reserve_minutes: no new stage (a model build) starts with less than this left
-            before ``max_minutes``.
+            before ``max_minutes``; the offload stage (a CPU copy of the model, then very slow
+            decoding) needs three times as much.
         warmup: unrecorded decodes per system before measuring.
         warmup_tokens: tokens of each warm-up decode (compilation, autotuning, cache filling
             and the adaptive depth's first estimates need a few iterations, not a full decode).

@@ -75,13 +75,22 @@ class HFRunner:
         pad_token_id: passed to ``generate`` (no tokenizer needed).
         compile: allow transformers' automatic compilation of the static-cache decode step
             (on CUDA; False passes ``disable_compile=True``).
+        max_cache_len: size every static cache for this many positions, so that prompts of
+            different lengths reuse one compiled decode step instead of recompiling (which
+            would land inside the timed decode).
 
     Raises:
         ValueError: an unknown system.
     """
 
     def __init__(
-        self, model: torch.nn.Module, system: str, pad_token_id: int = 0, *, compile: bool = True
+        self,
+        model: torch.nn.Module,
+        system: str,
+        pad_token_id: int = 0,
+        *,
+        compile: bool = True,
+        max_cache_len: int | None = None,
     ) -> None:
         if system not in HF_CONFIGS:
             raise ValueError(
@@ -91,6 +100,7 @@ class HFRunner:
         self.system = system
         self.settings = dict(HF_CONFIGS[system])
         self.pad_token_id = pad_token_id
+        self.max_cache_len = max_cache_len
         impl = self.settings["experts_implementation"]
         if next(model.parameters()).dtype == torch.float64:
             impl = "eager"  # grouped_mm and batched_mm have no float64 kernels (CPU tests)
@@ -120,6 +130,8 @@ class HFRunner:
         kwargs: dict[str, object] = {}
         if self.settings["cache_implementation"] == "static":
             kwargs["cache_implementation"] = "static"
+            if self.max_cache_len is not None:
+                kwargs["max_cache_len"] = max(self.max_cache_len, len(prompt_ids) + max_new_tokens)
             if not self.settings["compile"]:
                 kwargs["disable_compile"] = True
         cuda = self.device.type == "cuda"
