@@ -15,10 +15,10 @@ def test_default_plan_covers_every_system_budget_and_experiment():
     described = [(s.kind, s.budget_gb, s.with_draft, s.systems) for s in stages]
     assert described[0] == ("hf", None, True, ("hf", "hf-default"))
     # Unlimited first (lru shares the all-resident load), then 24 GB, then 16 GB.
-    assert described[1] == ("engine", None, True, ("spec-lru", "specter", "lru"))
-    assert described[2] == ("engine", 24.0, True, ("spec-lru", "specter", *ABLATIONS))
+    assert described[1] == ("engine", None, True, ("specter", "spec-lru", "lru"))
+    assert described[2] == ("engine", 24.0, True, ("specter", "spec-lru", *ABLATIONS))
     assert described[3] == ("engine", 24.0, False, ("lru",))
-    assert described[4] == ("engine", 16.0, True, ("spec-lru", "specter"))
+    assert described[4] == ("engine", 16.0, True, ("specter", "spec-lru"))
     assert described[5] == ("engine", 16.0, False, ("lru",))
     assert len(stages) == 6  # hf-offload only in "all" / "offload"
     assert [s.routing for s in stages] == [False, True, False, False, False, False]

@@ -350,6 +350,7 @@ class BenchRunner:
             if self.transfer_s is None and loaded.cache.num_experts > 0:
                 self.transfer_s = measure_expert_transfer_s(loaded.cache.store, loaded.device)
                 self.log(f"one expert host-to-device: {1e3 * self.transfer_s:.3f} ms")
+            routing_done = not stage.routing
             for system in stage.systems:
                 runner = EngineSystemRunner(
                     loaded, ENGINE_SYSTEMS[system], cfg.depth, max_depth=cfg.max_depth
@@ -360,8 +361,13 @@ class BenchRunner:
                 )  # fmt: skip
                 runs += done
                 decode_peak = max([decode_peak, *(r.peak_gpu_bytes or 0 for _, r in done)])
-            if stage.routing and not self._deadline.expired():
-                experiments += self._routing_experiments(loaded, runs)
+                if not routing_done:
+                    # Right after the first system: every later record gets its Belady bound
+                    # even if the time limit cuts the run short.
+                    experiments += self._safe_routing(loaded, runs, result, stage.budget_gb)
+                    routing_done = True
+            if not routing_done:
+                experiments += self._safe_routing(loaded, runs, result, stage.budget_gb)
             if stage.depth_sweep and not self._deadline.expired():
                 experiments.append(self._depth_sweep(loaded, stage, bar, result))
         finally:
@@ -394,6 +400,24 @@ class BenchRunner:
             records = [self._tpot(run, prompt, stage.budget_gb) for prompt, run in runs]
             del loaded
             self._write(result, [*records, *experiments])
+
+    def _safe_routing(
+        self,
+        loaded: Any,
+        runs: list[tuple[EncodedPrompt, SystemRun]],
+        result: BenchResult,
+        budget: float | None,
+    ) -> list[ExperimentRecord]:
+        """The routing experiments; a failure (memory, a model quirk) is recorded, not fatal."""
+        if self._deadline.expired():
+            self._skip(result, "routing experiments", "--max-minutes reached", budget)
+            return []
+        try:
+            return self._routing_experiments(loaded, runs)
+        except (RuntimeError, ValueError) as exc:
+            self.log(traceback.format_exc())
+            self._skip(result, "routing experiments", f"{type(exc).__name__}: {exc}", budget)
+            return []
 
     def _reference_tokens(
         self, loaded: Any, runs: list[tuple[EncodedPrompt, SystemRun]], prompt: EncodedPrompt

@@ -220,7 +220,13 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
     hf = tuple(s for s in HF_SYSTEMS if s in tpot)
     if hf:
         stages.append(Stage("hf", None, hf))
-    engine_spec = tuple(s for s in tpot if s in ENGINE_SYSTEMS and ENGINE_SYSTEMS[s].needs_draft)
+    # Specter first: under a time limit, the system the targets are about is measured first.
+    engine_spec = tuple(
+        sorted(
+            (s for s in tpot if s in ENGINE_SYSTEMS and ENGINE_SYSTEMS[s].needs_draft),
+            key=lambda s: s != "specter",
+        )
+    )
     wants_lru = "lru" in tpot
     # Ablations and the sweep run at the high budget (unlimited when no finite budget).
     sweep_budget = ablation_budget = high
