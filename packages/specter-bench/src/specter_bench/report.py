@@ -60,6 +60,55 @@ _SECTIONS: tuple[_Section, ...] = (
     ("Routed-expert kernels (one MoE layer)", "kernel", kernel_table, None),
 )
 
+_CAPTIONS = {
+    "Targets": (
+        "Issue 7's targets (DeepSeek-V2-Lite, random weights, greedy, HumanEval prompts, one "
+        "run): every cell, met or not, with the measured acceptance beside it. Other models "
+        "show the same ratios at their high budget and unlimited (no target)."
+    ),
+    "Latency per phase": (
+        "Prefill: the prompt; draft and verify: decode time per generated token spent drafting "
+        "proposals and verifying them (speculating systems); prefetch precision and recall of "
+        "the expert cache (see specter-cache's statistics)."
+    ),
+    "TPOT per system": (
+        "Means over prompts. TPOT is the decode time per generated token (prefill excluded). "
+        "`= hf`: prompts whose greedy tokens equal transformers' (random "
+        "weights have near-tie argmaxes that another summation order can flip; each record "
+        "holds the first differing index). TPOT/Belady: TPOT over the Belady bound, the fewest "
+        "expert loads any policy could make with the system's slots on the committed tokens' "
+        "routing (the prefill's cache state free), times the measured transfer time of one "
+        "expert, per token."
+    ),
+    "Memory accounting": (
+        "Planned with `specter_models.plan_memory` at each budget (lru loads no INT4 draft, so "
+        "its slots take that memory); measured peak: `torch.cuda.max_memory_allocated` during "
+        "the decodes."
+    ),
+    "Expert working set against depth K": (
+        "Distinct experts per MoE layer over every window of K consecutive generated tokens "
+        "(teacher-forced routing): what one verification of K proposals needs resident."
+    ),
+    "Draft/target routing agreement": (
+        "Per (token, layer), the share of the target's top-k experts that the INT4 draft also "
+        "chose on the same tokens (teacher-forced); exact sets: both chose the same experts; "
+        "greedy agreement: the draft's argmax equals the target's."
+    ),
+    "Cache hit rate per policy": (
+        "The recorded target routing replayed through specter-cache, a step being `window` "
+        "tokens (1: plain decoding; K + 1: one verification). Hit rates count what a step found "
+        "resident, so the predictive policy's prefetches (the draft's routing of the step, "
+        "loaded before it) count as hits; Belady's is the optimal on-demand schedule. Loads "
+        "compare every policy: none loads fewer experts than Belady."
+    ),
+    "Depth sweep": "specter at each fixed depth K on the first prompts; best: lowest mean TPOT.",
+    "Routed-expert kernels (one MoE layer)": (
+        "One MoE layer of the model's routed-expert shape: the fused INT4 kernel (one launch), "
+        "per-expert INT4 (one launch per expert) and dequantized FP16 through the grouped "
+        "kernel; median of repeated calls, each path first checked against the torch reference."
+    ),
+}
+
 _PLOT_FILES = {
     plot_tpot_per_system: "tpot_per_system.png",
     plot_working_set: "working_set.png",
@@ -135,7 +184,7 @@ def build_report(
     for title, kind, table, plot in _SECTIONS:
         if kind not in kinds:
             continue
-        parts += [f"### {title}", "", table(list(records))]
+        parts += [f"### {title}", "", _CAPTIONS[title], "", table(list(records))]
         if plot is not None:
             path = save_png(plot(records), plots_dir / _PLOT_FILES[plot])
             link = Path(os.path.relpath(path, relative_to)).as_posix()

@@ -419,7 +419,14 @@ def agreement_table(records: Iterable[dict[str, Any]]) -> str:
 
 
 def policy_table(records: Iterable[dict[str, Any]]) -> str:
-    """Cache hit rate per policy (LRU, LFU, predictive, Belady) per model and budget."""
+    """Cache hit rate and expert loads per policy (LRU, LFU, predictive, Belady).
+
+    A step is ``window`` tokens (1: plain decoding; K + 1: one verification). Hit rates count
+    what the cache found resident when a step asked for it, so the predictive policy's
+    prefetches (the draft's routing of the step, loaded before it) count as hits; Belady's is
+    the optimal on-demand schedule. Loads (transfers) compare every policy: none can load
+    fewer experts than Belady.
+    """
     policies = ("lru", "lfu", "predictive", "belady")
     rows = []
     recs = sorted(
@@ -435,9 +442,17 @@ def policy_table(records: Iterable[dict[str, Any]]) -> str:
                 d.get("window", 1),
                 d.get("slots_per_layer"),
                 *[d["policies"].get(p, {}).get("hit_rate") for p in policies],
+                " / ".join(str(d["policies"].get(p, {}).get("loads", "-")) for p in policies),
             ]
         )
-    headers = ["model", "budget", "window", "slots", *policies]
+    headers = [
+        "model",
+        "budget",
+        "window",
+        "slots",
+        *[f"{p} hit rate" for p in policies],
+        "loads (" + " / ".join(policies) + ")",
+    ]
     return markdown_table(headers, rows)
 
 
@@ -483,10 +498,15 @@ def memory_table(records: Iterable[dict[str, Any]]) -> str:
         _experiments(records, "memory"), key=lambda r: (r["model"], _budget_key(r["budget_gb"]))
     )
     rows = [
-        [r["model"], budget_label(r["budget_gb"]), *[get(r["data"]) for _, get in columns]]
+        [
+            r["model"],
+            budget_label(r["budget_gb"]),
+            "int4" if r["data"].get("with_draft", True) else "none",
+            *[get(r["data"]) for _, get in columns],
+        ]
         for r in recs
     ]
-    return markdown_table(["model", "budget", *[name for name, _ in columns]], rows)
+    return markdown_table(["model", "budget", "draft", *[name for name, _ in columns]], rows)
 
 
 def kernel_table(records: Iterable[dict[str, Any]]) -> str:
