@@ -34,7 +34,7 @@ POLICIES = ("lru", "lfu", "predictive", "belady")
 def _figure(panels: int, title: str) -> tuple[Figure, list[Any]]:
     if panels < 1:
         raise ValueError(f"no data to plot for {title!r}; the records hold none of its kind.")
-    fig = Figure(figsize=(5.0 * panels, 4.0), layout="constrained")
+    fig = Figure(figsize=(6.0 * panels, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
     fig.suptitle(title)
@@ -53,7 +53,8 @@ def _grouped_bars(ax: Any, groups: Sequence[str], series: dict[str, list[float |
         heights = [float("nan") if v is None else v for v in values]
         ax.bar(xs, heights, width=width, label=label)
     ax.set_xticks(range(len(groups)), groups)
-    ax.legend(fontsize="small")
+    # Below the axes: a legend inside would cover the bars.
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
 
 
 def plot_tpot_per_system(records: Iterable[dict[str, Any]]) -> Figure:
@@ -72,6 +73,9 @@ def plot_tpot_per_system(records: Iterable[dict[str, Any]]) -> Figure:
         index = {(s.budget_gb, s.system): s.tpot_ms for s in mine}
         series = {sys_: [index.get((b, sys_)) for b in budgets] for sys_ in systems}
         _grouped_bars(ax, [budget_label(b) for b in budgets], series)
+        values = [v for vs in series.values() for v in vs if v]
+        if values and max(values) > 20 * min(values):
+            ax.set_yscale("log")  # hf-offload is orders of magnitude slower than the rest
         ax.set_title(model)
         ax.set_ylabel("TPOT (ms)")
         ax.set_xlabel("GPU memory budget")
@@ -97,6 +101,10 @@ def plot_working_set(records: Iterable[dict[str, Any]]) -> Figure:
                 depths, [p["p10"] for p in curve], [p["p90"] for p in curve], alpha=0.25
             )
         ax.set_xscale("log", base=2)
+        ticks = sorted(
+            {p["depth"] for r in recs if r["model"] == model for p in r["data"]["curve"]}
+        )
+        ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.set_title(model)
         ax.set_xlabel("speculation depth K (tokens)")
         ax.set_ylabel("distinct experts per layer")
@@ -114,7 +122,9 @@ def plot_policy_hit_rate(records: Iterable[dict[str, Any]]) -> Figure:
     """
     recs = [r for r in records if r.get("kind") == "policy_hit_rate"]
     models = sorted({r["model"] for r in recs})
-    fig, axes = _figure(len(models), "Expert cache hit rate per policy")
+    fig, axes = _figure(
+        len(models), "Expert cache hit rate per policy (Belady: the optimal on-demand schedule)"
+    )
     for ax, model in zip(axes, models, strict=True):
         chosen: dict[float | None, dict[str, Any]] = {}
         for r in (r for r in recs if r["model"] == model):
