@@ -45,6 +45,13 @@ def test_every_engine_system_matches_transformers_greedy(arch):
             assert run.generation["proposed"] == 0
             assert run.draft_s is None
         assert run.settings["verification"] == system.verification
+        # One acquire per layer per verification (expert-wise) or per verified row
+        # (token-wise); the prefill (expert-wise for every system) is not counted.
+        layers = len(run.slots_per_layer)
+        gen = run.generation
+        rows = gen["proposed"] + gen["iterations"]
+        per_layer = rows if system.verification == "token" else gen["iterations"]
+        assert run.cache["acquires"] == per_layer * layers, name
         # Decode-only statistics: every decode step needs at least top-k experts per layer.
         cache = run.cache
         assert cache["hits"] + cache["misses"] >= 14 * len(run.slots_per_layer)
@@ -90,13 +97,15 @@ class _Cache:
 
 def test_decode_window_resets_once_and_forwards_every_phase():
     cache, inner = _Cache(), _Recorder()
-    window = DecodeWindow(cache, inner)
+    started = []
+    window = DecodeWindow(cache, inner, lambda: started.append(cache.resets))
     window.on_draft_start(2)
     window.on_draft_token(0)
     window.on_verify_start(3)
     window.on_verify_end(1)
     window.on_draft_start(4)
     assert cache.resets == 1
+    assert started == [1]  # once, after the counters were zeroed
     assert inner.calls == [
         ("reset",),
         ("draft", 2),

@@ -20,6 +20,7 @@ it gets the draft's memory as extra expert slots (Mixtral-Offloading's same-memo
 
 Statistics cover the decode only: the cache's and prefetcher's counters are zeroed when the
 first iteration starts (after the prefill), by an observer wrapped around the prefetcher.
+Every system prefills expert-wise; token-wise verification starts with the decode.
 """
 
 from __future__ import annotations
@@ -106,11 +107,15 @@ class DecodeWindow:
     Args:
         cache: the expert cache.
         inner: the prefetcher to forward phases to, or None (no draft-guided prefetch).
+        on_decode_start: called once when decoding starts (after the counters are zeroed).
     """
 
-    def __init__(self, cache: Any, inner: Any | None) -> None:
+    def __init__(
+        self, cache: Any, inner: Any | None, on_decode_start: Callable[[], None] | None = None
+    ) -> None:
         self.cache = cache
         self.inner = inner
+        self.on_decode_start = on_decode_start
         self.started = False
 
     def on_draft_start(self, depth: int) -> None:
@@ -119,6 +124,8 @@ class DecodeWindow:
             self.cache.reset_stats()
             if self.inner is not None:
                 self.inner.reset_stats()
+            if self.on_decode_start is not None:
+                self.on_decode_start()
         if self.inner is not None:
             self.inner.on_draft_start(depth)
 
@@ -170,7 +177,9 @@ class EngineSystemRunner:
         self.loaded = loaded
         self.system = system
         self.depth = depth if system.speculate else 0
-        self.window = DecodeWindow(loaded.cache, loaded.prefetcher if system.prefetch else None)
+        self.window = DecodeWindow(
+            loaded.cache, loaded.prefetcher if system.prefetch else None, self._start_decoding
+        )
         self.controller = SpecController(
             loaded.draft if system.speculate else None,
             loaded.target,
@@ -179,10 +188,15 @@ class EngineSystemRunner:
             clock=clock,
         )
 
+    def _start_decoding(self) -> None:
+        self.loaded.verification = self.system.verification
+
     def _prepare(self) -> None:
         loaded, system = self.loaded, self.system
         loaded.reset()
-        loaded.verification = system.verification
+        # Every system prefills expert-wise (the prefill is not what the systems compare);
+        # the system's own verification starts with the first decode iteration.
+        loaded.verification = "expert"
         policy = loaded.cache.policy
         if not system.prefetch and hasattr(policy, "clear_plan"):
             policy.clear_plan()  # no plans: the predictive policy is plain LRU
@@ -210,6 +224,9 @@ class EngineSystemRunner:
         if self.system.prefetch:
             prefetcher = {k: v for k, v in self.loaded.prefetcher.stats().items() if k != "cache"}
         speculates = self.system.speculate
+        policy = str(cache_stats["policy"])
+        if policy == "predictive" and not self.system.prefetch:
+            policy = "predictive without plans (= LRU)"
         return SystemRun(
             system=self.system.name,
             tokens=list(result.tokens),
@@ -228,7 +245,7 @@ class EngineSystemRunner:
                 "verification": self.system.verification,
                 "prefetch": self.system.prefetch,
                 "fused_draft": self.system.fused_draft,
-                "policy": cache_stats["policy"],
+                "policy": policy,
                 "draft": "int4" if self.loaded.draft is not None else None,
             },
         )
