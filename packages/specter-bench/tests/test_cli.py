@@ -60,7 +60,7 @@ def test_generate_on_a_preset_streams_and_prints_statistics(capsys):
 
 def test_generate_samples_reproducibly(capsys):
     argv = ["--model", "tiny-phimoe", "--max-new-tokens", "8", "--temperature", "0.9",
-            "--top-k", "20", "--sample-seed", "3", "--json", "x"]  # fmt: skip
+            "--top-k", "20", "--seed", "3", "--json", "x"]  # fmt: skip
     first = _run(capsys, *argv)
     second = _run(capsys, *argv)
     assert first[0] == second[0] == 0

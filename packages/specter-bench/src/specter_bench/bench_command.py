@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from specter_bench.bench_runner import BenchRunner
 from specter_bench.experiments import EXPERIMENTS, BenchConfig
@@ -77,7 +79,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         depth=depth,
         device=device,
         dtype=parse_dtype(args.dtype, device),
-        seed=args.seed,
+        seed=args.weights_seed,
         out_dir=out,
         tag=args.tag,
         max_minutes=args.max_minutes,
@@ -134,19 +136,32 @@ def run_profile_depth(args: argparse.Namespace) -> int:
         policy="predictive",
         device=device,
         dtype=dtype,
-        seed=args.seed,
+        seed=args.weights_seed,
         max_seq_len=-(-need // 64) * 64,
     )
     print(f"{loaded!r}: depths {args.depths} over {len(prompts)} prompts")
-    profile = profile_depth(
-        (loaded.draft, loaded.target),
-        prompts,
-        args.depths,
-        max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats,
-        cache=DecodeWindow(loaded.cache, loaded.prefetcher),
-        reset=loaded.reset,
-    )
+    depths = sorted(set(args.depths))
+    runs = len(depths) * (1 + args.repeats * len(prompts))  # one warm-up per depth
+    bar = tqdm(total=runs, desc="profile-depth", unit="run", file=sys.stderr)
+    window = DecodeWindow(loaded.cache, loaded.prefetcher)
+
+    def reset() -> None:  # called before every run: the progress bar's tick
+        bar.update(1)
+        loaded.reset()
+        window.started = False
+
+    try:
+        profile = profile_depth(
+            (loaded.draft, loaded.target),
+            prompts,
+            depths,
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            cache=window,
+            reset=reset,
+        )
+    finally:
+        bar.close()
     rows = [
         [k, 1e3 * profile.mean_tpot_s[k], profile.acceptance_rate[k],
          profile.mean_accepted_per_iteration[k], "best" if k == profile.best_depth else ""]

@@ -105,7 +105,9 @@ def _non_negative_float(text: str) -> float:
 # ------------------------------------------------------------------------------------ parser
 
 
-def _add_model_args(p: argparse.ArgumentParser, *, default: str | None) -> None:
+def _add_model_args(
+    p: argparse.ArgumentParser, *, default: str | None, weights_seed_flag: str = "--seed"
+) -> None:
     p.add_argument(
         "--model",
         default=default,
@@ -118,7 +120,13 @@ def _add_model_args(p: argparse.ArgumentParser, *, default: str | None) -> None:
         default="auto",
         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default auto)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of random preset weights (default 0)")
+    p.add_argument(
+        weights_seed_flag,
+        dest="weights_seed",
+        type=int,
+        default=0,
+        help="seed of a preset's random weights (default 0)",
+    )
 
 
 def _add_prompt_source_args(p: argparse.ArgumentParser) -> None:
@@ -156,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("prompt", nargs="?", help="the prompt text (default: a code prompt)")
     gen.add_argument("--prompt-file", help="read the prompt from this file")
-    _add_model_args(gen, default=DEFAULT_MODEL)
+    _add_model_args(gen, default=DEFAULT_MODEL, weights_seed_flag="--weights-seed")
     gen.add_argument(
         "--gpu-memory-gb",
         type=parse_budget,
@@ -174,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (0, 1]")
     gen.add_argument("--top-k", type=int, default=0, help="sample from the k most likely (0: all)")
     gen.add_argument(
-        "--sample-seed", type=int, default=None, help="seed of the sampler (reproducible runs)"
+        "--seed", type=int, default=None, help="seed of the sampler (reproducible sampling)"
     )
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end only")
     gen.add_argument("--json", action="store_true", help="print statistics as one JSON object")

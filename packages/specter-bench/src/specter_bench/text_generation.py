@@ -54,7 +54,7 @@ def _sampling(args: argparse.Namespace) -> SamplingConfig:
             raise CommandError("--top-p/--top-k need sampling: give --temperature > 0.")
         return SamplingConfig.greedy()
     return SamplingConfig(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
     )
 
 
@@ -150,7 +150,7 @@ def run_generate(args: argparse.Namespace) -> int:
             device=device,
             dtype=dtype,
             policy="predictive",
-            seed=args.seed,
+            seed=args.weights_seed,
             max_seq_len=min(limit or need, -(-need // 64) * 64),
         )
     else:
@@ -161,7 +161,7 @@ def run_generate(args: argparse.Namespace) -> int:
             policy="predictive",
             device=device,
             dtype=dtype,
-            seed=args.seed,
+            seed=args.weights_seed,
             max_seq_len=min(limit or need, -(-need // 64) * 64),
         )
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
