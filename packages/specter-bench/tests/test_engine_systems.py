@@ -160,3 +160,28 @@ def test_depth_policies_and_bad_systems():
     )
     with pytest.raises(ValueError, match="loaded without a draft"):
         EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"])
+
+
+def test_unfused_draft_system_runs_the_per_expert_kernel_in_half_precision(monkeypatch):
+    # float16 takes the kernels' path (their torch reference on a CPU), where the ablation
+    # swaps the fused draft kernel for one call per expert.
+    import specter_bench.unfused_draft as unfused
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[1].shape)
+        return per_expert_w4a16(*args, **kwargs)
+
+    monkeypatch.setattr(unfused, "per_expert_w4a16", counting)
+    loaded = specter_models.load(
+        "tiny-qwen2-moe", slots_per_layer=4, device="cpu", dtype=torch.float16, seed=2,
+        max_seq_len=64, policy="predictive",
+    )  # fmt: skip
+    prompt = _prompt(5, loaded.config.vocab_size)
+    fused = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"], depth=3).generate(prompt, 10)
+    assert calls == []
+    runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter-unfused-draft"], depth=3)
+    per_expert = runner.generate(prompt, 10)
+    assert calls  # every draft MoE layer went through the per-expert path
+    assert per_expert.tokens == fused.tokens
