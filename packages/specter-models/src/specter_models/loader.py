@@ -133,7 +133,7 @@ def load(
     model = build_on_meta(arch, config, dtype)
     runtime = ExpertsRuntime(cache=None, verification=verification)  # type: ignore[arg-type]
     experts = swap_routed_experts(model, runtime)
-    tied = materialize(model, device)
+    tied = materialize(model, device, sync_free_rotary=True)
     layers = find_moe_layers(model)
     files = CheckpointFiles(folder) if folder is not None else None
     std = float(getattr(config, "initializer_range", 0.02))

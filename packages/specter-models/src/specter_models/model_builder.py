@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.models.phimoe.modeling_phimoe import PhimoeRotaryEmbedding
 
 from specter_models.architecture import Architecture, find_moe_layers
 from specter_models.experts_runtime import ExpertsRuntime
+from specter_models.phimoe_rotary import StaticPhimoeRotaryEmbedding
 from specter_models.specter_experts import SpecterExperts
 
 
@@ -50,8 +52,17 @@ def swap_routed_experts(model: PreTrainedModel, runtime: ExpertsRuntime) -> list
     return swapped
 
 
-def materialize(model: PreTrainedModel, device: torch.device | str) -> list[str]:
+def materialize(
+    model: PreTrainedModel, device: torch.device | str, *, sync_free_rotary: bool = False
+) -> list[str]:
     """Give every parameter storage on ``device`` (uninitialised) and rebuild rotary buffers.
+
+    Args:
+        model: a model built by ``build_on_meta``.
+        device: where its parameters go.
+        sync_free_rotary: replace PhiMoE's plain-RoPE embedding with
+            ``StaticPhimoeRotaryEmbedding`` (same values, no per-forward host-to-device copy).
+            Specter's engine sets it; reference models keep transformers' module.
 
     Returns:
         Parameter names a checkpoint need not hold because they are tied (the LM head when
@@ -67,8 +78,16 @@ def materialize(model: PreTrainedModel, device: torch.device | str) -> list[str]
         for child_name, child in list(parent.named_children()):
             if hasattr(child, "inv_freq") and hasattr(child, "rope_type"):
                 # Construction computes inv_freq (float32) from the config; on meta it was lost.
-                with torch.device(device):
-                    setattr(parent, child_name, type(child)(config=child.config))
+                if (
+                    sync_free_rotary
+                    and isinstance(child, PhimoeRotaryEmbedding)
+                    and (child.rope_type == "default")
+                ):
+                    rotary = StaticPhimoeRotaryEmbedding(child.config, device)
+                else:
+                    with torch.device(device):
+                        rotary = type(child)(config=child.config)
+                setattr(parent, child_name, rotary)
     for name, buffer in model.named_buffers():
         if "rotary_emb" not in name or buffer.device != device:
             raise RuntimeError(
