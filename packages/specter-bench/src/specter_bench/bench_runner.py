@@ -580,7 +580,9 @@ class BenchRunner:
         model = model.to("cpu")
         release_memory()
         device_map = offload_model(model, stage.budget_gb or 0.0)
-        runner = HFRunner(model, "hf-offload", pad_token_id=_pad_id(self.hf_config))
+        runner = HFRunner(
+            model, "hf-offload", pad_token_id=_pad_id(self.hf_config), device=cfg.device
+        )
         on_gpu = sum(1 for where in device_map.values() if where not in ("cpu", "disk"))
         prompts = self.prompts[: cfg.offload_prompts]
         n = min(cfg.offload_new_tokens, cfg.max_new_tokens)

@@ -78,6 +78,8 @@ class HFRunner:
         max_cache_len: size every static cache for this many positions, so that prompts of
             different lengths reuse one compiled decode step instead of recompiling (which
             would land inside the timed decode).
+        device: where input ids go (default: the input embedding's device). An accelerate-
+            dispatched model may keep its embedding offloaded (on ``meta``): give the GPU.
 
     Raises:
         ValueError: an unknown system.
@@ -91,6 +93,7 @@ class HFRunner:
         *,
         compile: bool = True,
         max_cache_len: int | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         if system not in HF_CONFIGS:
             raise ValueError(
@@ -101,6 +104,7 @@ class HFRunner:
         self.settings = dict(HF_CONFIGS[system])
         self.pad_token_id = pad_token_id
         self.max_cache_len = max_cache_len
+        self._device = torch.device(device) if device is not None else None
         impl = self.settings["experts_implementation"]
         if next(model.parameters()).dtype == torch.float64:
             impl = "eager"  # grouped_mm and batched_mm have no float64 kernels (CPU tests)
@@ -112,7 +116,9 @@ class HFRunner:
 
     @property
     def device(self) -> torch.device:
-        """Where input ids go (the embedding's device)."""
+        """Where input ids go (the embedding's device unless given)."""
+        if self._device is not None:
+            return self._device
         return self.model.get_input_embeddings().weight.device
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> HFGeneration:
