@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def git_commit() -> str | None:
+    """HEAD of the tree, or ``$SPECTER_GIT_COMMIT`` where the copy has no ``.git``."""
+    if os.environ.get("SPECTER_GIT_COMMIT"):
+        return os.environ["SPECTER_GIT_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
