@@ -9,6 +9,7 @@ from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, arc
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.kv_cache import StaticKVCache
 from specter_models.loader import load
+from specter_models.memory_meter import MemoryPeaks
 from specter_models.memory_plan import MemoryBudgetError, MemoryPlan, plan_memory
 from specter_models.presets import (
     DEMO_MODEL,
@@ -38,6 +39,7 @@ __all__ = [
     "ExpertsMode",
     "ExpertsRuntime",
     "MemoryBudgetError",
+    "MemoryPeaks",
     "MemoryPlan",
     "MemoryReport",
     "Preset",
