@@ -127,7 +127,9 @@ def test_resident_experts_come_first_then_the_loads(make_store):
 def test_deferred_copies_are_handed_out_in_readiness_order(make_store):
     store, _ = make_store(1, 8, LAYOUT)
     engine = DeferredCopyEngine()
-    cache = ExpertCache(store, slots_per_layer=4, device="cpu", copy_engine=engine)
+    cache = ExpertCache(
+        store, slots_per_layer=4, device="cpu", copy_engine=engine, coalesce_arrivals=False
+    )
     cache.prefetch({0: [1]})
     engine.synchronize()  # expert 1 is resident and ready
     cache.prefetch({0: [2, 3]})  # in flight
@@ -149,6 +151,24 @@ def test_deferred_copies_are_handed_out_in_readiness_order(make_store):
         next(waves)
     assert protected(cache, 0) == [0, 0, 0, 0]
     assert cache.stats()["total"]["stall_seconds"] >= 0
+
+
+def test_coalesced_arrivals_form_one_wave_of_everything_in_flight(make_store):
+    store, _ = make_store(1, 8, LAYOUT)
+    engine = DeferredCopyEngine()
+    cache = ExpertCache(store, slots_per_layer=4, device="cpu", copy_engine=engine)
+    cache.prefetch({0: [1]})
+    engine.synchronize()  # expert 1 is resident and ready
+    cache.prefetch({0: [2, 3]})  # in flight
+    waves = iter(cache.acquire(0, [4, 3, 1, 2]))
+    assert next(waves).experts == (1,)  # resident first
+    second = next(waves)  # nothing arrived: every in-flight load, in issue order
+    assert second.experts == (2, 3, 4)
+    assert_slots_hold(cache, store, 0, [1, 2, 3, 4])
+    with pytest.raises(StopIteration):
+        next(waves)
+    assert cache.stats()["total"]["waves"] == 2
+    assert protected(cache, 0) == [0, 0, 0, 0]
 
 
 def test_more_experts_than_slots_compute_in_waves_without_deadlock(make_store):
