@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specter_models import load, reference_model_from
+from specter_models import build_reference_model, load, reference_model_from
 from specter_spec import SpecController
 
 pytestmark = [
@@ -62,3 +62,11 @@ def test_cuda_draft_step_has_no_host_sync(name):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert lm.draft.kv_length == 8
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_build_reference_model_accepts_an_unindexed_device(name):
+    # "cuda" (no index) once failed: buffers report "cuda:0", which compares unequal.
+    model = build_reference_model(name, seed=2, device="cuda", dtype=torch.float16)
+    devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
+    assert devices == {torch.device("cuda", torch.cuda.current_device())}

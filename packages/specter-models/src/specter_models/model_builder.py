@@ -73,6 +73,9 @@ def materialize(
             recompute.
     """
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        # "cuda" and "cuda:0" compare unequal; buffers report an indexed device.
+        device = torch.device("cuda", torch.cuda.current_device())
     model.to_empty(device=device)
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
