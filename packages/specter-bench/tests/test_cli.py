@@ -58,6 +58,31 @@ def test_generate_on_a_preset_streams_and_prints_statistics(capsys):
     assert stats["device"] == "cpu"
 
 
+def test_generate_demo_defaults_apply_to_the_built_in_model_only():
+    import argparse
+
+    from specter_bench.text_generation import apply_demo_defaults
+
+    def ns(**kw):
+        base = {"model": "specter-code-tiny", "depth": None, "gpu_memory_gb": None,
+                "slots_per_layer": None}  # fmt: skip
+        return argparse.Namespace(**{**base, **kw})
+
+    demo = ns()
+    assert apply_demo_defaults(demo, num_experts=16)
+    assert (demo.depth, demo.slots_per_layer, demo.gpu_memory_gb) == (4, 8, None)
+    # A user's choice, or another model, keeps the general defaults (auto depth).
+    cases = [
+        (ns(depth=2), (2, None, None)),
+        (ns(gpu_memory_gb=8.0), ("auto", None, 8.0)),
+        (ns(slots_per_layer=3), ("auto", 3, None)),
+        (ns(model="tiny-qwen2-moe"), ("auto", None, None)),
+    ]
+    for args, expected in cases:
+        assert not apply_demo_defaults(args, num_experts=16)
+        assert (args.depth, args.slots_per_layer, args.gpu_memory_gb) == expected
+
+
 def test_generate_samples_reproducibly(capsys):
     argv = ["--model", "tiny-phimoe", "--max-new-tokens", "8", "--temperature", "0.9",
             "--top-k", "20", "--seed", "3", "--json", "x"]  # fmt: skip

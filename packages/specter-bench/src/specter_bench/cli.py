@@ -174,7 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--slots-per-layer", type=_positive_int, help="expert slots per layer (instead of a budget)"
     )
-    gen.add_argument("--depth", type=parse_depth, default="auto", help="depth K or auto (default)")
+    gen.add_argument(
+        "--depth",
+        type=parse_depth,
+        default=None,
+        help="depth K or auto (default: auto; the built-in demo model without memory options: 4)",
+    )
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128)
     gen.add_argument(
         "--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default)"

@@ -117,6 +117,31 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         print(f"{name:<{width}}  {format_value(value)}", file=out)
 
 
+def apply_demo_defaults(args: argparse.Namespace, num_experts: int) -> bool:
+    """Give the built-in demo model settings that exercise the whole Specter path.
+
+    With every expert resident and the adaptive depth (the defaults for any other model),
+    the tiny demo would mostly decode plainly: on a CPU its draft costs as much as its
+    target, and the adaptive depth rightly turns speculation off. So, unless the user chose
+    a depth or a memory option, the built-in model runs at depth 4 with half its experts'
+    slots, so that the INT4 draft, the prefetch and expert-wise verification all do work.
+
+    Returns:
+        Whether the demo defaults were applied.
+    """
+    from specter_bench.cli import DEFAULT_MODEL
+
+    chosen = args.depth is not None or args.gpu_memory_gb is not None
+    chosen = chosen or args.slots_per_layer is not None
+    if args.model != DEFAULT_MODEL or chosen:
+        if args.depth is None:
+            args.depth = "auto"
+        return False
+    args.depth = 4
+    args.slots_per_layer = max(1, num_experts // 2)
+    return True
+
+
 def run_generate(args: argparse.Namespace) -> int:
     """Load, stream the completion to stdout, then print statistics; exit status 0."""
     from specter_bench.cli import resolve_device
@@ -126,6 +151,15 @@ def run_generate(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     dtype = parse_dtype(None, device)
     config = model_config(args.model)
+    num_experts = int(
+        getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 1
+    )
+    if apply_demo_defaults(args, num_experts):
+        print(
+            f"demo settings: depth {args.depth}, {args.slots_per_layer} of {num_experts} expert "
+            "slots per layer (choose --depth, --slots-per-layer or --gpu-memory-gb to change)",
+            file=sys.stderr,
+        )
     tokenizer = load_tokenizer(args.model, int(config.vocab_size))
     ids = tokenizer.encode(text)
     max_depth = 16 if args.depth == "auto" else args.depth
