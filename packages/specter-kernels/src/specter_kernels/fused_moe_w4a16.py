@@ -30,7 +30,7 @@ from specter_kernels.int4_weight import Int4Weight
 Path = Literal["auto", "gemv", "tile"]
 
 # The tile path pays off once pairs share experts: measured on an H200 (see
-# docs/benchmarks-kernels.md) it wins when routed pairs exceed the expected number
+# docs/benchmarks.md) it wins when routed pairs exceed the expected number
 # of distinct experts by about this factor.
 TILE_MIN_SHARING = 1.3
 

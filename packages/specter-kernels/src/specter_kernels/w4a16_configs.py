@@ -1,7 +1,7 @@
 """Tile shapes of the W4A16 kernels, chosen per problem size.
 
 Chosen from sweeps on one H200 (``scripts/bench_kernels.py --sweep``; see
-docs/benchmarks-kernels.md). Under the Triton interpreter (CPU tests) small
+docs/benchmarks.md). Under the Triton interpreter (CPU tests) small
 fixed shapes keep the tests fast while still exercising split-K, masking and
 every ``tl.dot`` dim >= 16.
 """
