@@ -112,8 +112,11 @@ def load_engine(
     dtype: torch.dtype,
     seed: int,
     max_seq_len: int,
+    slots_per_layer: int | None = None,
 ) -> Any:
     """``specter_models.load`` of the benchmark's model at one budget.
+
+    ``slots_per_layer`` replaces the budget when given (the two are exclusive).
 
     Raises:
         ValueError, MemoryBudgetError, FileNotFoundError: from ``specter_models.load``.
@@ -123,6 +126,7 @@ def load_engine(
     return specter_models.load(
         model,
         gpu_memory_gb=budget_gb,
+        slots_per_layer=slots_per_layer,
         device=device,
         dtype=dtype,
         draft="rtn" if with_draft else None,

@@ -175,29 +175,17 @@ def run_generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.slots_per_layer is not None and args.gpu_memory_gb is not None:
         raise ValueError("give --gpu-memory-gb or --slots-per-layer, not both.")
-    if args.slots_per_layer is not None:
-        import specter_models
-
-        loaded = specter_models.load(
-            args.model,
-            slots_per_layer=args.slots_per_layer,
-            device=device,
-            dtype=dtype,
-            policy="predictive",
-            seed=args.weights_seed,
-            max_seq_len=min(limit or need, -(-need // 64) * 64),
-        )
-    else:
-        loaded = load_engine(
-            args.model,
-            budget_gb=args.gpu_memory_gb,
-            with_draft=True,
-            policy="predictive",
-            device=device,
-            dtype=dtype,
-            seed=args.weights_seed,
-            max_seq_len=min(limit or need, -(-need // 64) * 64),
-        )
+    loaded = load_engine(
+        args.model,
+        budget_gb=args.gpu_memory_gb,
+        slots_per_layer=args.slots_per_layer,
+        with_draft=True,
+        policy="predictive",
+        device=device,
+        dtype=dtype,
+        seed=args.weights_seed,
+        max_seq_len=min(limit or need, -(-need // 64) * 64),
+    )
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if loaded.tokenizer is None and hasattr(tokenizer, "offset"):
         print(
