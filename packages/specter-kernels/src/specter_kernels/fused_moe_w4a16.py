@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from specter_kernels.backend import select_backend
 from specter_kernels.int4_quantization import dequantize_int4
 from specter_kernels.int4_weight import Int4Weight
+from specter_kernels.routed_inputs import check_routed_inputs
 
 Path = Literal["auto", "gemv", "tile"]
 
@@ -56,18 +57,7 @@ def _check_inputs(
     w13: Int4Weight,
     w2: Int4Weight,
 ) -> None:
-    if x.dim() != 2 or x.dtype != torch.float16:
-        raise TypeError(f"x must be float16 [T, H], got {x.dtype} {tuple(x.shape)}")
-    T, H = x.shape
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != T:
-        raise ValueError(f"topk_ids must be [T={T}, k], got {tuple(topk_ids.shape)}")
-    if topk_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
-    if tuple(topk_weights.shape) != tuple(topk_ids.shape) or not topk_weights.is_floating_point():
-        raise ValueError(
-            f"topk_weights must be a float tensor shaped like topk_ids {tuple(topk_ids.shape)}, "
-            f"got {topk_weights.dtype} {tuple(topk_weights.shape)}"
-        )
+    _, H = check_routed_inputs(x, topk_ids, topk_weights)
     if not isinstance(w13, Int4Weight) or not isinstance(w2, Int4Weight):
         raise TypeError("w13 and w2 must be Int4Weight (see quantize_int4 / import_gptq)")
     if w13.in_features != H or w13.out_features % 2:

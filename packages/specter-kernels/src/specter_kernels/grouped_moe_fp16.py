@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from specter_kernels.backend import select_backend
+from specter_kernels.routed_inputs import check_routed_inputs
 
 
 def _check_inputs(
@@ -32,18 +33,7 @@ def _check_inputs(
     expert_mask: torch.Tensor,
     out: torch.Tensor,
 ) -> None:
-    if x.dim() != 2 or x.dtype != torch.float16:
-        raise TypeError(f"x must be float16 [T, H], got {x.dtype} {tuple(x.shape)}")
-    T, H = x.shape
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != T:
-        raise ValueError(f"topk_ids must be [T={T}, k], got {tuple(topk_ids.shape)}")
-    if topk_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
-    if tuple(topk_weights.shape) != tuple(topk_ids.shape) or not topk_weights.is_floating_point():
-        raise ValueError(
-            f"topk_weights must be a float tensor shaped like topk_ids {tuple(topk_ids.shape)}, "
-            f"got {topk_weights.dtype} {tuple(topk_weights.shape)}"
-        )
+    T, H = check_routed_inputs(x, topk_ids, topk_weights)
     for name, slots in (("w13_slots", w13_slots), ("w2_slots", w2_slots)):
         if slots.dim() != 3 or slots.dtype != torch.float16:
             raise TypeError(
