@@ -3,14 +3,23 @@
 INT4 (GPTQ-layout) quantization and fused W4A16 / grouped FP16 Mixture-of-Experts
 kernels in Triton, each with a plain-torch reference.
 
+``BatchInvariantMode`` (``with batch_invariant():``) routes matmuls, last-dim
+reductions, norms and attention to kernels whose per-row results do not depend
+on the number of rows (speculative verification vs plain decoding).
+
 Kernels dispatch to Triton on CUDA and to their torch reference elsewhere; set
 ``SPECTER_KERNELS_BACKEND`` to ``auto``, ``triton`` or ``torch`` to override.
 """
 
 from specter_kernels.backend import BACKEND_ENV_VAR, select_backend
+from specter_kernels.batch_invariant_mode import BatchInvariantMode, batch_invariant
 from specter_kernels.fused_moe_w4a16 import fused_moe_w4a16, fused_moe_w4a16_reference
 from specter_kernels.gptq_import import import_gptq
-from specter_kernels.grouped_moe_fp16 import grouped_moe_fp16, grouped_moe_fp16_reference
+from specter_kernels.grouped_moe_fp16 import (
+    grouped_moe_fp16,
+    grouped_moe_fp16_reference,
+    sum_routed_pairs,
+)
 from specter_kernels.int4_quantization import (
     SUPPORTED_GROUP_SIZES,
     dequantize_int4,
@@ -19,6 +28,23 @@ from specter_kernels.int4_quantization import (
     unpack_int4,
 )
 from specter_kernels.int4_weight import Int4Weight, concat_gate_up, stack_int4_experts
+from specter_kernels.invariant_attention import invariant_attention
+from specter_kernels.invariant_matmul import (
+    invariant_bmm,
+    invariant_bmm_reference,
+    invariant_linear,
+    invariant_mm,
+)
+from specter_kernels.invariant_matmul_config import MatmulConfig, matmul_config
+from specter_kernels.invariant_reductions import (
+    invariant_layer_norm,
+    invariant_log_softmax,
+    invariant_mean,
+    invariant_rms_norm,
+    invariant_row_sum,
+    invariant_row_sum_reference,
+    invariant_softmax,
+)
 from specter_kernels.moe_align import (
     max_aligned_blocks,
     moe_align_block_size,
@@ -30,8 +56,11 @@ __version__ = "0.1.0"
 __all__ = [
     "BACKEND_ENV_VAR",
     "SUPPORTED_GROUP_SIZES",
+    "BatchInvariantMode",
     "Int4Weight",
+    "MatmulConfig",
     "__version__",
+    "batch_invariant",
     "concat_gate_up",
     "dequantize_int4",
     "fused_moe_w4a16",
@@ -39,6 +68,19 @@ __all__ = [
     "grouped_moe_fp16",
     "grouped_moe_fp16_reference",
     "import_gptq",
+    "invariant_attention",
+    "invariant_bmm",
+    "invariant_bmm_reference",
+    "invariant_layer_norm",
+    "invariant_linear",
+    "invariant_log_softmax",
+    "invariant_mean",
+    "invariant_mm",
+    "invariant_rms_norm",
+    "invariant_row_sum",
+    "invariant_row_sum_reference",
+    "invariant_softmax",
+    "matmul_config",
     "max_aligned_blocks",
     "moe_align_block_size",
     "moe_align_block_size_reference",
@@ -46,5 +88,6 @@ __all__ = [
     "quantize_int4",
     "select_backend",
     "stack_int4_experts",
+    "sum_routed_pairs",
     "unpack_int4",
 ]

@@ -5,7 +5,9 @@ Pairs routed to experts of the current wave are sorted by expert
 block of BLOCK_M pairs by one expert's FP16 weights, read from the slot that
 ``expert_to_slot`` names. gate_up writes ``silu(gate) * up`` as fp16 ``h``;
 down multiplies by the routing weight and adds into the caller's fp32 output
-with atomics, so successive waves accumulate into one tensor.
+with atomics, so successive waves accumulate into one tensor. With a per-pair
+output ``[T, k, H]`` it stores each pair's row instead (one fixed tile config,
+no split-K, no atomics): deterministic and batch-invariant.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ def _grouped_down_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PER_PAIR: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -143,11 +146,32 @@ def _grouped_down_kernel(
         a = tl.load(h_rows + kk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_rows + kk[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc = tl.dot(a, w, acc)
-    tl.atomic_add(
-        out_ptr + tokens[:, None] * stride_ot + offs_n[None, :],
-        acc * routing_weights[:, None],
-        mask=row_mask[:, None] & n_mask[None, :],
-    )
+    if PER_PAIR:
+        # out is [T, k, H]: pair t*k+j owns row t*k+j, so a plain store (one
+        # program per element, no split-K) replaces the order-dependent atomics.
+        tl.store(
+            out_ptr + pairs.to(tl.int64)[:, None] * stride_ot + offs_n[None, :],
+            acc * routing_weights[:, None],
+            mask=row_mask[:, None] & n_mask[None, :],
+        )
+    else:
+        tl.atomic_add(
+            out_ptr + tokens[:, None] * stride_ot + offs_n[None, :],
+            acc * routing_weights[:, None],
+            mask=row_mask[:, None] & n_mask[None, :],
+        )
+
+
+def per_pair_configs(device: torch.device) -> tuple[GroupedConfig, GroupedConfig]:
+    """(gate_up, down) tile shapes of the per-pair (batch-invariant) mode.
+
+    One config whatever T: BLOCK_K fixes each pair's summation order, so it must
+    not follow the token count, and there is no split-K.
+    """
+    if device.type != "cuda":
+        return GroupedConfig(16, 64, 64), GroupedConfig(16, 64, 64)
+    config = GroupedConfig(16, 64, 128, num_warps=4, num_stages=4)
+    return config, config
 
 
 def grouped_configs(
@@ -186,7 +210,10 @@ def launch_grouped(
     I = w2_slots.shape[2]
     E = expert_mask.shape[0]
     num_pairs = T * top_k
-    if gate_up_config is None or down_config is None:
+    per_pair = out.dim() == 3
+    if per_pair:
+        gate_up_config, down_config = per_pair_configs(x.device)
+    elif gate_up_config is None or down_config is None:
         gate_up_config, down_config = grouped_configs(x.device, T, top_k, E, H, I)
     if gate_up_config.block_m != down_config.block_m:
         raise ValueError("gate_up and down configs must share block_m")
@@ -211,8 +238,8 @@ def launch_grouped(
         h, sorted_ids, expert_ids, num_post_padded, expert_to_slot, topk_weights.reshape(-1),
         w2_slots, out,
         I, H, top_k, num_pairs, per_split,
-        h.stride(0), w2_slots.stride(0), w2_slots.stride(1), out.stride(0),
-        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        h.stride(0), w2_slots.stride(0), w2_slots.stride(1), out.stride(-2),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PER_PAIR=per_pair,
         num_warps=c.num_warps, num_stages=c.num_stages,
     )  # fmt: skip
     return out

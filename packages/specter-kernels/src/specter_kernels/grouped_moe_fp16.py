@@ -12,6 +12,13 @@ where expert e's weights are ``w13_slots[expert_to_slot[e]]`` ``[2I, H]`` and
 ``w2_slots[expert_to_slot[e]]`` ``[H, I]``. The union of disjoint masks covering
 every routed expert gives the all-at-once result (within fp32 summation order
 and fp16 rounding of the intermediate); nothing is recomputed between waves.
+
+Batch-invariant mode: pass ``out`` as fp32 ``[T, k, H]`` instead. Each wave
+then *stores* ``w * down_e(...)`` of its pairs into ``out[t, j]`` (pair
+``t*k+j``), with one tile config whatever T and no atomics; pairs outside the
+wave are left as they were (start from zeros). :func:`sum_routed_pairs` then
+adds the k pairs of each token in a fixed order, so the result is deterministic
+and the same for a token whatever the number of tokens beside it.
 """
 
 from __future__ import annotations
@@ -60,10 +67,12 @@ def _check_inputs(
             f"expert_to_slot must be int32 [E={E}], got {expert_to_slot.dtype} "
             f"{tuple(expert_to_slot.shape)}"
         )
-    if out.dtype != torch.float32 or tuple(out.shape) != (T, H) or not out.is_contiguous():
+    k = topk_ids.shape[1]
+    shape_ok = tuple(out.shape) in ((T, H), (T, k, H))
+    if out.dtype != torch.float32 or not shape_ok or not out.is_contiguous():
         raise TypeError(
-            f"out must be a contiguous float32 [T={T}, H={H}] accumulator, got {out.dtype} "
-            f"{tuple(out.shape)}"
+            f"out must be a contiguous float32 [T={T}, H={H}] accumulator or [T={T}, k={k}, "
+            f"H={H}] per-pair output, got {out.dtype} {tuple(out.shape)}"
         )
     tensors = {
         "topk_ids": topk_ids,
@@ -102,7 +111,9 @@ def grouped_moe_fp16(
         expert_to_slot: int32 ``[E]`` on the device: the slot holding each expert.
             Read only for experts in ``expert_mask``, so others may hold anything (-1).
         expert_mask: bool ``[E]`` on the device: the experts to compute in this call.
-        out: fp32 ``[T, H]`` accumulator, updated in place.
+        out: fp32 ``[T, H]`` accumulator, updated in place; or fp32 ``[T, k, H]``
+            per-pair output (batch-invariant mode): the wave's pairs are
+            overwritten, the others kept. Reduce it with :func:`sum_routed_pairs`.
 
     Returns:
         ``out``.
@@ -147,5 +158,27 @@ def grouped_moe_fp16_reference(
         projected = x[tokens].float() @ w13_slots[slot].float().T
         h = (F.silu(projected[:, :I]) * projected[:, I:]).half().float()
         y = (h @ w2_slots[slot].float().T) * topk_weights[tokens, slots].float().unsqueeze(1)
-        out.index_add_(0, tokens, y)
+        if out.dim() == 3:
+            out[tokens, slots] = y
+        else:
+            out.index_add_(0, tokens, y)
     return out
+
+
+def sum_routed_pairs(out: torch.Tensor) -> torch.Tensor:
+    """Sum a per-pair output ``[T, k, H]`` over its k pairs, j = 0..k-1 in order: fp32 ``[T, H]``.
+
+    Elementwise adds only, so each token's sum is independent of T.
+
+    Raises:
+        TypeError: ``out`` is not a float32 ``[T, k, H]`` tensor.
+    """
+    if not isinstance(out, torch.Tensor) or out.dim() != 3 or out.dtype != torch.float32:
+        raise TypeError(
+            f"out must be a float32 [T, k, H] per-pair output, got "
+            f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}"
+        )
+    total = out[:, 0].clone()
+    for j in range(1, out.shape[1]):
+        total += out[:, j]
+    return total
