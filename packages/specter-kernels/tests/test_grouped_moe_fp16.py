@@ -95,3 +95,56 @@ def test_bad_inputs_are_refused(seed):
         sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, mask.int(), out)
     with pytest.raises(TypeError, match="expert_to_slot"):
         sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of[:3], mask, out)
+
+
+def _per_pair_waves(x, ids, weights, w13, w2, slot_of, resident):
+    out = torch.zeros(x.shape[0], ids.shape[1], x.shape[1])
+    sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, resident, out)
+    sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, ~resident, out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("T", "H", "I", "E", "k", "S"), [(1, 64, 64, 4, 2, 6), (9, 96, 80, 8, 3, 8)]
+)
+def test_per_pair_waves_match_the_reference(seed, poisoned, T, H, I, E, k, S):
+    x, ids, weights, w13, w2, slot_of = problem(T, H, I, E, k, S)
+    resident = torch.rand(E) < 0.5
+    first = torch.zeros(T, k, H)
+    sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, resident, first)
+    in_first = resident[ids]  # [T, k]: the pairs this wave owns
+    assert torch.all(first[~in_first] == 0)  # disjoint masks fill disjoint pairs
+    out = _per_pair_waves(x, ids, weights, w13, w2, slot_of, resident)
+    assert torch.equal(out[in_first], first[in_first])
+    ref = sk.grouped_moe_fp16_reference(
+        x, ids, weights, w13, w2, slot_of, torch.ones(E, dtype=torch.bool), torch.zeros(T, k, H)
+    )
+    assert rel_err(out, ref) < TOLERANCE
+    assert rel_err(sk.sum_routed_pairs(out), reference_all(x, ids, weights, w13, w2, slot_of)) < (
+        TOLERANCE
+    )
+
+
+def test_per_pair_mode_is_bitwise_batch_invariant(seed, triton_backend):
+    T, H, I, E, k = 20, 64, 64, 4, 2
+    x, ids, weights, w13, w2, slot_of = problem(T, H, I, E, k, E)
+    resident = torch.rand(E) < 0.5
+    full = sk.sum_routed_pairs(_per_pair_waves(x, ids, weights, w13, w2, slot_of, resident))
+    for m in (1, 3, T):
+        part = _per_pair_waves(x[:m], ids[:m], weights[:m], w13, w2, slot_of, resident)
+        assert torch.equal(full[:m], sk.sum_routed_pairs(part))
+    changed = x.clone()
+    changed[1:] = torch.randn(T - 1, H).half()
+    again = sk.sum_routed_pairs(_per_pair_waves(changed, ids, weights, w13, w2, slot_of, resident))
+    assert torch.equal(again[0], full[0])
+
+
+def test_sum_routed_pairs_adds_in_pair_order_and_refuses_2d(seed):
+    out = torch.randn(5, 3, 8)
+    assert torch.equal(sk.sum_routed_pairs(out), (out[:, 0] + out[:, 1]) + out[:, 2])
+    with pytest.raises(TypeError, match=r"\[T, k, H\]"):
+        sk.sum_routed_pairs(torch.zeros(5, 8))
+    x, ids, weights, w13, w2, slot_of = problem(2, 64, 64, 4, 2, 4)
+    mask = torch.ones(4, dtype=torch.bool)
+    with pytest.raises(TypeError, match="per-pair"):
+        sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, mask, torch.zeros(2, 3, 64))

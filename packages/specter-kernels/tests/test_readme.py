@@ -15,3 +15,13 @@ def test_readme_usage_example_runs(monkeypatch):
     out, expected_tokens = namespace["out"], namespace["T"]
     assert out.shape == (expected_tokens, namespace["H"])
     assert bool(out.abs().sum() > 0)
+
+
+def test_readme_batch_invariant_example_runs(monkeypatch):
+    monkeypatch.delenv("SPECTER_KERNELS_BACKEND", raising=False)
+    section = README.read_text().split("## Batch-invariant mode", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "README.md lost its batch-invariant example"
+    namespace: dict = {}
+    exec(compile(match.group(1), str(README), "exec"), namespace)  # asserts inside
+    assert namespace["all_rows"].shape == (9, 128)

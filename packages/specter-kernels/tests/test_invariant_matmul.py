@@ -1,0 +1,95 @@
+"""The batch-invariant matmul against torch, and bitwise invariance to the row count."""
+
+import pytest
+import torch
+
+import specter_kernels as sk
+from kernel_helpers import rel_err
+
+TOLERANCE = {torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+@pytest.fixture(params=["torch", "triton"])
+def backend(request, monkeypatch):
+    """Each test runs on the torch reference and on the Triton kernel (interpreted)."""
+    if request.param == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize(("M", "K", "N"), [(1, 1, 7), (5, 37, 50), (19, 70, 33)])
+def test_mm_matches_torch(seed, backend, dtype, M, K, N):
+    a, b = torch.randn(M, K).to(dtype), torch.randn(K, N).to(dtype)
+    out = sk.invariant_mm(a, b)
+    assert out.dtype == dtype
+    assert out.shape == (M, N)
+    assert rel_err(out, a.double() @ b.double()) < TOLERANCE[dtype]
+    scores = sk.invariant_mm(a, b, out_dtype=torch.float32)
+    assert scores.dtype == torch.float32
+    assert rel_err(scores, a.double() @ b.double()) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_linear_reads_a_transposed_weight_and_adds_the_bias(seed, backend, dtype):
+    x = torch.randn(2, 3, 40).to(dtype)
+    weight, bias = torch.randn(24, 40).to(dtype), torch.randn(24).to(dtype)
+    out = sk.invariant_linear(x, weight, bias)
+    expected = x.double() @ weight.double().T + bias.double()
+    assert out.shape == (2, 3, 24)
+    assert out.dtype == dtype
+    assert rel_err(out, expected) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_bmm_with_strided_operands(seed, backend, dtype):
+    # k.transpose(-1, -2) of a [B, L, D] cache and a sliced query: no copies needed.
+    q = torch.randn(3, 9, 40).to(dtype)[:, :, ::2]  # [3, 9, 20], stride 2 along K
+    keys = torch.randn(3, 11, 20).to(dtype)
+    out = sk.invariant_bmm(q, keys.transpose(1, 2), out_dtype=torch.float32)
+    assert rel_err(out, q.double() @ keys.double().transpose(1, 2)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_rows_are_bitwise_independent_of_the_row_count(seed, backend, dtype):
+    M, K, N = 20, 48, 40
+    x, weight = torch.randn(M, K).to(dtype), torch.randn(N, K).to(dtype)
+    full = sk.invariant_linear(x, weight)
+    for m in (1, 3, M):
+        assert torch.equal(full[:m], sk.invariant_linear(x[:m], weight))
+    changed = x.clone()
+    changed[1:] = torch.randn(M - 1, K).to(dtype)
+    assert torch.equal(sk.invariant_linear(changed, weight)[0], full[0])
+    a, b = torch.randn(2, M, K).to(dtype), torch.randn(2, K, N).to(dtype)
+    batched = sk.invariant_bmm(a, b)
+    for m in (1, 3, M):
+        assert torch.equal(batched[:, :m], sk.invariant_bmm(a[:, :m], b))
+    assert torch.equal(batched[1:], sk.invariant_bmm(a[1:], b[1:]))
+
+
+def test_bad_inputs_are_refused_with_the_shapes_named():
+    a = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"\(4, 8\).*\(7, 5\)"):
+        sk.invariant_mm(a, torch.randn(7, 5))
+    with pytest.raises(TypeError, match="float16"):
+        sk.invariant_mm(a, torch.randn(8, 5).half())
+    with pytest.raises(TypeError, match="int64"):
+        sk.invariant_mm(a.long(), torch.randn(8, 5).long())
+    with pytest.raises(ValueError, match="3 dims"):
+        sk.invariant_bmm(a, torch.randn(8, 5))
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        sk.invariant_bmm(torch.randn(2, 4, 8), torch.randn(3, 8, 5))
+    with pytest.raises(ValueError, match="K=8"):
+        sk.invariant_linear(a, torch.randn(5, 9))
+
+
+def test_config_depends_on_n_k_and_dtype_only():
+    # The signature is the guarantee; here: equal inputs, equal config, fixed BLOCK_M.
+    for N, K in ((1, 1), (2048, 2048), (102400, 2048), (1408, 2048)):
+        config = sk.matmul_config(N, K, torch.float16)
+        assert config == sk.matmul_config(N, K, torch.float16)
+        assert config.block_m == 16
+        assert config.block_n >= 16
+        assert config.block_k >= 16
+        assert config.block_k <= max(16, 1 << (K - 1).bit_length())
