@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,15 @@ def test_routing_experiments(default_run):
     assert len(d["per_request"]) == 2
     assert len(d["per_layer"]) == len(runner.routing["a"]["target"][0])
     assert 0 <= d["greedy_agreement"] <= 1
+    assert d["greedy_agreement"] == pytest.approx(
+        statistics.fmean(d["per_request_greedy_agreement"])
+    )
+    # The INT4 draft is not the target: its distributions differ, so acceptance is below 1.
+    for key in ("sampled_acceptance", "sampled_acceptance_t0.7"):
+        per_request = d[f"per_request_{key}"]
+        assert len(per_request) == 2
+        assert all(0 < a < 1 for a in per_request)
+        assert d[key] == pytest.approx(statistics.fmean(per_request))
     policies = by_kind["policy_hit_rate"]
     assert {(r["budget_gb"], r["data"]["window"]) for r in policies} == {
         (b, w) for b in runner.budgets[:2] for w in (1, 4)

@@ -8,6 +8,7 @@ from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
 from specter_bench.routing_recorder import (
     RoutingRecorder,
     experts_modules,
+    teacher_forced_pass,
     teacher_forced_routing,
 )
 from specter_models import build_reference_model
@@ -55,6 +56,18 @@ def test_teacher_forced_routing_matches_decode_and_transformers(arch):
         recorder, loaded.draft, sequence, len(prompt) - 1, loaded.reset
     )
     assert draft.shape == target.shape
+    # The pass behind it keeps the kept positions' logits on the device, for acceptance.
+    forced = teacher_forced_pass(recorder, loaded.draft, sequence, len(prompt) - 1, loaded.reset)
+    assert torch.equal(forced.routing, draft)
+    assert forced.logits.shape == (10, loaded.config.vocab_size)
+    assert forced.logits.device == loaded.draft.device
+    assert torch.equal(forced.greedy(), forced.logits.argmax(-1))
+    target_pass = teacher_forced_pass(
+        recorder, loaded.target, sequence, len(prompt) - 1, loaded.reset
+    )
+    assert target_pass.greedy().tolist() == run.tokens
+    with pytest.raises(ValueError, match="outside the sequence"):
+        teacher_forced_pass(recorder, loaded.target, sequence, len(sequence), loaded.reset)
     assert loaded.target.kv_length == 0  # nothing survives the diagnostic passes
     recorder.remove()
     with recorder.recording():

@@ -8,6 +8,7 @@ from bench_fixtures import experiment_records, tpot_records
 from specter_bench.bench_record import TpotRecord
 from specter_bench.tables import (
     Target,
+    agreement_table,
     evaluate_targets,
     markdown_table,
     policy_table,
@@ -131,3 +132,35 @@ def test_models_without_targets_get_the_same_ratios_for_information():
     )
     table = targets_table(records)
     assert table.count("(no target)") == 4
+
+
+def test_agreement_table_shows_greedy_and_sampled_acceptance():
+    from specter_bench.bench_record import ExperimentRecord
+
+    data = {
+        "mean": 0.9, "exact_rate": 0.7, "per_layer": [0.8, 0.95, 0.99],
+        "per_request": [0.85, 0.93], "greedy_agreement": 0.75,
+        "sampled_acceptance": 0.614, "sampled_acceptance_t0.7": 0.686,
+    }  # fmt: skip
+    new = ExperimentRecord("routing_agreement", "proxy", None, data).as_dict()
+    old = ExperimentRecord(
+        "routing_agreement", "older", None, {"mean": 0.5, "per_layer": [0.5]}
+    ).as_dict()  # written before sampled acceptance was measured
+    lines = agreement_table([new, old]).splitlines()
+    assert "sampled acceptance T=1" in lines[0]
+    assert "sampled acceptance T=0.7" in lines[0]
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells == [
+        "proxy",
+        "0.90",
+        "0.70",
+        "0.80",
+        "0.99",
+        "0.85",
+        "0.93",
+        "2",
+        "0.75",
+        "0.61",
+        "0.69",
+    ]
+    assert [c.strip() for c in lines[3].strip("|").split("|")][-3:] == ["-", "-", "-"]

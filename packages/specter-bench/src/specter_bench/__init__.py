@@ -51,6 +51,9 @@ _EXPORTS = {
     # routing, bounds, kernels
     "RoutingRecorder": "routing_recorder",
     "teacher_forced_routing": "routing_recorder",
+    "teacher_forced_pass": "routing_recorder",
+    "TeacherForcedPass": "routing_recorder",
+    "sampled_acceptance": "speculative_acceptance",
     "working_set": "routing_analysis",
     "working_set_curve": "routing_analysis",
     "routing_agreement": "routing_analysis",

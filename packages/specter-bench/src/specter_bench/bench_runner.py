@@ -10,8 +10,10 @@ finished stage. Around the decodes:
 * **routing** (first engine stage with a draft): the reference tokens are teacher-forced
   through the target and the draft with routing hooks, giving each prompt's routing
   ``[T, L, k]``; from it come the working set against K, draft/target agreement (per layer
-  and per request, with greedy agreement), hit rate per policy at every budget, and each
-  record's Belady bound (with the per-expert transfer time measured on that load);
+  and per request, with greedy agreement and the sampled acceptance of speculative
+  sampling, 1 - TV(p_target, q_draft), at T = 1 and 0.7), hit rate per policy at every
+  budget, and each record's Belady bound (with the per-expert transfer time measured on
+  that load);
 * **depth sweep** (high budget): ``specter`` at each depth K on the first prompts;
 * a ``memory`` record per engine load (plan, measured load peaks and decode peak).
 
@@ -52,13 +54,16 @@ from specter_bench.model_loading import (
 from specter_bench.prompt_encoding import encode_prompt
 from specter_bench.prompt_sources import Prompt, load_prompts
 from specter_bench.routing_analysis import routing_agreement, working_set_curve
-from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_routing
+from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_pass
 from specter_bench.run_identity import collect_identity
+from specter_bench.speculative_acceptance import acceptance_key, sampled_acceptance
 from specter_bench.system_run import SystemRun, first_mismatch
 
 __all__ = ["BenchResult", "BenchRunner", "EncodedPrompt"]
 
 GB = 1e9
+ACCEPTANCE_TEMPERATURES = (1.0, 0.7)
+"""Temperatures of the sampled-acceptance figures (1.0 first: ``sampled_acceptance``)."""
 
 
 @dataclass(frozen=True)
@@ -437,6 +442,7 @@ class BenchRunner:
         recorder = RoutingRecorder(loaded.model)
         target_routes, draft_routes, greedy = [], [], []
         per_request = []
+        sampled: dict[float, list[float]] = {t: [] for t in ACCEPTANCE_TEMPERATURES}
         try:
             for prompt in self.prompts:
                 if self._deadline.expired():
@@ -444,19 +450,23 @@ class BenchRunner:
                 tokens = self._reference_tokens(loaded, runs, prompt)
                 sequence = prompt.ids + tokens[:-1]
                 start = len(prompt.ids) - 1
-                target, target_next = teacher_forced_routing(
-                    recorder, loaded.target, sequence, start, loaded.reset
-                )
-                self.routing[prompt.prompt.id] = {"target": target}
-                target_routes.append(target)
+                target = teacher_forced_pass(recorder, loaded.target, sequence, start, loaded.reset)
+                self.routing[prompt.prompt.id] = {"target": target.routing}
+                target_routes.append(target.routing)
                 if loaded.draft is not None:
-                    draft, draft_next = teacher_forced_routing(
+                    draft = teacher_forced_pass(
                         recorder, loaded.draft, sequence, start, loaded.reset
                     )
-                    self.routing[prompt.prompt.id]["draft"] = draft
-                    draft_routes.append(draft)
-                    greedy.append((draft_next == target_next).double().mean().item())
-                    per_request.append(routing_agreement(draft, target).mean)
+                    self.routing[prompt.prompt.id]["draft"] = draft.routing
+                    draft_routes.append(draft.routing)
+                    # Host syncs, once per prompt: scalars only leave the device.
+                    agree = draft.logits.argmax(-1) == target.logits.argmax(-1)
+                    greedy.append(agree.double().mean().item())
+                    for t in ACCEPTANCE_TEMPERATURES:
+                        rates = sampled_acceptance(target.logits, draft.logits, t)
+                        sampled[t].append(rates.double().mean().item())
+                    per_request.append(routing_agreement(draft.routing, target.routing).mean)
+                del target  # the [T, V] logits: one prompt's at a time
         finally:
             recorder.remove()
         if not target_routes:
@@ -479,10 +489,20 @@ class BenchRunner:
                 **pooled.as_dict(),
                 "per_request": per_request,
                 "greedy_agreement": statistics.fmean(greedy),
+                "per_request_greedy_agreement": greedy,
                 "prompts": len(draft_routes),
             }
+            for t, values in sampled.items():
+                key = acceptance_key(t)
+                data[key] = statistics.fmean(values)
+                data[f"per_request_{key}"] = values
             del data["per_token"]  # per request and per layer are the published views
-            out.append(self._experiment("routing_agreement", None, data, "teacher-forced"))
+            note = (
+                "teacher-forced on the reference tokens; sampled_acceptance = mean over positions "
+                "of sum_x min(p_target, q_draft) (1 - total variation), softmax at T=1 "
+                "(sampled_acceptance_t0.7: T=0.7) in float32"
+            )
+            out.append(self._experiment("routing_agreement", None, data, note))
         # The policy replay is CPU work: it runs after every GPU stage (see run()).
         self._replay_routes = (target_routes, draft_routes)
         return out

@@ -92,7 +92,10 @@ _CAPTIONS = {
     "Draft/target routing agreement": (
         "Per (token, layer), the share of the target's top-k experts that the INT4 draft also "
         "chose on the same tokens (teacher-forced); exact sets: both chose the same experts; "
-        "greedy agreement: the draft's argmax equals the target's."
+        "greedy agreement: the draft's argmax equals the target's; sampled acceptance: the "
+        "expected acceptance probability of speculative sampling at temperature T, "
+        "sum_x min(p_target(x), q_draft(x)) = 1 - total variation (float32 softmax), averaged "
+        "over positions (records before it was measured show `-`)."
     ),
     "Cache hit rate per policy": (
         "The recorded target routing replayed through specter-cache, a step being `window` "

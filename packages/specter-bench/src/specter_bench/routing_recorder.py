@@ -15,10 +15,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RoutingRecorder", "experts_modules", "teacher_forced_routing"]
+__all__ = [
+    "RoutingRecorder",
+    "TeacherForcedPass",
+    "experts_modules",
+    "teacher_forced_pass",
+    "teacher_forced_routing",
+]
 
 _EXPERTS_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.experts$")
 
@@ -114,14 +121,32 @@ class RoutingRecorder:
         self._handles = []
 
 
-def teacher_forced_routing(
+@dataclass(frozen=True)
+class TeacherForcedPass:
+    """What one teacher-forced forward gives for the kept positions.
+
+    Attributes:
+        routing: ``[T, L, k]`` int64 on the CPU: each kept position's experts per MoE layer.
+        logits: ``[T, V]`` on the model's device, in its dtype: the next-token logits after
+            each kept position (a copy: the prompt's logits are not held).
+    """
+
+    routing: torch.Tensor
+    logits: torch.Tensor
+
+    def greedy(self) -> torch.Tensor:
+        """``[T]`` int64 on the CPU: the token the model would pick after each position."""
+        return self.logits.argmax(-1).cpu()
+
+
+def teacher_forced_pass(
     recorder: RoutingRecorder,
     spec_model: object,
     token_ids: list[int],
     start: int,
     reset: Callable[[], None],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routing and greedy choices for ``token_ids[start:]`` from one forward over the sequence.
+) -> TeacherForcedPass:
+    """Routing and logits for ``token_ids[start:]`` from one forward over the sequence.
 
     ``spec_model`` follows specter-spec's ``SpecModel`` protocol (``forward(ids, start_pos)``
     returning ``[1, T, V]`` logits); ``reset`` empties its KV before and after, so no state
@@ -135,8 +160,9 @@ def teacher_forced_routing(
         reset: empties the KV cache(s).
 
     Returns:
-        ``(routing [len - start, L, k], argmax [len - start])``: the experts of each kept
-        position and the token the model would predict after it.
+        The kept positions' routing (on the CPU) and logits (left on the device, so that
+        draft and target distributions can be compared there without a host copy of
+        ``[T, V]``).
 
     Raises:
         ValueError: ``start`` outside the sequence.
@@ -149,6 +175,26 @@ def teacher_forced_routing(
     try:
         with torch.no_grad(), recorder.recording():
             logits = spec_model.forward(ids, 0)  # type: ignore[attr-defined]
-        return recorder.routing()[start:], logits[0, start:].argmax(-1).cpu()
+        return TeacherForcedPass(recorder.routing()[start:], logits[0, start:].clone())
     finally:
         reset()
+
+
+def teacher_forced_routing(
+    recorder: RoutingRecorder,
+    spec_model: object,
+    token_ids: list[int],
+    start: int,
+    reset: Callable[[], None],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing and greedy choices for ``token_ids[start:]`` (:func:`teacher_forced_pass`).
+
+    Returns:
+        ``(routing [len - start, L, k], argmax [len - start])``: the experts of each kept
+        position and the token the model would predict after it, both on the CPU.
+
+    Raises:
+        ValueError: ``start`` outside the sequence.
+    """
+    forced = teacher_forced_pass(recorder, spec_model, token_ids, start, reset)
+    return forced.routing, forced.greedy()

@@ -385,7 +385,8 @@ def working_set_table(records: Iterable[dict[str, Any]]) -> str:
 
 
 def agreement_table(records: Iterable[dict[str, Any]]) -> str:
-    """Draft/target routing agreement per model: mean, worst/best layer, per request."""
+    """Draft/target agreement per model: routing match (mean, worst/best layer, per request),
+    greedy agreement and the sampled acceptance of speculative sampling at T = 1 and 0.7."""
     rows = []
     for r in _experiments(records, "routing_agreement"):
         d = r["data"]
@@ -402,6 +403,8 @@ def agreement_table(records: Iterable[dict[str, Any]]) -> str:
                 max(per_request) if per_request else None,
                 len(per_request),
                 d.get("greedy_agreement"),
+                d.get("sampled_acceptance"),
+                d.get("sampled_acceptance_t0.7"),
             ]
         )
     headers = [
@@ -414,6 +417,8 @@ def agreement_table(records: Iterable[dict[str, Any]]) -> str:
         "best request",
         "requests",
         "greedy agreement",
+        "sampled acceptance T=1",
+        "sampled acceptance T=0.7",
     ]
     return markdown_table(headers, rows)
 
