@@ -125,7 +125,11 @@ def test_per_pair_waves_match_the_reference(seed, poisoned, T, H, I, E, k, S):
     )
 
 
-def test_per_pair_mode_is_bitwise_batch_invariant(seed, triton_backend):
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_per_pair_mode_is_bitwise_batch_invariant(seed, monkeypatch, backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", backend)
     T, H, I, E, k = 20, 64, 64, 4, 2
     x, ids, weights, w13, w2, slot_of = problem(T, H, I, E, k, E)
     resident = torch.rand(E) < 0.5

@@ -204,7 +204,11 @@ def launch_grouped(
     gate_up_config: GroupedConfig | None = None,
     down_config: GroupedConfig | None = None,
 ) -> torch.Tensor:
-    """Align the wave's pairs and run both launches (arguments validated by the caller)."""
+    """Align the wave's pairs and run both launches (arguments validated by the caller).
+
+    A per-pair ``out [T, k, H]`` always uses :func:`per_pair_configs` (given
+    configs are ignored: a T-dependent tile would break batch invariance).
+    """
     T, H = x.shape
     top_k = topk_ids.shape[1]
     I = w2_slots.shape[2]

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specter_kernels.backend import select_backend
+from specter_kernels.invariant_matmul import invariant_bmm_reference
 from specter_kernels.routed_inputs import check_routed_inputs
 
 
@@ -155,13 +156,21 @@ def grouped_moe_fp16_reference(
     for expert in torch.unique(routed[in_wave]).tolist():
         tokens, slots = torch.nonzero((routed == expert) & in_wave, as_tuple=True)
         slot = int(expert_to_slot[expert])
+        weights = topk_weights[tokens, slots].float().unsqueeze(1)
+        if out.dim() == 3:
+            # Per-pair (batch-invariant) mode: one row at a time, so a pair's
+            # result does not depend on how many tokens share its expert.
+            gate_up = w13_slots[slot].T[None]
+            projected = invariant_bmm_reference(x[tokens][None], gate_up, torch.float32)[0]
+            # SiLU row by row too: CPU exp vectorises by position in the tensor.
+            h = torch.cat([F.silu(p[:I]) * p[I:] for p in projected.unbind(0)]).view(-1, I)
+            h = h.half()
+            y = invariant_bmm_reference(h[None], w2_slots[slot].T[None], torch.float32)[0]
+            out[tokens, slots] = y * weights
+            continue
         projected = x[tokens].float() @ w13_slots[slot].float().T
         h = (F.silu(projected[:, :I]) * projected[:, I:]).half().float()
-        y = (h @ w2_slots[slot].float().T) * topk_weights[tokens, slots].float().unsqueeze(1)
-        if out.dim() == 3:
-            out[tokens, slots] = y
-        else:
-            out.index_add_(0, tokens, y)
+        out.index_add_(0, tokens, (h @ w2_slots[slot].float().T) * weights)
     return out
 
 
