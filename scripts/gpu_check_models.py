@@ -65,6 +65,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-gb", type=float, default=None, help="override the low budgets")
     p.add_argument("--slots", type=int, default=None, help="slots per layer instead of a budget")
     p.add_argument("--device", default="cuda")
+    p.add_argument(
+        "--batch-invariant",
+        choices=("on", "off"),
+        default="on",
+        help="verify with batch-invariant arithmetic (on: spec must equal plain bit for bit)",
+    )
+    p.add_argument(
+        "--contrast",
+        default="",
+        help="comma-separated models also decoded (spec and plain) with the other "
+        "batch-invariance setting: what invariance costs and buys",
+    )
+    p.add_argument(
+        "--all-resident",
+        default="",
+        help="comma-separated models also run with every expert resident (no budget)",
+    )
     p.add_argument("--deadline-s", type=float, default=float("inf"), help="skip models past it")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     return p.parse_args(argv)
@@ -179,24 +196,29 @@ def compare_logits(
     }
 
 
-def run_model(name: str, args: argparse.Namespace, device: torch.device) -> dict:
+def run_model(
+    name: str, args: argparse.Namespace, device: torch.device, all_resident: bool = False
+) -> dict:
     record: dict = {"model": name, "seed": args.seed, "weights": f"random seed={args.seed}"}
     depth = args.depth if args.depth is not None else DEFAULT_DEPTH.get(name, 8)
     preset = specter_models.get_preset(name)
     budget = args.budget_gb if args.budget_gb is not None else preset.low_budget_gb
-    if args.slots is not None:
+    if args.slots is not None or all_resident:
         budget = None
+    record["all_resident"] = all_resident
     record["budget_gb"] = budget
     t0 = time.perf_counter()
     lm = specter_models.load(
         name,
         gpu_memory_gb=budget,
-        slots_per_layer=args.slots,
         device=device,
         dtype=torch.float16,
         seed=args.seed,
         max_seq_len=args.prompt_len + args.tokens + depth + 8,
+        slots_per_layer=args.slots if not all_resident else None,
+        batch_invariant=args.batch_invariant == "on",
     )
+    record["batch_invariant"] = lm.batch_invariant
     synchronize(device)
     record["build_s"] = time.perf_counter() - t0
     record["memory"] = lm.memory.as_dict()
@@ -261,6 +283,36 @@ def run_model(name: str, args: argparse.Namespace, device: torch.device) -> dict
         record["first_mismatch"] = first
     print(f"[{name}] plain: {record['plain']}, tokens equal: {record['tokens_equal']}", flush=True)
 
+    if name in args.contrast.split(",") and not all_resident:
+        # The other batch-invariance setting, same prompt: what invariance costs and buys.
+        lm.batch_invariant = not lm.batch_invariant
+        lm.reset()
+        other = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth).generate(
+            prompt, max_new_tokens=args.tokens
+        )
+        lm.reset()
+        other_plain = SpecController(None, lm.target, depth=0).generate(
+            prompt, max_new_tokens=args.tokens
+        )
+        synchronize(device)
+        record["contrast"] = {
+            "batch_invariant": lm.batch_invariant,
+            "spec_tpot_ms": other.stats.tpot_s * 1e3,
+            "plain_tpot_ms": other_plain.stats.tpot_s * 1e3,
+            "acceptance_rate": other.stats.acceptance_rate,
+            "spec_equals_plain": other.tokens == other_plain.tokens,
+            "first_mismatch": next(
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(other.tokens, other_plain.tokens, strict=False))
+                    if a != b
+                ),
+                None,
+            ),
+        }
+        lm.batch_invariant = not lm.batch_invariant
+        print(f"[{name}] contrast: {record['contrast']}", flush=True)
+
     # Teacher forcing through the target and through transformers with every weight resident.
     sequence = torch.tensor([prompt + result.tokens], device=device)
     rows = slice(args.prompt_len - 1, None)  # the rows predicting the generated tokens
@@ -288,8 +340,8 @@ def summary_table(records: list[dict]) -> str:
     head = (
         "| model | budget GB | slots/layer | build s | spec TPOT ms | plain TPOT ms | acceptance "
         "| hit rate (spec) | tokens equal | max abs err (rel) | clean-prefix rows, max abs err "
-        "| argmax agree (clear margin) | peak GPU GB |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| argmax agree (clear margin) | peak GPU GB | batch-invariant |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = [head]
     for r in records:
@@ -300,17 +352,23 @@ def summary_table(records: list[dict]) -> str:
         peak = s["peak_gpu_bytes"]
         clean_err = tf["clean_prefix_max_abs_err"]
         clean_err = float("nan") if clean_err is None else clean_err
+        name = r["model"] + (" (all resident)" if r.get("all_resident") else "")
         rows.append(
-            f"| {r['model']} | {r['budget_gb']} | {r['slots_per_layer']}/{r['num_experts']} "
+            f"| {name} | {r['budget_gb']} | {r['slots_per_layer']}/{r['num_experts']} "
             f"| {r['build_s']:.1f} | {s['tpot_ms']:.1f} | {r['plain']['tpot_ms']:.1f} "
-            f"| {s['acceptance_rate']:.3f} | {s['cache_hit_rate']:.3f} | {r['tokens_equal']} "
+            f"| {s['acceptance_rate']:.3f} | {_fmt(s['cache_hit_rate'])} | {r['tokens_equal']} "
             f"| {tf['max_abs_err']:.4f} ({tf['max_rel_err']:.4f}) "
             f"| {tf['clean_prefix_rows']}/{tf['rows']}, {clean_err:.4f} "
             f"| {tf['argmax_agree_clear']}/{tf['rows_clear_margin']} "
             f"(all rows {tf['argmax_agree_all']}/{tf['rows']}) "
-            f"| {peak / 1e9 if peak else float('nan'):.2f} |"
+            f"| {peak / 1e9 if peak else float('nan'):.2f} | {r.get('batch_invariant')} |"
         )
     return "\n".join(rows)
+
+
+def _fmt(value: float | None) -> str:
+    """Three decimals, or "n/a" (an all-resident run counts no cache lookups)."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     records = []
     failed = False
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+    runs = [(m.strip(), False) for m in args.models.split(",") if m.strip()]
+    runs += [(m.strip(), True) for m in args.all_resident.split(",") if m.strip()]
+    for name, all_resident in runs:
         elapsed = time.perf_counter() - started
         if elapsed + ESTIMATED_SECONDS.get(name, 30) > args.deadline_s:
             record = {
@@ -340,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         else:
             try:
-                record = run_model(name, args, device)
+                record = run_model(name, args, device, all_resident)
                 failed |= not record["tokens_equal"]
             except Exception as exc:  # record the failure, go on with the next model
                 traceback.print_exc()

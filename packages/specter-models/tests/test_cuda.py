@@ -70,3 +70,41 @@ def test_cuda_build_reference_model_accepts_an_unindexed_device(name):
     model = build_reference_model(name, seed=2, device="cuda", dtype=torch.float16)
     devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
     assert devices == {torch.device("cuda", torch.cuda.current_device())}
+
+
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("slots", [2, None])
+def test_cuda_batch_invariant_rows_and_exact_speculation(name, slots):
+    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=slots, seed=3)
+    assert lm.batch_invariant  # the default for fp16 on CUDA
+    generator = torch.Generator("cuda").manual_seed(5)
+    prompt = torch.randint(0, lm.config.vocab_size, (1, 7), device="cuda", generator=generator)
+    rows = torch.randint(0, lm.config.vocab_size, (1, 9), device="cuda", generator=generator)
+    lm.target.forward(prompt, 0)
+    together = lm.target.forward(rows, 7)[0]
+    lm.target.truncate(7)
+    alone = torch.stack([lm.target.forward(rows[:, i : i + 1], 7 + i)[0, 0] for i in range(9)])
+    assert torch.equal(together, alone)
+    lm.reset()
+    plain = SpecController(None, lm.target, depth=0).generate(prompt[0].tolist(), 48)
+    for depth in (2, 5):
+        lm.reset()
+        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
+        assert spec.generate(prompt[0].tolist(), 48).tokens == plain.tokens
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_all_resident_target_step_has_no_host_sync(name):
+    lm = load(name, device="cuda", dtype=torch.float16, seed=4)  # every expert resident
+    lm.target.forward(torch.tensor([[1, 2, 3, 4]], device="cuda"), 0)
+    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    lm.target.forward(rows, 4)  # warm-up: kernels compiled
+    lm.target.truncate(4)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lm.target.forward(rows, 4)
+        lm.target.forward(rows[:, :1], 7)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert lm.cache.stats()["total"]["acquires"] == 0

@@ -58,3 +58,35 @@ def accumulate_experts(
         y = expert_mlp(x[tokens], gate_up, down) * topk_weights[tokens, slots, None]
         out.index_add_(0, tokens, y.to(out.dtype))
     return out
+
+
+def write_expert_pairs(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: Iterable[tuple[int, torch.Tensor, torch.Tensor]],
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Write each routed pair's weighted expert output into its own row of ``out``.
+
+    The batch-invariant counterpart of :func:`accumulate_experts`: nothing is summed here,
+    so the result cannot depend on which experts share a wave; the caller sums the ``k``
+    pairs of each row in a fixed order (``specter_kernels.sum_routed_pairs``).
+
+    Args:
+        x: ``[T, H]`` hidden states.
+        topk_ids: ``[T, k]`` routed expert ids.
+        topk_weights: ``[T, k]`` routing weights.
+        experts: ``(expert id, gate_up [2I, H], down [H, I])`` for each expert to compute.
+        out: ``[T, k, H]``; pair ``(t, j)`` is written where ``topk_ids[t, j]`` is computed.
+
+    Returns:
+        ``out``.
+    """
+    for expert, gate_up, down in experts:
+        tokens, slots = torch.where(topk_ids == expert)
+        if tokens.numel() == 0:
+            continue
+        y = expert_mlp(x[tokens], gate_up, down) * topk_weights[tokens, slots, None]
+        out[tokens, slots] = y.to(out.dtype)
+    return out

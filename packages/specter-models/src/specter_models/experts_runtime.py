@@ -36,6 +36,10 @@ class ExpertsRuntime:
         verification: ``"expert"`` (each layer's experts in waves over all verified rows)
             or ``"token"`` (each row's experts loaded and computed in row order: the
             ``spec-lru`` reference and an ablation).
+        batch_invariant: run target forwards so that every row's logits are bit-identical
+            whatever the number of rows verified together (specter-kernels'
+            ``BatchInvariantMode``, and routed pairs summed in a fixed order). Speculative
+            greedy output then equals plain greedy output exactly, in fp16 too.
 
     Raises:
         ValueError: an unknown verification kind.
@@ -46,8 +50,10 @@ class ExpertsRuntime:
         cache: ExpertCache | None,
         counter: RoutingCounter | None = None,
         verification: str = "expert",
+        batch_invariant: bool = False,
     ):
         self.cache = cache
+        self.batch_invariant = batch_invariant
         self.counter = counter
         self.mode: ExpertsMode | None = None
         self.verification = verification

@@ -63,6 +63,7 @@ def load(
     draft_group_size: int | None = None,
     max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
     pin_memory: bool | None = None,
+    batch_invariant: bool | None = None,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -88,6 +89,11 @@ def load(
             dimension needs it).
         max_verify_rows: most rows a decoding forward processes (sizes the workspace).
         pin_memory: pin the host expert store (default: when CUDA is available).
+        batch_invariant: verify with batch-invariant arithmetic, so a row's logits do not
+            depend on how many rows are verified together and speculative greedy output
+            equals plain greedy output bit for bit (default: on for float16/bfloat16 on
+            CUDA, where kernels pick tiles and reduction orders by row count; float32/64
+            CPU models run the plain-torch path, where it is off unless asked for).
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -131,7 +137,13 @@ def load(
     meter.start()
     clock = _PhaseTimer()
     model = build_on_meta(arch, config, dtype)
-    runtime = ExpertsRuntime(cache=None, verification=verification)  # type: ignore[arg-type]
+    if batch_invariant is None:
+        batch_invariant = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    runtime = ExpertsRuntime(  # the cache is attached below, once the store is filled
+        cache=None,  # type: ignore[arg-type]
+        verification=verification,
+        batch_invariant=bool(batch_invariant),
+    )
     experts = swap_routed_experts(model, runtime)
     tied = materialize(model, device, sync_free_rotary=True)
     layers = find_moe_layers(model)

@@ -11,7 +11,12 @@ its own; it runs one of two paths, chosen by the shared ``ExpertsRuntime``:
 * target: FP16 experts from specter-cache's slots, in waves (``ExpertCache.acquire``):
   resident experts first, missing ones as their copies land, each wave through
   ``grouped_moe_fp16`` into one fp32 accumulator, cast back at the end. Token-wise
-  verification does the same per row, in row order.
+  verification does the same per row, in row order. When every expert of the layer holds a
+  slot of its own (no budget), one wave covers them all with no host sync at all.
+
+With ``ExpertsRuntime.batch_invariant`` the accumulator is ``[T, k, H]``: each routed pair
+is written, not added, and the ``k`` pairs of a row are summed in a fixed order at the end,
+so the result cannot depend on the waves or on how many rows are verified together.
 
 Non-fp16 models (float32/float64 CPU tests) use the plain-torch arithmetic of
 ``expert_math`` on the same slots and INT4 weights.
@@ -22,8 +27,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specter_kernels import Int4Weight, dequantize_int4, fused_moe_w4a16, grouped_moe_fp16
-from specter_models.expert_math import accumulate_experts
+from specter_kernels import (
+    Int4Weight,
+    dequantize_int4,
+    fused_moe_w4a16,
+    grouped_moe_fp16,
+    sum_routed_pairs,
+)
+from specter_models.expert_math import accumulate_experts, write_expert_pairs
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 
 
@@ -57,6 +68,8 @@ class SpecterExperts(nn.Module):
         self.intermediate_dim = intermediate_dim
         self.draft_gate_up: Int4Weight | None = None
         self.draft_down: Int4Weight | None = None
+        self._resident = False  # every expert loaded in its own slot (see _fully_resident)
+        self._all_mask: torch.Tensor | None = None
 
     def extra_repr(self) -> str:
         return (
@@ -153,46 +166,98 @@ class SpecterExperts(nn.Module):
         return rows
 
     def _target(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = self._accumulator(x, ids)
+        if self._fully_resident():
+            # Every expert of this layer sits in its own slot and nothing can evict it: one
+            # wave over all experts, no host sync and no cache bookkeeping (hits of this
+            # layer are not counted).
+            if self.runtime.routing_trace is not None:
+                self._needed(ids)  # the trace needs the ids on the host (a sync)
+            self._compute_wave(x, ids, weights, None, None, out)
+            return self._finish(out, x.dtype)
         rows = self._needed(ids)
         needed = list(dict.fromkeys(e for row in rows for e in row))
-        out = torch.zeros(x.shape, dtype=_accumulator_dtype(x.dtype), device=x.device)
         for wave in self.runtime.cache.acquire(self.layer, needed):
             self._compute_wave(x, ids, weights, wave.experts, wave.slots, out)
-        return out.to(x.dtype)
+        return self._finish(out, x.dtype)
 
     def _target_tokenwise(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         rows = self._needed(ids)
-        out = torch.zeros(x.shape, dtype=_accumulator_dtype(x.dtype), device=x.device)
+        out = self._accumulator(x, ids)
         for t, row in enumerate(rows):
             span = slice(t, t + 1)
             for wave in self.runtime.cache.acquire(self.layer, list(dict.fromkeys(row))):
                 self._compute_wave(
                     x[span], ids[span], weights[span], wave.experts, wave.slots, out[span]
                 )
-        return out.to(x.dtype)
+        return self._finish(out, x.dtype)
+
+    def _accumulator(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Zeroed sums: ``[T, H]``, or ``[T, k, H]`` (one row per routed pair) when batch
+        invariant, so no sum depends on wave composition or on the number of rows."""
+        shape = (x.shape[0], ids.shape[1], x.shape[1]) if self.runtime.batch_invariant else x.shape
+        return torch.zeros(shape, dtype=_accumulator_dtype(x.dtype), device=x.device)
+
+    @staticmethod
+    def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if out.dim() == 3:
+            out = sum_routed_pairs(out)  # pairs 0..k-1 of each row, in that order
+        return out.to(dtype)
+
+    def _fully_resident(self) -> bool:
+        """Whether every expert of this layer is loaded into a slot of its own.
+
+        With a slot per expert nothing is ever evicted, so once true it stays true (the
+        no-budget configuration, prefetched when loading).
+        """
+        if self._resident:
+            return True
+        cache = self.runtime.cache
+        if cache.slots_per_layer[self.layer] < self.num_experts:
+            return False
+        states = cache.slot_states(self.layer)
+        self._resident = all(s.expert >= 0 and s.ready for s in states)
+        return self._resident
 
     def _compute_wave(
         self,
         x: torch.Tensor,
         ids: torch.Tensor,
         weights: torch.Tensor,
-        experts: tuple[int, ...],
-        slots: tuple[int, ...],
+        experts: tuple[int, ...] | None,
+        slots: tuple[int, ...] | None,
         out: torch.Tensor,
     ) -> None:
+        """Add (or, per pair, write) the wave's experts into ``out``; ``experts=None``: all
+        experts of the layer, each in the slot ``expert_to_slot`` names."""
         cache = self.runtime.cache
         slot_tensors = cache.slot_tensors(self.layer)
         gate_up, down = slot_tensors["gate_up"], slot_tensors["down"]
         if x.dtype == torch.float16:
-            mask = _expert_mask(experts, self.num_experts, x.device)
+            mask = (
+                self._all_experts_mask(x.device)
+                if experts is None
+                else _expert_mask(experts, self.num_experts, x.device)
+            )
             grouped_moe_fp16(
                 x, ids, weights, gate_up, down, cache.expert_to_slot(self.layer), mask, out
             )
+            return
+        if experts is None:
+            experts = tuple(range(self.num_experts))
+            slots = tuple(cache.slot_of(self.layer, e) for e in experts)
+        weighted = ((e, gate_up[s], down[s]) for e, s in zip(experts, slots, strict=True))
+        if out.dim() == 3:
+            write_expert_pairs(x, ids, weights, weighted, out)
         else:
-            weighted = ((e, gate_up[s], down[s]) for e, s in zip(experts, slots, strict=True))
             accumulate_experts(x, ids, weights, weighted, out)
+
+    def _all_experts_mask(self, device: torch.device) -> torch.Tensor:
+        if self._all_mask is None or self._all_mask.device != device:
+            self._all_mask = torch.ones(self.num_experts, dtype=torch.bool, device=device)
+        return self._all_mask
 
 
 def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:

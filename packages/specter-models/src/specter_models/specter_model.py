@@ -121,6 +121,15 @@ class SpecterModel:
     def verification(self, kind: str) -> None:
         self.runtime.verification = kind
 
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether target forwards are batch-invariant (see ``load(batch_invariant=)``)."""
+        return self.runtime.batch_invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, enabled: bool) -> None:
+        self.runtime.batch_invariant = bool(enabled)
+
     def reset(self) -> None:
         """Empty the KV cache and zero every statistic (cache, prefetcher, counters).
 
