@@ -1,7 +1,8 @@
 """Write the trained-proxies section of docs/benchmarks.md from scripts/gpu_proxies.sh's output.
 
-    python scripts/proxy_report.py $OUT/proxies-<date>.jsonl $OUT/training-*-<date>.jsonl \
-        --markdown $OUT/proxies-<date>.md --plot $OUT/working_set_proxies.png
+    python scripts/proxy_report.py $OUT/bench-*-proxies-<date>.jsonl \
+        $OUT/training-proxies-<date>.jsonl --markdown $OUT/proxies-<date>.md \
+        --plot $OUT/working_set_proxies.png --date <date>
 
 Inputs are JSON lines of two kinds, told apart per line: `specter bench` records (a `kind`
 field: `working_set`, `routing_agreement`, `policy_hit_rate`, ...) and scripts/train_moe.py
