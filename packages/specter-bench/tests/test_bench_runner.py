@@ -95,15 +95,17 @@ def test_engine_records_hold_cache_acceptance_and_the_belady_bound(default_run):
         if r["kind"] != "tpot" or r["system"].startswith("hf"):
             continue
         layers = len(r["slots_per_layer"])
-        assert 0 <= r["hit_rate"] <= 1
         if r["system"] != "lru":
             assert 0 < r["depth"] <= 3  # K = 3, shortened only where the token budget ends
             assert 0 <= r["acceptance_rate"] <= 1
             assert r["draft_ms_per_token"] > 0
         if r["budget_gb"] is None:
-            assert r["hit_rate"] == 1.0  # every expert resident
-            assert r["h2d_bytes_per_token"] == 0
+            # Every expert resident: nothing moves, and specter-models' all-resident fast
+            # path keeps no cache bookkeeping, so no hit is counted (None) or all are (1.0).
+            assert r["hit_rate"] in (None, 1.0)
+            assert r["h2d_bytes_per_token"] in (None, 0)
             continue
+        assert 0 <= r["hit_rate"] <= 1
         bound = r["extra"]["belady"]
         assert bound["slots_per_layer"] == r["slots_per_layer"]
         assert bound["accesses"] == NEW_TOKENS * layers * k
