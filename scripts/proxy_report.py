@@ -274,7 +274,10 @@ def _agreement_row(label: str, d: dict[str, Any], source: str) -> list[Any]:
 def per_layer_lines(inputs: Inputs) -> str:
     """Each proxy's routing match per MoE layer, as one compact line."""
     lines = []
-    for _, r in _of_kind(inputs.records, "routing_agreement"):
+    order = [f.proxy for f in FAMILIES]
+    found = _of_kind(inputs.records, "routing_agreement")
+    for _, r in sorted(found, key=lambda item: order.index(item[1]["model"])
+                       if item[1]["model"] in order else len(order)):  # fmt: skip
         if r["model"] in FAMILY_BY_PROXY:
             values = " ".join(f"{v:.2f}" for v in r["data"].get("per_layer", []))
             lines.append(f"- `{r['model']}`: {values}")
@@ -330,9 +333,16 @@ def working_set_rows(inputs: Inputs, random_inputs: Inputs) -> tuple[list[int], 
 def policy_rows(inputs: Inputs) -> list[list[Any]]:
     """Cache hit rate per policy for each proxy, budget and window."""
     rows = []
-    for _, r in _of_kind(inputs.records, "policy_hit_rate"):
-        if r["model"] not in FAMILY_BY_PROXY:
-            continue
+    order = [f.proxy for f in FAMILIES]
+    found = [(s, r) for s, r in _of_kind(inputs.records, "policy_hit_rate") if r["model"] in order]
+    found.sort(
+        key=lambda item: (
+            order.index(item[1]["model"]),
+            item[1]["data"].get("window", 0),
+            item[1].get("budget_gb") or 0.0,
+        )
+    )
+    for _, r in found:
         d = r["data"]
         policies = d.get("policies", {})
         rows.append(
