@@ -3,7 +3,7 @@
 # in one command of at most 9 minutes on one GPU (see docs/training.md).
 #
 #   source scripts/gpu-env.sh && bash scripts/gpu_proxies.sh          # the H200 run
-#   PYTHON=.venv/bin/python bash scripts/gpu_proxies.sh --smoke       # CPU check, ~8 min
+#   PYTHON=.venv/bin/python bash scripts/gpu_proxies.sh --smoke       # CPU check, ~3 min
 #
 # For each proxy: scripts/train_moe.py trains it into $PROXY_WORK/<arch> (300 to 360 MB:
 # too large to come back from the GPU machine, so it is measured there), then
