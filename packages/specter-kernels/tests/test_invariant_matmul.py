@@ -93,3 +93,40 @@ def test_config_depends_on_n_k_and_dtype_only():
         assert config.block_n >= 16
         assert config.block_k >= 16
         assert config.block_k <= max(16, 1 << (K - 1).bit_length())
+
+
+def test_tuned_tiles_are_looked_up_by_shape_dtype_and_gpu_model(tmp_path, monkeypatch):
+    from specter_kernels import invariant_matmul_config as cfg
+
+    table = {
+        "configs": [
+            {"N": 2048, "K": 1024, "dtype": "float16", "block_n": 32, "block_k": 256,
+             "num_warps": 8, "num_stages": 2}
+        ]
+    }  # fmt: skip
+    path = tmp_path / "tiles.json"
+    path.write_text(__import__("json").dumps(table))
+    monkeypatch.setenv(cfg.TUNED_CONFIGS_ENV, str(path))
+    tuned = cfg.matmul_config(2048, 1024, torch.float16, "Some GPU")
+    assert (tuned.block_m, tuned.block_n, tuned.block_k, tuned.num_warps) == (16, 32, 256, 8)
+    assert tuned.num_stages == 2
+    # Other shapes, dtypes, and no device keep the heuristic.
+    assert cfg.matmul_config(2048, 1024, torch.float32, "Some GPU") == cfg.matmul_config(
+        2048, 1024, torch.float32
+    )
+    assert cfg.matmul_config(2048, 1024, torch.float16) != tuned
+    assert cfg.matmul_config(4096, 1024, torch.float16, "Some GPU") == cfg.matmul_config(
+        4096, 1024, torch.float16
+    )
+    monkeypatch.delenv(cfg.TUNED_CONFIGS_ENV)
+    assert cfg.tuned_config_path("NVIDIA H200").name == "invariant_matmul_nvidia_h200.json"
+
+
+def test_a_broken_tuned_file_is_reported(tmp_path, monkeypatch):
+    from specter_kernels import invariant_matmul_config as cfg
+
+    path = tmp_path / "broken.json"
+    path.write_text('{"configs": [{"N": 1}]}')
+    monkeypatch.setenv(cfg.TUNED_CONFIGS_ENV, str(path))
+    with pytest.raises(ValueError, match="not a tuned invariant-matmul file"):
+        cfg.matmul_config(8, 8, torch.float16, "Some GPU")

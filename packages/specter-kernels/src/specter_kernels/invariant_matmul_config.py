@@ -5,13 +5,27 @@ a split of K across programs, changes the order in which a row's products are
 summed, and so its rounding. BLOCK_M is fixed at 16 (the smallest tensor-core
 tile): at decode and verification sizes (M <= 64) the matmul is bound by
 reading the weight, so a larger BLOCK_M would only waste lanes.
+
+Tiles measured best on a GPU model (``scripts/sweep_invariant_matmul.py``) are kept in
+``tuned/invariant_matmul_<gpu>.json`` beside this module, keyed by (N, K, dtype); the
+variable ``SPECTER_INVARIANT_MATMUL_CONFIGS`` names another such file. Shapes not in the
+file get the heuristic below. Either way the tile is a function of (N, K, dtype, GPU model)
+and never of M, so tuning keeps the kernel batch-invariant.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+TUNED_CONFIGS_ENV = "SPECTER_INVARIANT_MATMUL_CONFIGS"
+TUNED_DIR = Path(__file__).parent / "tuned"
 
 BLOCK_M = 16
 
@@ -39,8 +53,50 @@ def _pow2_at_least(value: int, floor: int) -> int:
     return max(floor, 1 << max(0, value - 1).bit_length())
 
 
-def matmul_config(N: int, K: int, dtype: torch.dtype) -> MatmulConfig:
+def tuned_config_path(device_name: str) -> Path:
+    """The tuned-tile file of a GPU model: ``$SPECTER_INVARIANT_MATMUL_CONFIGS`` when set,
+    else ``tuned/invariant_matmul_<gpu>.json`` (``"NVIDIA H200"`` -> ``nvidia_h200``)."""
+    override = os.environ.get(TUNED_CONFIGS_ENV)
+    if override:
+        return Path(override)
+    slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
+    return TUNED_DIR / f"invariant_matmul_{slug}.json"
+
+
+@functools.cache
+def _tuned_table(path: Path) -> dict[tuple[int, int, str], MatmulConfig]:
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())["configs"]
+        table = {}
+        for e in entries:
+            tile = (int(e["block_n"]), int(e["block_k"]), int(e["num_warps"]), int(e["num_stages"]))
+            table[(int(e["N"]), int(e["K"]), str(e["dtype"]))] = MatmulConfig(BLOCK_M, *tile)
+        return table
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{path} is not a tuned invariant-matmul file ({type(error).__name__}: {error}); "
+            "expected {'configs': [{'N', 'K', 'dtype', 'block_n', 'block_k', 'num_warps', "
+            f"'num_stages'}}, ...]}}; fix it, delete it or unset {TUNED_CONFIGS_ENV}"
+        ) from error
+
+
+def tuned_matmul_config(
+    N: int, K: int, dtype: torch.dtype, device_name: str
+) -> MatmulConfig | None:
+    """The tuned tile of this shape on this GPU model, or None when none was measured."""
+    key = (N, K, str(dtype).removeprefix("torch."))
+    return _tuned_table(tuned_config_path(device_name)).get(key)
+
+
+def matmul_config(
+    N: int, K: int, dtype: torch.dtype, device_name: str | None = None
+) -> MatmulConfig:
     """The tile shape for an ``[*, K] x [K, N]`` product of ``dtype`` inputs.
+
+    With ``device_name`` (a CUDA device's name) a tuned tile of that GPU model is used
+    when one exists for (N, K, dtype); otherwise the heuristic below.
 
     Narrow outputs get narrow tiles so that small N (2048-wide projections)
     still spreads over the GPU's ~132 SMs without splitting K; wide ones
@@ -54,6 +110,10 @@ def matmul_config(N: int, K: int, dtype: torch.dtype) -> MatmulConfig:
     Returns:
         The config; equal arguments always give an equal config.
     """
+    if device_name is not None:
+        tuned = tuned_matmul_config(N, K, dtype, device_name)
+        if tuned is not None:
+            return tuned
     if N >= 32768:
         block_n = 128
     elif N >= 8192:

@@ -9,6 +9,8 @@ whatever M and B are: a row's result does not depend on the rows beside it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -83,6 +85,12 @@ def _invariant_matmul_kernel(
     )
 
 
+@functools.cache
+def _device_name(device: torch.device) -> str | None:
+    """The GPU model's name (tuned tiles are per model); None off CUDA."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
 def launch_invariant_bmm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -93,7 +101,7 @@ def launch_invariant_bmm(
     """Run the kernel on validated ``a [B, M, K]``, ``b [B, K, N]`` into ``out [B, M, N]``."""
     B, M, K = a.shape
     N = b.shape[2]
-    c = config or matmul_config(N, K, a.dtype)
+    c = config or matmul_config(N, K, a.dtype, _device_name(a.device))
     grid = (triton.cdiv(M, c.block_m), triton.cdiv(N, c.block_n), B)
     _invariant_matmul_kernel[grid](
         a, b, bias if bias is not None else out, out,
