@@ -130,3 +130,18 @@ def test_a_broken_tuned_file_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv(cfg.TUNED_CONFIGS_ENV, str(path))
     with pytest.raises(ValueError, match="not a tuned invariant-matmul file"):
         cfg.matmul_config(8, 8, torch.float16, "Some GPU")
+
+
+def test_the_shipped_h200_tiles_load_and_keep_the_fixed_row_tile(monkeypatch):
+    from specter_kernels import invariant_matmul_config as cfg
+
+    monkeypatch.delenv(cfg.TUNED_CONFIGS_ENV, raising=False)
+    path = cfg.tuned_config_path("NVIDIA H200")
+    assert path.is_file(), path
+    table = cfg._tuned_table(path)
+    assert (2048, 2048, "float16") in table
+    assert all(tile.block_m == cfg.BLOCK_M for tile in table.values())
+    assert (
+        cfg.matmul_config(2048, 2048, torch.float16, "NVIDIA H200")
+        == table[(2048, 2048, "float16")]
+    )
