@@ -22,6 +22,8 @@ import pytest
 import torch
 
 from model_helpers import random_prompt, reference_from_checkpoint
+from specter_kernels import BatchInvariantMode
+from specter_kernels.batch_invariant_mode import COVERED_CALLS
 from specter_models import load
 from specter_spec import SpecController
 
@@ -130,3 +132,102 @@ def test_a_budget_keeps_the_cache_path(checkpoints):
     lm.target.forward(random_prompt(4, lm.config.vocab_size, seed=1), 0)
     assert lm.cache.stats()["total"]["acquires"] > 0
     assert not any(module._fully_resident() for module in lm.experts)
+
+
+class _CoveredCallRecorder(torch.overrides.TorchFunctionMode):
+    """Records row-count-sensitive torch calls on float tensors made outside the scopes."""
+
+    def __init__(self, inside: list[int]):
+        super().__init__()
+        self.inside = inside
+        self.outside: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in COVERED_CALLS and not self.inside[0] and _is_sensitive(func, args):
+            self.outside.append(getattr(func, "__name__", str(func)))
+        return func(*args, **kwargs)
+
+
+def _is_sensitive(func, args) -> bool:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors or not tensors[0].dtype.is_floating_point:
+        return False
+    matmuls = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.mm)
+    # A reduction of length one (rotary frequencies) is exact whatever the row count.
+    return not (func in matmuls and tensors[0].shape[-1] == 1)
+
+
+def test_every_row_count_sensitive_call_of_a_target_forward_is_covered(
+    checkpoints, arch_name, monkeypatch
+):
+    # Structural: whatever the CPU's own kernels do, no GEMM, last-dim reduction, softmax,
+    # norm or attention call of a target forward may run outside the invariant wrappers.
+    from specter_models import invariant_scopes, specter_experts
+
+    inside = [0]
+
+    def tracked(factory):
+        class Tracked(factory):
+            def __enter__(self):
+                inside[0] += 1
+                return super().__enter__()
+
+            def __exit__(self, *exc):
+                inside[0] -= 1
+                return super().__exit__(*exc)
+
+        return Tracked
+
+    def kernel(function):
+        # A specter-kernels entry point: its internals (the CPU references' row-at-a-time
+        # products) are the kernel's business, invariant by construction.
+        def call(*args, **kwargs):
+            inside[0] += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+
+        return call
+
+    monkeypatch.setattr(invariant_scopes, "BatchInvariantMode", tracked(BatchInvariantMode))
+    monkeypatch.setattr(specter_experts, "BatchInvariantMode", tracked(BatchInvariantMode))
+    monkeypatch.setattr(
+        invariant_scopes, "invariant_linear", kernel(invariant_scopes.invariant_linear)
+    )
+    monkeypatch.setattr(
+        specter_experts, "grouped_moe_fp16", kernel(specter_experts.grouped_moe_fp16)
+    )
+    for dtype in (torch.float32, torch.float16):
+        lm = load(
+            checkpoints[arch_name],
+            device="cpu",
+            dtype=dtype,
+            slots_per_layer=3,
+            batch_invariant=True,
+        )
+        recorder = _CoveredCallRecorder(inside)
+        with recorder:
+            lm.target.forward(random_prompt(5, lm.config.vocab_size, seed=2), 0)
+            lm.target.forward(random_prompt(3, lm.config.vocab_size, seed=3), 5)
+        assert recorder.outside == [], (dtype, recorder.outside)
+        assert inside[0] == 0
+        # The draft (same modules) runs torch's own kernels: the wrappers are inert there.
+        recorder = _CoveredCallRecorder(inside)
+        with recorder:
+            lm.draft.forward(random_prompt(1, lm.config.vocab_size, seed=4), 8)
+        assert recorder.outside, "the draft's linears should be torch's own"
+
+
+def test_wrappers_are_installed_once_and_are_inert_outside_target_forwards(checkpoints):
+    from specter_models.invariant_scopes import install_batch_invariance, needs_scope
+
+    lm = load(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float32)
+    routers = [m for m in lm.model.modules() if type(m).__name__.endswith("Router")]
+    assert routers
+    assert all(needs_scope(m) for m in routers)  # PhiMoE's router is a Linear subclass
+    assert install_batch_invariance(lm.model, lm.runtime) == {"linear": 0, "scoped": 0}
+    linear = lm.model.lm_head
+    x = torch.randn(3, linear.in_features)
+    assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias))

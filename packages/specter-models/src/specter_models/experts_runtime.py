@@ -54,6 +54,8 @@ class ExpertsRuntime:
     ):
         self.cache = cache
         self.batch_invariant = batch_invariant
+        # True only while a batch-invariant target forward runs (see invariant_scopes).
+        self.invariant_active = False
         self.counter = counter
         self.mode: ExpertsMode | None = None
         self.verification = verification
@@ -75,13 +77,15 @@ class ExpertsRuntime:
 
     @contextlib.contextmanager
     def running(self, mode: ExpertsMode) -> Iterator[None]:
-        """Run the experts modules in ``mode`` for the duration of the block."""
-        previous = self.mode
+        """Run the experts modules in ``mode`` for the duration of the block; a target
+        forward of a batch-invariant model also switches ``invariant_active`` on."""
+        previous = self.mode, self.invariant_active
         self.mode = mode
+        self.invariant_active = mode is ExpertsMode.TARGET and self.batch_invariant
         try:
             yield
         finally:
-            self.mode = previous
+            self.mode, self.invariant_active = previous
 
     def record_routing(self, enabled: bool = True) -> None:
         """Start (or stop) recording the target's needed experts per layer and forward.

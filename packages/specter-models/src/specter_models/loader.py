@@ -35,6 +35,7 @@ from specter_models.checkpoint import (
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.gptq_checkpoint import load_gptq_draft
 from specter_models.int4_draft import Int4LayerBuilder
+from specter_models.invariant_scopes import install_batch_invariance
 from specter_models.kv_cache import StaticKVCache
 from specter_models.memory_meter import MemoryMeter
 from specter_models.memory_plan import DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_VERIFY_ROWS, plan_memory
@@ -145,6 +146,7 @@ def load(
         batch_invariant=bool(batch_invariant),
     )
     experts = swap_routed_experts(model, runtime)
+    install_batch_invariance(model, runtime)  # inert until a batch-invariant target forward
     tied = materialize(model, device, sync_free_rotary=True)
     layers = find_moe_layers(model)
     files = CheckpointFiles(folder) if folder is not None else None

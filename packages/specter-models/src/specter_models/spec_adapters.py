@@ -12,20 +12,17 @@ Both adapters drive the same transformers model object and the same ``StaticKVCa
 For DeepSeek-V2 the shared rows are MLA's compressed latents. Rollback of either kind only
 moves lengths (``StaticKVCache.crop_to``).
 
-With ``ExpertsRuntime.batch_invariant`` the target forward runs under specter-kernels'
-``BatchInvariantMode``: a row's logits are then the same bits whether it is verified alone
-(plain decoding) or with K others (speculation), so exact greedy equality holds in fp16.
-The draft needs no such care: it only proposes.
+With ``ExpertsRuntime.batch_invariant`` the target forward switches on the batch-invariant
+wrappers of ``invariant_scopes`` (``runtime.running`` does it): a row's logits are then the
+same bits whether it is verified alone (plain decoding) or with K others (speculation), so
+exact greedy equality holds in fp16. The draft needs no such care: it only proposes.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from transformers import PreTrainedModel
 
-from specter_kernels import BatchInvariantMode
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.kv_cache import StaticKVCache
 
@@ -98,13 +95,8 @@ class _Adapter:
     def _run(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Forward ``input_ids`` at ``start_pos`` after the cache was cropped to it."""
         positions = self.kv.positions(start_pos, input_ids.shape[1], input_ids.device)
-        invariant = self.mode is ExpertsMode.TARGET and self.runtime.batch_invariant
         try:
-            with (
-                torch.no_grad(),
-                self.runtime.running(self.mode),
-                BatchInvariantMode() if invariant else contextlib.nullcontext(),
-            ):
+            with torch.no_grad(), self.runtime.running(self.mode):
                 output = self.model(
                     input_ids=input_ids,
                     position_ids=positions,

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from specter_kernels import (
+    BatchInvariantMode,
     Int4Weight,
     dequantize_int4,
     fused_moe_w4a16,
@@ -250,7 +251,9 @@ class SpecterExperts(nn.Module):
             slots = tuple(cache.slot_of(self.layer, e) for e in experts)
         weighted = ((e, gate_up[s], down[s]) for e, s in zip(experts, slots, strict=True))
         if out.dim() == 3:
-            write_expert_pairs(x, ids, weights, weighted, out)
+            # Plain-torch experts: their linears see as many rows as routed to the expert.
+            with BatchInvariantMode():
+                write_expert_pairs(x, ids, weights, weighted, out)
         else:
             accumulate_experts(x, ids, weights, weighted, out)
 
