@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specter_bench.tables import markdown_table
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RANDOM = ROOT / "benchmarks/results/bench-deepseek-v2-lite-2026-11-29.jsonl"
 
@@ -139,21 +141,8 @@ def read_inputs(paths: Iterable[str | Path]) -> Inputs:
     return inputs
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(_fmt(c) for c in row) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(headers, rows, digits=3)
 
 
 def _is_random(record: dict[str, Any]) -> bool:

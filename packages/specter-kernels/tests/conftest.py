@@ -92,3 +92,12 @@ def poisoned(monkeypatch, triton_backend):
 
     for module in (w4a16_triton, grouped_fp16_triton, moe_align_triton):
         monkeypatch.setattr(module, "torch", PoisonedTorch())
+
+
+@pytest.fixture(params=["torch", "triton"])
+def backend(request, monkeypatch):
+    """Runs a test on the torch reference and on the Triton kernel (interpreted on the CPU)."""
+    if request.param == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", request.param)
+    return request.param

@@ -20,14 +20,6 @@ ROUTED = [
 ]
 
 
-@pytest.fixture(params=["torch", "triton"])
-def backend(request, monkeypatch):
-    if request.param == "triton":
-        pytest.importorskip("triton")
-    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", request.param)
-    return request.param
-
-
 @pytest.fixture
 def calls(monkeypatch):
     """Counts of the invariant functions the mode calls, by name."""

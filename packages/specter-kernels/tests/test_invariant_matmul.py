@@ -9,15 +9,6 @@ from kernel_helpers import rel_err
 TOLERANCE = {torch.float16: 2e-3, torch.float32: 1e-5}
 
 
-@pytest.fixture(params=["torch", "triton"])
-def backend(request, monkeypatch):
-    """Each test runs on the torch reference and on the Triton kernel (interpreted)."""
-    if request.param == "triton":
-        pytest.importorskip("triton")
-    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize(("M", "K", "N"), [(1, 1, 7), (5, 37, 50), (19, 70, 33)])
 def test_mm_matches_torch(seed, backend, dtype, M, K, N):

@@ -8,14 +8,6 @@ import specter_kernels as sk
 from kernel_helpers import rel_err
 
 
-@pytest.fixture(params=["torch", "triton"])
-def backend(request, monkeypatch):
-    if request.param == "triton":
-        pytest.importorskip("triton")
-    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", request.param)
-    return request.param
-
-
 def _ops(weight, bias):
     N = weight.shape[0]
     return {

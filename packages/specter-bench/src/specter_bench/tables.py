@@ -47,12 +47,13 @@ def format_value(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 2) -> str:
     """A GitHub-flavoured markdown table; numbers right-aligned.
 
     Args:
         headers: column titles.
         rows: one sequence of cells per row (cells are formatted with :func:`format_value`).
+        digits: decimals of float cells.
 
     Raises:
         ValueError: a row whose length differs from ``headers``.
@@ -68,7 +69,7 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     lines = ["| " + " | ".join(headers) + " |"]
     lines.append("|" + "|".join("---:" if n else "---" for n in numeric) + "|")
     for r in rows:
-        cells = [format_value(c).replace("|", "\\|") for c in r]
+        cells = [format_value(c, digits).replace("|", "\\|") for c in r]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
