@@ -10,7 +10,7 @@ host (``torch.where``): a reference path, not a decode hot path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -51,11 +51,7 @@ def accumulate_experts(
     Returns:
         ``out``.
     """
-    for expert, gate_up, down in experts:
-        tokens, slots = torch.where(topk_ids == expert)
-        if tokens.numel() == 0:
-            continue
-        y = expert_mlp(x[tokens], gate_up, down) * topk_weights[tokens, slots, None]
+    for tokens, _, y in _routed_outputs(x, topk_ids, topk_weights, experts):
         out.index_add_(0, tokens, y.to(out.dtype))
     return out
 
@@ -83,10 +79,25 @@ def write_expert_pairs(
     Returns:
         ``out``.
     """
+    for tokens, slots, y in _routed_outputs(x, topk_ids, topk_weights, experts):
+        out[tokens, slots] = y.to(out.dtype)
+    return out
+
+
+def _routed_outputs(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: Iterable[tuple[int, torch.Tensor, torch.Tensor]],
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(tokens [n], top-k slots [n], weighted outputs [n, H])`` of each expert's routed
+    pairs, for experts that some token chose."""
     for expert, gate_up, down in experts:
         tokens, slots = torch.where(topk_ids == expert)
         if tokens.numel() == 0:
             continue
-        y = expert_mlp(x[tokens], gate_up, down) * topk_weights[tokens, slots, None]
-        out[tokens, slots] = y.to(out.dtype)
-    return out
+        yield (
+            tokens,
+            slots,
+            expert_mlp(x[tokens], gate_up, down) * topk_weights[tokens, slots, None],
+        )
