@@ -135,6 +135,7 @@ def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_pa
         (["bench", "--model", "tiny-qwen2-moe", "--systems", "vllm"], "unknown system 'vllm'"),
         (["bench", "--model", "tiny-qwen2-moe", "--budgets", "x"], "GPU memory budget must be"),
         (["kernel-bench", "--tokens", "a,b"], "comma-separated list of ints"),
+        (["generate", "--batch-invariant", "maybe", "x"], "expected auto, on or off"),
         (["report", "/no/such.jsonl"], "does not exist"),
     ],
 )
@@ -210,6 +211,26 @@ def test_bench_kernel_bench_profile_depth_and_report(capsys, tmp_path):
     assert "### TPOT per system" in text
     assert "### Routed-expert kernels (one MoE layer)" in text
     assert "specter bench ..." in text
+
+
+@pytest.mark.parametrize(("flag", "expected"), [(None, False), ("on", True), ("off", False)])
+def test_bench_records_whether_verification_was_batch_invariant(capsys, tmp_path, flag, expected):
+    # auto is off on the CPU (on for fp16/bf16 on CUDA); "on" forces it anywhere.
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    argv = [
+        "bench", "--model", "tiny-deepseek-v2", "--experiment", "tpot", "--systems", "specter",
+        "--budgets", "unlimited", "--prompts", "jsonl", "--prompts-path", str(prompts),
+        "--max-new-tokens", "3", "--depth", "2", "--dtype", "float32", "--warmup", "0",
+        "--out", str(tmp_path), "--tag", "bi",
+    ]  # fmt: skip
+    if flag is not None:
+        argv += ["--batch-invariant", flag]
+    code, _, err = _run(capsys, *argv)
+    assert code == 0, err
+    lines = (tmp_path / "bench-tiny-deepseek-v2-bi.jsonl").read_text().splitlines()
+    tpot = [json.loads(line) for line in lines if json.loads(line)["kind"] == "tpot"]
+    assert [r["extra"]["settings"]["batch_invariant"] for r in tpot] == [expected]
 
 
 def test_python_dash_m_runs_the_cli():

@@ -88,6 +88,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         hf_compile=not args.hf_no_compile,
         offload_new_tokens=args.offload_new_tokens,
         offload_prompts=args.offload_prompts,
+        batch_invariant=args.batch_invariant,
         command=getattr(args, "invocation", None),
         **kwargs,  # type: ignore[arg-type]
     )
@@ -138,6 +139,7 @@ def run_profile_depth(args: argparse.Namespace) -> int:
         dtype=dtype,
         seed=args.weights_seed,
         max_seq_len=-(-need // 64) * 64,
+        batch_invariant=args.batch_invariant,
     )
     print(f"{loaded!r}: depths {args.depths} over {len(prompts)} prompts")
     depths = sorted(set(args.depths))

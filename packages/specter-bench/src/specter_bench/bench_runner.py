@@ -345,6 +345,7 @@ class BenchRunner:
             dtype=cfg.dtype,
             seed=cfg.seed,
             max_seq_len=self.max_seq_len,
+            batch_invariant=cfg.batch_invariant,
         )
         load_s = time.perf_counter() - started
         self.log(f"loaded {loaded!r} in {load_s:.1f} s")

@@ -102,6 +102,15 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def parse_batch_invariant(text: str) -> bool | None:
+    """``auto`` -> None (the loader decides), ``on`` -> True, ``off`` -> False."""
+    choices = {"auto": None, "on": True, "off": False}
+    value = text.strip().lower()
+    if value not in choices:
+        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
+    return choices[value]
+
+
 # ------------------------------------------------------------------------------------ parser
 
 
@@ -126,6 +135,15 @@ def _add_model_args(
         type=int,
         default=0,
         help="seed of a preset's random weights (default 0)",
+    )
+    p.add_argument(
+        "--batch-invariant",
+        type=parse_batch_invariant,
+        default=None,
+        metavar="{auto,on,off}",
+        help="batch-invariant verification: speculative greedy output equals plain greedy "
+        "output bit for bit in fp16, at some host time per target step (default auto: on "
+        "for fp16/bf16 on CUDA)",
     )
 
 

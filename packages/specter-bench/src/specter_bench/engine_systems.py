@@ -247,5 +247,6 @@ class EngineSystemRunner:
                 "fused_draft": self.system.fused_draft,
                 "policy": policy,
                 "draft": "int4" if self.loaded.draft is not None else None,
+                "batch_invariant": bool(getattr(self.loaded, "batch_invariant", False)),
             },
         )

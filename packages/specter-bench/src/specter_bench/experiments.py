@@ -85,6 +85,8 @@ class BenchConfig:
         offload_new_tokens: tokens per prompt for ``hf-offload``.
         offload_prompts: prompts for ``hf-offload``.
         sweep_prompts: prompts of the depth sweep (the first ones).
+        batch_invariant: batch-invariant verification of the engine systems (None: the
+            loader's default, on for fp16/bf16 on CUDA).
         command: the command line, recorded with the results.
     """
 
@@ -112,6 +114,7 @@ class BenchConfig:
     offload_new_tokens: int = 8
     offload_prompts: int = 1
     sweep_prompts: int = 2
+    batch_invariant: bool | None = None
     command: str | None = None
 
     def __post_init__(self) -> None:

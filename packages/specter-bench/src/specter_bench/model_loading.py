@@ -113,10 +113,12 @@ def load_engine(
     seed: int,
     max_seq_len: int,
     slots_per_layer: int | None = None,
+    batch_invariant: bool | None = None,
 ) -> Any:
     """``specter_models.load`` of the benchmark's model at one budget.
 
-    ``slots_per_layer`` replaces the budget when given (the two are exclusive).
+    ``slots_per_layer`` replaces the budget when given (the two are exclusive);
+    ``batch_invariant`` None lets the loader decide (on for fp16/bf16 on CUDA).
 
     Raises:
         ValueError, MemoryBudgetError, FileNotFoundError: from ``specter_models.load``.
@@ -133,6 +135,7 @@ def load_engine(
         policy=policy,
         seed=seed,
         max_seq_len=max_seq_len,
+        batch_invariant=batch_invariant,
     )
 
 

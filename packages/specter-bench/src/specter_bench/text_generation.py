@@ -185,6 +185,7 @@ def run_generate(args: argparse.Namespace) -> int:
         dtype=dtype,
         seed=args.weights_seed,
         max_seq_len=min(limit or need, -(-need // 64) * 64),
+        batch_invariant=args.batch_invariant,
     )
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if loaded.tokenizer is None and hasattr(tokenizer, "offset"):
