@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 import specter_models
+from specter_bench.system_run import first_mismatch
 from specter_spec import SpecController
 
 # Rough wall-clock need per model (build, warm-up, decoding, reference), to skip what would
@@ -277,10 +278,7 @@ def run_model(
     record["tokens_equal"] = result.tokens == plain.tokens
     record["tokens"] = result.tokens
     if not record["tokens_equal"]:
-        first = next(
-            i for i, (a, b) in enumerate(zip(result.tokens, plain.tokens, strict=False)) if a != b
-        )
-        record["first_mismatch"] = first
+        record["first_mismatch"] = first_mismatch(result.tokens, plain.tokens)
     print(f"[{name}] plain: {record['plain']}, tokens equal: {record['tokens_equal']}", flush=True)
 
     if name in args.contrast.split(",") and not all_resident:
@@ -301,14 +299,7 @@ def run_model(
             "plain_tpot_ms": other_plain.stats.tpot_s * 1e3,
             "acceptance_rate": other.stats.acceptance_rate,
             "spec_equals_plain": other.tokens == other_plain.tokens,
-            "first_mismatch": next(
-                (
-                    i
-                    for i, (a, b) in enumerate(zip(other.tokens, other_plain.tokens, strict=False))
-                    if a != b
-                ),
-                None,
-            ),
+            "first_mismatch": first_mismatch(other.tokens, other_plain.tokens),
         }
         lm.batch_invariant = not lm.batch_invariant
         print(f"[{name}] contrast: {record['contrast']}", flush=True)

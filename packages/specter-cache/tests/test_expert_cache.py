@@ -346,3 +346,17 @@ def test_store_with_lazy_experts_loads_on_first_use(tmp_path):
     for wave in cache.acquire(0, [2]):
         assert torch.equal(cache.slot_tensors(0)["w"][wave.slots[0]], w["e2"])
     assert [store.is_loaded(0, e) for e in range(4)] == [False, False, True, False]
+
+
+def test_all_resident_needs_a_slot_per_expert_and_every_load_landed(make_store):
+    store, _ = make_store(2, 4, LAYOUT)
+    engine = DeferredCopyEngine()  # holds loads in flight until waited for
+    cache = ExpertCache(store, slots_per_layer=[4, 3], device="cpu", copy_engine=engine)
+    assert not cache.all_resident(0)  # empty slots
+    cache.prefetch({0: [0, 1, 2, 3], 1: [0, 1, 2]})
+    assert not cache.all_resident(0)  # every slot claimed, the copies still in flight
+    cache.synchronize()
+    assert cache.all_resident(0)
+    assert not cache.all_resident(1)  # three slots for four experts: never
+    with pytest.raises(ValueError, match="layer must be an int"):
+        cache.all_resident(2)

@@ -516,6 +516,20 @@ class ExpertCache:
             for s, e in enumerate(pool.slot_expert)
         ]
 
+    def all_resident(self, layer: int) -> bool:
+        """Whether every expert of ``layer`` is loaded in a slot of its own.
+
+        Only a layer with a slot per expert can be; once it is, nothing can evict anything
+        there (every acquire hits, every prefetch is a no-op), so it stays so and callers
+        may remember a True answer. Checks load completion without blocking.
+        """
+        pool = self._pools[self._check_layer(layer)]
+        if pool.num_slots < self._store.num_experts:
+            return False
+        return all(e >= 0 for e in pool.slot_expert) and all(
+            event is None or event.query() for event in pool.ready
+        )
+
     def resident_experts(self, layer: int) -> list[int]:
         """Experts of ``layer`` that hold a slot (loaded or in flight), by slot order."""
         return [e for e in self._pools[self._check_layer(layer)].slot_expert if e >= 0]

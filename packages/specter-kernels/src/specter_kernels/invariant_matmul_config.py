@@ -56,7 +56,12 @@ def _pow2_at_least(value: int, floor: int) -> int:
 def tuned_config_path(device_name: str) -> Path:
     """The tuned-tile file of a GPU model: ``$SPECTER_INVARIANT_MATMUL_CONFIGS`` when set,
     else ``tuned/invariant_matmul_<gpu>.json`` (``"NVIDIA H200"`` -> ``nvidia_h200``)."""
-    override = os.environ.get(TUNED_CONFIGS_ENV)
+    return _config_path(device_name, os.environ.get(TUNED_CONFIGS_ENV) or None)
+
+
+@functools.cache
+def _config_path(device_name: str, override: str | None) -> Path:
+    # Cached: every matmul launch asks, and the answer only changes with the variable.
     if override:
         return Path(override)
     slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")

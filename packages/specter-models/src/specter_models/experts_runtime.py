@@ -54,8 +54,6 @@ class ExpertsRuntime:
     ):
         self.cache = cache
         self.batch_invariant = batch_invariant
-        # True only while a batch-invariant target forward runs (see invariant_scopes).
-        self.invariant_active = False
         self.counter = counter
         self.mode: ExpertsMode | None = None
         self.verification = verification
@@ -75,17 +73,21 @@ class ExpertsRuntime:
             )
         self._verification = kind
 
+    @property
+    def invariant_active(self) -> bool:
+        """True while a target forward of a batch-invariant model runs (the switch of the
+        wrappers in ``invariant_scopes``)."""
+        return self.mode is ExpertsMode.TARGET and self.batch_invariant
+
     @contextlib.contextmanager
     def running(self, mode: ExpertsMode) -> Iterator[None]:
-        """Run the experts modules in ``mode`` for the duration of the block; a target
-        forward of a batch-invariant model also switches ``invariant_active`` on."""
-        previous = self.mode, self.invariant_active
+        """Run the experts modules in ``mode`` for the duration of the block."""
+        previous = self.mode
         self.mode = mode
-        self.invariant_active = mode is ExpertsMode.TARGET and self.batch_invariant
         try:
             yield
         finally:
-            self.mode, self.invariant_active = previous
+            self.mode = previous
 
     def record_routing(self, enabled: bool = True) -> None:
         """Start (or stop) recording the target's needed experts per layer and forward.

@@ -13,7 +13,7 @@ For DeepSeek-V2 the shared rows are MLA's compressed latents. Rollback of either
 moves lengths (``StaticKVCache.crop_to``).
 
 With ``ExpertsRuntime.batch_invariant`` the target forward switches on the batch-invariant
-wrappers of ``invariant_scopes`` (``runtime.running`` does it): a row's logits are then the
+wrappers of ``invariant_scopes`` (``runtime.invariant_active``): a row's logits are then the
 same bits whether it is verified alone (plain decoding) or with K others (speculation), so
 exact greedy equality holds in fp16. The draft needs no such care: it only proposes.
 """

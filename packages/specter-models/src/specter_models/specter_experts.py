@@ -208,18 +208,11 @@ class SpecterExperts(nn.Module):
         return out.to(dtype)
 
     def _fully_resident(self) -> bool:
-        """Whether every expert of this layer is loaded into a slot of its own.
-
-        With a slot per expert nothing is ever evicted, so once true it stays true (the
-        no-budget configuration, prefetched when loading).
-        """
-        if self._resident:
-            return True
-        cache = self.runtime.cache
-        if cache.slots_per_layer[self.layer] < self.num_experts:
-            return False
-        states = cache.slot_states(self.layer)
-        self._resident = all(s.expert >= 0 and s.ready for s in states)
+        """Whether every expert of this layer is loaded into a slot of its own (the
+        no-budget configuration, prefetched when loading): ``ExpertCache.all_resident``,
+        remembered once true since it then stays true."""
+        if not self._resident:
+            self._resident = self.runtime.cache.all_resident(self.layer)
         return self._resident
 
     def _compute_wave(
