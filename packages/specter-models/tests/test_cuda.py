@@ -47,12 +47,14 @@ def test_cuda_expert_wise_equals_token_wise(name):
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_cuda_draft_step_has_no_host_sync(name):
-    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=3)
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphed"])
+def test_cuda_draft_step_has_no_host_sync(name, graphs):
+    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=3, cuda_graphs=graphs)
     lm.target.forward(torch.tensor([[1, 2, 3, 4]], device="cuda"), 0)
     token = torch.tensor([[5]], device="cuda")
-    lm.draft.forward(token, 4)  # warm-up: kernels compiled, buffers grown
-    lm.draft.truncate(4)
+    for _ in range(2):  # warm-up: kernels compiled, buffers grown, the step's graph captured
+        lm.draft.forward(token, 4)
+        lm.draft.truncate(4)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -62,6 +64,8 @@ def test_cuda_draft_step_has_no_host_sync(name):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert lm.draft.kv_length == 8
+    if graphs:
+        assert lm.graph_stats()["draft"]["replays"] == 4
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -94,12 +98,16 @@ def test_cuda_batch_invariant_rows_and_exact_speculation(name, slots):
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_cuda_all_resident_target_step_has_no_host_sync(name):
-    lm = load(name, device="cuda", dtype=torch.float16, seed=4)  # every expert resident
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphed"])
+def test_cuda_all_resident_target_step_has_no_host_sync(name, graphs):
+    # every expert resident
+    lm = load(name, device="cuda", dtype=torch.float16, seed=4, cuda_graphs=graphs)
     lm.target.forward(torch.tensor([[1, 2, 3, 4]], device="cuda"), 0)
     rows = torch.tensor([[5, 6, 7]], device="cuda")
-    lm.target.forward(rows, 4)  # warm-up: kernels compiled
-    lm.target.truncate(4)
+    for _ in range(2):  # warm-up: kernels compiled, both steps' graphs captured
+        lm.target.forward(rows, 4)
+        lm.target.forward(rows[:, :1], 7)
+        lm.target.truncate(4)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -108,3 +116,50 @@ def test_cuda_all_resident_target_step_has_no_host_sync(name):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert lm.cache.stats()["total"]["acquires"] == 0
+    if graphs:
+        assert lm.graph_stats()["target"]["replays"] == 2
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_graph_replays_the_window_forward_bit_for_bit(name):
+    lm = load(name, device="cuda", dtype=torch.float16, seed=6)  # all resident, graphs on
+    assert lm.cuda_graphs
+    generator = torch.Generator("cuda").manual_seed(2)
+    prompt = torch.randint(0, lm.config.vocab_size, (1, 40), device="cuda", generator=generator)
+    for role, count in (("target", 3), ("draft", 1)):
+        adapter = getattr(lm, role)
+        rows = torch.randint(0, lm.config.vocab_size, (1, count), device="cuda")
+        results = []
+        for _ in range(3):  # window mode eagerly, eagerly then captured, replayed
+            lm.reset()
+            lm.target.forward(prompt, 0)
+            results.append(adapter.forward(rows, 40))
+            assert lm.kv.cache.length == 40 + count
+        stats = adapter.graphs.stats
+        assert stats.disabled_reason is None
+        assert (stats.captures, stats.replays) >= (1, 1)
+        assert torch.equal(results[2], results[0])
+        assert torch.equal(results[1], results[0])
+
+
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("slots", [2, None])
+def test_cuda_graphed_speculation_equals_plain_decoding(name, slots):
+    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=slots, seed=7)
+    prompt = torch.randint(0, lm.config.vocab_size, (60,), device="cuda").tolist()
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 40)
+    for depth in (1, 4):
+        lm.reset()
+        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
+        assert spec.generate(prompt, 40).tokens == plain.tokens
+    stats = lm.graph_stats()
+    assert stats["draft"]["replays"] > 0
+    assert stats["draft"]["disabled_reason"] is None
+    if slots is None:
+        assert stats["target"]["replays"] > 0
+        assert stats["target"]["disabled_reason"] is None
+    eager = load(
+        name, device="cuda", dtype=torch.float16, slots_per_layer=slots, seed=7, cuda_graphs=False
+    )
+    # Window mode only adds masked (zero) terms to attention's sums: same tokens as eager.
+    assert SpecController(None, eager.target, depth=0).generate(prompt, 40).tokens == plain.tokens

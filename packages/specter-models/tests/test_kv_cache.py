@@ -104,3 +104,43 @@ def test_transformers_models_run_on_it_like_on_dynamic_cache(name):
             ]
             torch.testing.assert_close(out[0], out[1], rtol=0, atol=1e-12)
     assert static.length == dynamic.get_seq_length() == 12
+
+
+def test_window_mode_writes_at_device_positions_and_returns_the_window():
+    cache = _cache(layers=1, max_seq_len=16)
+    first = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    cache.update(first, first[..., :3], layer_idx=0)
+    rows = torch.randn(1, 2, 2, 4, dtype=torch.float64)
+    with cache.window(8, torch.tensor([5, 6]), end=7):
+        keys, values = cache.update(rows, rows[..., :3], layer_idx=0)
+        assert cache.get_mask_sizes(2, 0) == (8, 0)
+    assert keys.shape == (1, 2, 8, 4)
+    assert values.shape == (1, 2, 8, 3)
+    torch.testing.assert_close(keys[:, :, :7], torch.cat([first, rows], dim=2), rtol=0, atol=0)
+    assert cache.length == 7
+    assert cache.get_mask_sizes(1, 0) == (8, 0)  # window mode ended: the filled prefix again
+
+
+def test_window_mode_refuses_bad_windows_and_rows():
+    cache = _cache(layers=1, max_seq_len=16)
+    with (
+        pytest.raises(ValueError, match="window=4 must hold the 6 filled positions"),
+        cache.window(4, torch.tensor([5]), end=6),
+    ):
+        pass
+    with pytest.raises(ValueError, match="max_seq_len=16"), cache.window(32, torch.tensor([5]), 6):
+        pass
+    rows = torch.zeros(1, 2, 2, 4, dtype=torch.float64)
+    with (
+        pytest.raises(ValueError, match="2 key rows and 2 value rows for 1 write positions"),
+        cache.window(8, torch.tensor([5]), end=6),
+    ):
+        cache.update(rows, rows[..., :3], layer_idx=0)
+
+
+def test_set_length_moves_every_layer():
+    cache = _cache(layers=3, max_seq_len=16)
+    cache.set_length(9)
+    assert [layer.length for layer in cache.layers] == [9, 9, 9]
+    with pytest.raises(ValueError, match=r"\[0, 16\]"):
+        cache.set_length(17)

@@ -89,6 +89,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         offload_new_tokens=args.offload_new_tokens,
         offload_prompts=args.offload_prompts,
         batch_invariant=args.batch_invariant,
+        cuda_graphs=args.cuda_graphs,
         command=getattr(args, "invocation", None),
         **kwargs,  # type: ignore[arg-type]
     )
@@ -140,6 +141,7 @@ def run_profile_depth(args: argparse.Namespace) -> int:
         seed=args.weights_seed,
         max_seq_len=-(-need // 64) * 64,
         batch_invariant=args.batch_invariant,
+        cuda_graphs=args.cuda_graphs,
     )
     print(f"{loaded!r}: depths {args.depths} over {len(prompts)} prompts")
     depths = sorted(set(args.depths))

@@ -102,7 +102,7 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def parse_batch_invariant(text: str) -> bool | None:
+def parse_auto_switch(text: str) -> bool | None:
     """``auto`` -> None (the loader decides), ``on`` -> True, ``off`` -> False."""
     choices = {"auto": None, "on": True, "off": False}
     value = text.strip().lower()
@@ -138,12 +138,20 @@ def _add_model_args(
     )
     p.add_argument(
         "--batch-invariant",
-        type=parse_batch_invariant,
+        type=parse_auto_switch,
         default=None,
         metavar="{auto,on,off}",
         help="batch-invariant verification: speculative greedy output equals plain greedy "
         "output bit for bit in fp16, at some host time per target step (default auto: on "
         "for fp16/bf16 on CUDA)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        type=parse_auto_switch,
+        default=None,
+        metavar="{auto,on,off}",
+        help="capture decode steps as CUDA graphs: every draft step, and target steps while "
+        "every expert is resident (default auto: on for CUDA)",
     )
 
 

@@ -83,6 +83,12 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
 cleared and no prefetch, that policy is exactly LRU)."""
 
 
+def _graph_stats(loaded: Any) -> dict[str, Any] | None:
+    """The model's CUDA-graph counters for this decode (``SpecterModel.graph_stats``)."""
+    stats = getattr(loaded, "graph_stats", None)
+    return stats() if callable(stats) else None
+
+
 def make_depth_policy(depth: int | str, max_depth: int = 16) -> Any:
     """A fixed depth K, or ``"auto"``: specter-spec's online ``AdaptiveDepth`` up to ``max_depth``.
 
@@ -248,5 +254,7 @@ class EngineSystemRunner:
                 "policy": policy,
                 "draft": "int4" if self.loaded.draft is not None else None,
                 "batch_invariant": bool(getattr(self.loaded, "batch_invariant", False)),
+                "cuda_graphs": bool(getattr(self.loaded, "cuda_graphs", False)),
+                "graphs": _graph_stats(self.loaded),
             },
         )

@@ -87,6 +87,8 @@ class BenchConfig:
         sweep_prompts: prompts of the depth sweep (the first ones).
         batch_invariant: batch-invariant verification of the engine systems (None: the
             loader's default, on for fp16/bf16 on CUDA).
+        cuda_graphs: CUDA graphs of the engine systems' decode steps (None: the loader's
+            default, on for CUDA).
         command: the command line, recorded with the results.
     """
 
@@ -115,6 +117,7 @@ class BenchConfig:
     offload_prompts: int = 1
     sweep_prompts: int = 2
     batch_invariant: bool | None = None
+    cuda_graphs: bool | None = None
     command: str | None = None
 
     def __post_init__(self) -> None:

@@ -114,11 +114,13 @@ def load_engine(
     max_seq_len: int,
     slots_per_layer: int | None = None,
     batch_invariant: bool | None = None,
+    cuda_graphs: bool | None = None,
 ) -> Any:
     """``specter_models.load`` of the benchmark's model at one budget.
 
     ``slots_per_layer`` replaces the budget when given (the two are exclusive);
-    ``batch_invariant`` None lets the loader decide (on for fp16/bf16 on CUDA).
+    ``batch_invariant`` None lets the loader decide (on for fp16/bf16 on CUDA); so does
+    ``cuda_graphs`` None (on for CUDA).
 
     Raises:
         ValueError, MemoryBudgetError, FileNotFoundError: from ``specter_models.load``.
@@ -136,6 +138,7 @@ def load_engine(
         seed=seed,
         max_seq_len=max_seq_len,
         batch_invariant=batch_invariant,
+        cuda_graphs=cuda_graphs,
     )
 
 

@@ -171,12 +171,19 @@ def teacher_forced_pass(
         raise ValueError(f"start={start} is outside the sequence of {len(token_ids)} tokens.")
     device = getattr(spec_model, "device", None)
     ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+    # The hooks copy to the host: a step captured as a CUDA graph would skip them (or fail
+    # to capture), so specter-models' step graphs are off for the pass.
+    graphs = getattr(spec_model, "graphs", None)
     reset()
     try:
+        if graphs is not None:
+            spec_model.graphs = None  # type: ignore[attr-defined]
         with torch.no_grad(), recorder.recording():
             logits = spec_model.forward(ids, 0)  # type: ignore[attr-defined]
         return TeacherForcedPass(recorder.routing()[start:], logits[0, start:].clone())
     finally:
+        if graphs is not None:
+            spec_model.graphs = graphs  # type: ignore[attr-defined]
         reset()
 
 

@@ -13,11 +13,18 @@ The length is a Python int known on the host, which is what keeps the controller
 
 DeepSeek-V2 caches its compressed MLA latents through the same ``update``: the normed
 ``kv_lora_rank`` latent as the "keys" and the rotary part as the "values", one head each.
+
+**Window mode** (``StaticKVCache.window``), for forwards captured as CUDA graphs: shapes and
+addresses may not depend on the length, so ``update`` writes its rows at device-side
+positions (``index_copy_``) and returns the first ``window`` rows whatever the length; the
+caller masks the rows past each query's position (``window_mask``). Rows beyond the length
+hold stale but finite values (zeros, or rows of a rolled-back suffix), which the mask hides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -55,6 +62,7 @@ class StaticKVLayer(CacheLayerMixin):
         self.values = torch.zeros(1, hv, max_seq_len, dv, dtype=dtype, device=self.device)
         self.length = 0
         self.is_initialized = True
+        self._window: tuple[int, torch.Tensor, int] | None = None  # see StaticKVCache.window
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to do: the buffers exist from construction."""
@@ -75,6 +83,8 @@ class StaticKVLayer(CacheLayerMixin):
             ValueError: shapes, dtype or device differ from the buffers, or the rows would
                 run past ``max_seq_len``.
         """
+        if self._window is not None:
+            return self._update_window(key_states, value_states)
         start = self.length
         end = start + key_states.shape[-2]
         for name, new, buf in (
@@ -108,8 +118,27 @@ class StaticKVLayer(CacheLayerMixin):
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
+    def _update_window(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window mode: rows go to the device-side positions, the first ``window`` rows come
+        back (no host-side length in any shape or index)."""
+        window, positions, end = self._window
+        if key_states.shape[-2] != positions.numel() or value_states.shape[-2] != positions.numel():
+            raise ValueError(
+                f"StaticKVLayer.update in window mode: {key_states.shape[-2]} key rows and "
+                f"{value_states.shape[-2]} value rows for {positions.numel()} write positions"
+            )
+        self.keys.index_copy_(2, positions, key_states)
+        self.values.index_copy_(2, positions, value_states)
+        self.length = end
+        return self.keys[:, :, :window], self.values[:, :, :window]
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """``(kv_length, kv_offset)`` for a query of ``query_length`` rows (as DynamicLayer)."""
+        """``(kv_length, kv_offset)`` for a query of ``query_length`` rows (as DynamicLayer;
+        the window in window mode)."""
+        if self._window is not None:
+            return self._window[0], 0
         return self.length + query_length, 0
 
     def get_seq_length(self) -> int:
@@ -200,6 +229,43 @@ class StaticKVCache(Cache):
             raise ValueError(f"crop_to length must be >= 0, got {length}")
         for layer in self.layers:
             layer.length = min(layer.length, length)
+
+    def set_length(self, length: int) -> None:
+        """Declare every layer filled up to ``length`` (after a replayed CUDA graph wrote the
+        rows: the replay runs no Python, so no ``update`` moved the lengths).
+
+        Raises:
+            ValueError: ``length`` outside ``[0, max_seq_len]``.
+        """
+        if not 0 <= length <= self.max_seq_len:
+            raise ValueError(f"length must be in [0, {self.max_seq_len}], got {length}")
+        for layer in self.layers:
+            layer.length = length
+
+    @contextlib.contextmanager
+    def window(self, window: int, positions: torch.Tensor, end: int) -> Iterator[None]:
+        """Run the block's forward in window mode (see the module docstring).
+
+        Args:
+            window: rows every ``update`` returns, ``end <= window <= max_seq_len``.
+            positions: ``[T]`` int64 device positions the ``T`` new rows are written to.
+            end: the length once the rows are written (a host int: the positions' last + 1).
+
+        Raises:
+            ValueError: a window outside ``[end, max_seq_len]``.
+        """
+        if not end <= window <= self.max_seq_len:
+            raise ValueError(
+                f"window={window} must hold the {end} filled positions and fit "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        for layer in self.layers:
+            layer._window = (window, positions, end)
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                layer._window = None
 
     @property
     def nbytes(self) -> int:

@@ -65,6 +65,7 @@ def load(
     max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
     pin_memory: bool | None = None,
     batch_invariant: bool | None = None,
+    cuda_graphs: bool | None = None,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -95,6 +96,9 @@ def load(
             equals plain greedy output bit for bit (default: on for float16/bfloat16 on
             CUDA, where kernels pick tiles and reduction orders by row count; float32/64
             CPU models run the plain-torch path, where it is off unless asked for).
+        cuda_graphs: capture decode steps as CUDA graphs: the draft's one-row steps, and
+            the target's steps while every expert is resident (default: on for CUDA; see
+            ``SpecterModel.enable_step_graphs``).
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -113,6 +117,11 @@ def load(
     if gpu_memory_gb is not None and slots_per_layer is not None:
         raise ValueError("give gpu_memory_gb or slots_per_layer, not both")
     device = _resolve_device(device)
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError(
+            f"cuda_graphs=True needs a CUDA device, got device={str(device)!r}; pass "
+            "cuda_graphs=None or False on the CPU"
+        )
     folder, preset_name = _resolve_source(path_or_preset)
     config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
     arch = architecture_for(config)
@@ -214,7 +223,7 @@ def load(
         host_store_pinned=store.is_pinned,
         load_seconds=clock.laps,
     )
-    return SpecterModel(
+    loaded = SpecterModel(
         model=model,
         architecture=arch,
         runtime=runtime,
@@ -226,7 +235,13 @@ def load(
         tokenizer=tokenizer,
         memory=memory,
         source=source,
+        max_verify_rows=max_verify_rows,
     )
+    if cuda_graphs is None:
+        cuda_graphs = device.type == "cuda"
+    if cuda_graphs:
+        loaded.enable_step_graphs()
+    return loaded
 
 
 def _fill_store_and_draft(

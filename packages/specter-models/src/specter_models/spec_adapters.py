@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.kv_cache import StaticKVCache
+from specter_models.step_graphs import StepGraphs
 
 
 class SharedKV:
@@ -63,6 +64,7 @@ class _Adapter:
         self.model = model
         self.runtime = runtime
         self.kv = kv
+        self.graphs: StepGraphs | None = None  # window-mode / CUDA-graph steps, when set
         self._device = next(model.parameters()).device
 
     @property
@@ -93,9 +95,14 @@ class _Adapter:
             )
 
     def _run(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
-        """Forward ``input_ids`` at ``start_pos`` after the cache was cropped to it."""
+        """Forward ``input_ids`` at ``start_pos`` after the cache was cropped to it: a
+        graphed (window-mode) step where ``graphs`` applies, else transformers' forward."""
         positions = self.kv.positions(start_pos, input_ids.shape[1], input_ids.device)
         try:
+            if self.graphs is not None:
+                logits = self.graphs.forward(input_ids, start_pos)
+                if logits is not None:
+                    return logits
             with torch.no_grad(), self.runtime.running(self.mode):
                 output = self.model(
                     input_ids=input_ids,

@@ -11,11 +11,12 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from specter_cache import ExpertCache, RoutingCounter, SpeculativePrefetcher
 from specter_models.architecture import Architecture
-from specter_models.experts_runtime import ExpertsRuntime
+from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.memory_meter import MemoryPeaks
-from specter_models.memory_plan import MemoryPlan
+from specter_models.memory_plan import DEFAULT_MAX_VERIFY_ROWS, MemoryPlan
 from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
 from specter_models.specter_experts import SpecterExperts
+from specter_models.step_graphs import DEFAULT_WINDOW_STEP, StepGraphs
 
 
 @dataclass
@@ -83,6 +84,7 @@ class SpecterModel:
         tokenizer: Any,
         memory: MemoryReport,
         source: str,
+        max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
     ):
         self.model = model
         self.config: PretrainedConfig = model.config
@@ -98,6 +100,7 @@ class SpecterModel:
         self.tokenizer = tokenizer
         self.memory = memory
         self.source = source
+        self.max_verify_rows = max_verify_rows
 
     def __repr__(self) -> str:
         plan = self.memory.plan
@@ -130,11 +133,93 @@ class SpecterModel:
     def batch_invariant(self, enabled: bool) -> None:
         self.runtime.batch_invariant = bool(enabled)
 
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether decode steps are captured as CUDA graphs (see ``enable_step_graphs``)."""
+        graphs = self.target.graphs
+        return graphs is not None and graphs.capture
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, enabled: bool) -> None:
+        if enabled:
+            self.enable_step_graphs(capture=True)
+        else:
+            self.disable_step_graphs()
+
+    def enable_step_graphs(
+        self, *, capture: bool = True, window_step: int = DEFAULT_WINDOW_STEP
+    ) -> None:
+        """Run decode steps in the KV cache's window mode, captured as CUDA graphs.
+
+        The draft's steps of one row are graphed always; the target's steps of up to
+        ``max_verify_rows`` rows while every expert is resident (no budget), verification
+        is expert-wise and no routing trace is recorded (``specter_models.step_graphs``).
+
+        Args:
+            capture: capture and replay CUDA graphs (a CUDA model); False runs window mode
+                eagerly (the same arithmetic, uncaptured: what CPU tests compare).
+            window_step: KV windows are multiples of this many rows.
+
+        Raises:
+            ValueError: capture on a CPU model, or an unsupported attention implementation.
+        """
+        runtime, cache = self.runtime, self.kv.cache
+        resident = [False] * self.cache.num_layers
+
+        def target_applies() -> bool:
+            if runtime.verification != "expert" or runtime.routing_trace is not None:
+                return False
+            for layer, known in enumerate(resident):
+                # Once every expert holds its own slot nothing can evict it: remembered.
+                if not known:
+                    if not self.cache.all_resident(layer):
+                        return False
+                    resident[layer] = True
+            return True
+
+        self.target.graphs = StepGraphs(
+            self.model,
+            runtime,
+            cache,
+            ExpertsMode.TARGET,
+            max_rows=self.max_verify_rows,
+            window_step=window_step,
+            capture=capture,
+            applicable=target_applies,
+        )
+        if self.draft is not None:
+            self.draft.graphs = StepGraphs(
+                self.model,
+                runtime,
+                cache,
+                ExpertsMode.DRAFT,
+                max_rows=1,
+                window_step=window_step,
+                capture=capture,
+            )
+
+    def disable_step_graphs(self) -> None:
+        """Back to transformers' plain forward for every step (captured graphs are freed)."""
+        self.target.graphs = None
+        if self.draft is not None:
+            self.draft.graphs = None
+
+    def graph_stats(self) -> dict[str, dict[str, object] | None]:
+        """Captures, replays, eager window forwards and any disabling reason, per role."""
+        return {
+            role: (adapter.graphs.stats.as_dict() if adapter and adapter.graphs else None)
+            for role, adapter in (("target", self.target), ("draft", self.draft))
+        }
+
     def reset(self) -> None:
         """Empty the KV cache and zero every statistic (cache, prefetcher, counters).
 
-        Resident experts stay resident: a benchmark's warm-up decides what the cache holds.
+        Resident experts stay resident and captured CUDA graphs stay captured: a benchmark's
+        warm-up decides what the cache holds and which steps are graphed.
         """
+        for adapter in (self.target, self.draft):
+            if adapter is not None and adapter.graphs is not None:
+                adapter.graphs.stats.reset_counts()
         self.kv.reset()
         self.counter.clear()
         self.cache.reset_stats()

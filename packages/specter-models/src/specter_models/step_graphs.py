@@ -1,0 +1,277 @@
+"""CUDA graphs of decode steps: a captured forward per (rows, KV window), replayed.
+
+At batch size one a decode forward is thousands of small kernels, and launching them from
+Python costs far more than running them (an H200 runs a DeepSeek-V2-Lite step's kernels
+in about 4 ms; transformers' modeling code takes ten times that to launch them). A CUDA
+graph records the launches once and replays them with one call.
+
+A graph fixes every shape and address, so a graphed step runs the model in the KV cache's
+window mode (``StaticKVCache.window``): the new rows are written at device-side positions,
+attention reads the first ``window`` rows (a multiple of ``window_step``, at least the
+filled length) and a ``[1, 1, T, window]`` mask hides the rows past each query. One graph
+per ``(T, window, batch_invariant)`` is captured on the second use of that key (the first
+runs the same window-mode forward eagerly, which also compiles and autotunes every kernel);
+later uses replay it.
+
+Which steps are graphed:
+
+* the **draft**: every forward of ``T <= max_rows`` rows (in practice ``T = 1``); its INT4
+  experts are resident and its routing counter is a device-side ``index_add_``;
+* the **target**: only while every expert of every layer holds a slot of its own (no
+  budget), with expert-wise verification and no routing trace, i.e. when its forward has no
+  host decision in it. Under a budget each layer's cache bookkeeping runs on the host and
+  the target runs eagerly.
+
+Window mode changes only which masked rows an attention reduction also visits; those
+contribute exact zeros, so with batch invariance a graphed verification gives the same bits
+as a graphed plain step. Whenever the target's graphs apply, every forward of up to
+``max_rows`` rows goes through window mode (eager or replayed), so plain and speculative
+decoding compute every row the same way.
+
+A capture that fails (an operation CUDA graphs cannot record, such as a host sync in some
+model's code) switches graphs off for that role with the reason kept in ``stats()`` and a
+warning; the step's eager result is still returned.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
+from specter_models.kv_cache import StaticKVCache
+
+DEFAULT_WINDOW_STEP = 256
+"""KV rows a window grows by: attention visits at most this many masked rows per step."""
+CAPTURE_AFTER_USES = 2
+"""A key is captured at its second use, so one-off shapes (a short prefill) stay eager."""
+MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
+"""transformers attention implementations window mode supports, and their mask form."""
+
+
+@dataclass
+class _Step:
+    """The static tensors of one ``(T, window, batch_invariant)`` key."""
+
+    input_ids: torch.Tensor  # [1, T] int64
+    positions: torch.Tensor  # [1, T] int64
+    uses: int = 0
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None  # the graph's output [1, T, V]
+
+
+@dataclass
+class StepGraphStats:
+    """What the graphs of one role did.
+
+    Attributes:
+        captures: graphs captured.
+        replays: forwards served by a replay.
+        window_eager: forwards run eagerly in window mode (first uses of a key, or every
+            use where capture is off).
+        disabled_reason: why graphs were switched off, or None.
+        keys: the captured ``(T, window, batch_invariant)`` keys.
+    """
+
+    captures: int = 0
+    replays: int = 0
+    window_eager: int = 0
+    disabled_reason: str | None = None
+    keys: list[tuple[int, int, bool]] = field(default_factory=list)
+
+    def reset_counts(self) -> None:
+        """Zero ``replays`` and ``window_eager`` (captured graphs stay)."""
+        self.replays = self.window_eager = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "captures": self.captures,
+            "replays": self.replays,
+            "window_eager": self.window_eager,
+            "disabled_reason": self.disabled_reason,
+            "graphs": len(self.keys),
+        }
+
+
+def window_mask(
+    positions: torch.Tensor, key_positions: torch.Tensor, kind: str, dtype: torch.dtype
+) -> torch.Tensor:
+    """The causal mask of window mode: key ``j`` visible to query row ``i`` iff
+    ``j <= positions[i]``.
+
+    Args:
+        positions: ``[T]`` query positions (device).
+        key_positions: ``[W]`` ``0..W-1`` (device).
+        kind: ``"bool"`` (True = attend; SDPA) or ``"additive"`` (0 or the dtype's lowest
+            value; eager attention).
+        dtype: the additive mask's dtype (the model's).
+
+    Returns:
+        ``[1, 1, T, W]``.
+    """
+    visible = key_positions[None, :] <= positions[:, None]
+    if kind == "bool":
+        return visible[None, None]
+    lowest = torch.finfo(dtype).min
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
+        ~visible, lowest
+    )[None, None]
+
+
+class StepGraphs:
+    """Window-mode forwards of one role (draft or target), captured as CUDA graphs.
+
+    Args:
+        model: transformers' model (experts swapped for ``SpecterExperts``).
+        runtime: the shared experts runtime.
+        cache: the shared KV cache.
+        mode: the role's experts mode.
+        max_rows: most rows ``T`` a graphed forward takes.
+        window_step: windows are multiples of this many rows.
+        capture: capture CUDA graphs (needs a CUDA model); False runs window mode eagerly
+            every time (what the CPU tests check against the plain forward).
+        applicable: an extra host-side condition per forward (the target's all-resident
+            check), or None.
+
+    Raises:
+        ValueError: non-positive sizes, capture on a non-CUDA model, or an attention
+            implementation window mode does not support.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        runtime: ExpertsRuntime,
+        cache: StaticKVCache,
+        mode: ExpertsMode,
+        *,
+        max_rows: int,
+        window_step: int = DEFAULT_WINDOW_STEP,
+        capture: bool = True,
+        applicable: Callable[[], bool] | None = None,
+    ):
+        if max_rows < 1 or window_step < 1:
+            raise ValueError(
+                f"max_rows and window_step must be positive, got {max_rows} and {window_step}"
+            )
+        device = next(model.parameters()).device
+        if capture and device.type != "cuda":
+            raise ValueError(
+                f"CUDA graphs need a CUDA model, this one is on {device}; load on a GPU or "
+                "pass cuda_graphs=False"
+            )
+        attn = model.config._attn_implementation
+        if attn not in MASK_KINDS:
+            raise ValueError(
+                f"window mode supports attention implementations {sorted(MASK_KINDS)}, the "
+                f"model uses {attn!r}; load it with one of those or pass cuda_graphs=False"
+            )
+        self.model = model
+        self.runtime = runtime
+        self.cache = cache
+        self.mode = mode
+        self.max_rows = max_rows
+        self.window_step = window_step
+        self.capture = capture
+        self._applicable = applicable
+        self._mask_kind = MASK_KINDS[attn]
+        self._dtype = next(model.parameters()).dtype
+        self._device = device
+        self._key_positions = torch.arange(cache.max_seq_len, device=device)
+        self._steps: dict[tuple[int, int, bool], _Step] = {}
+        self._pool = None
+        self.stats = StepGraphStats()
+
+    @property
+    def active(self) -> bool:
+        """Whether graphs are still on (a failed capture switches them off)."""
+        return self.stats.disabled_reason is None
+
+    def window_for(self, end: int) -> int:
+        """The window of a forward that fills positions up to ``end``."""
+        step = self.window_step
+        return min(self.cache.max_seq_len, -(-end // step) * step)
+
+    def applies(self, rows: int) -> bool:
+        """Whether a forward of ``rows`` rows goes through window mode now."""
+        if not self.active or not 1 <= rows <= self.max_rows:
+            return False
+        return self._applicable is None or self._applicable()
+
+    def forward(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor | None:
+        """Run ``input_ids [1, T]`` at ``start_pos`` in window mode, replayed when captured.
+
+        The caller has cropped the cache to ``start_pos``; afterwards it holds
+        ``start_pos + T`` rows.
+
+        Returns:
+            Logits ``[1, T, V]`` (a tensor of the caller's own, not the graph's buffer), or
+            None when window mode does not apply (run the plain forward instead).
+        """
+        rows = input_ids.shape[1]
+        if not self.applies(rows):
+            return None
+        end = start_pos + rows
+        window = self.window_for(end)
+        key = (rows, window, self.runtime.batch_invariant)
+        step = self._steps.get(key)
+        if step is None:
+            step = _Step(
+                input_ids=torch.empty(1, rows, dtype=torch.long, device=self._device),
+                positions=torch.empty(1, rows, dtype=torch.long, device=self._device),
+            )
+            self._steps[key] = step
+        step.input_ids.copy_(input_ids)
+        step.positions.copy_(self._key_positions[start_pos:end].unsqueeze(0))
+        if step.graph is not None:
+            step.graph.replay()
+            self.cache.set_length(end)
+            self.stats.replays += 1
+            return step.logits.clone()  # the next replay overwrites the graph's buffer
+        logits = self._window_forward(step, window, end)
+        self.stats.window_eager += 1
+        step.uses += 1
+        if self.capture and step.uses >= CAPTURE_AFTER_USES:
+            self._capture(key, step, window, end)
+        return logits
+
+    def _window_forward(self, step: _Step, window: int, end: int) -> torch.Tensor:
+        """The forward a graph records (device-side positions and mask, fixed shapes)."""
+        positions = step.positions[0]
+        mask = window_mask(positions, self._key_positions[:window], self._mask_kind, self._dtype)
+        with (
+            torch.no_grad(),
+            self.runtime.running(self.mode),
+            self.cache.window(window, positions, end),
+        ):
+            output = self.model(
+                input_ids=step.input_ids,
+                position_ids=step.positions,
+                attention_mask=mask,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+        return output.logits
+
+    def _capture(self, key: tuple[int, int, bool], step: _Step, window: int, end: int) -> None:
+        """Record ``step``'s window forward (nothing runs: the KV rows and routing counts of
+        this use came from the eager forward just before)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()  # one pool: graphs never overlap
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread_local: CUDA calls of other threads (a user's) stay legal meanwhile.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                logits = self._window_forward(step, window, end)
+        except Exception as error:  # a model op CUDA graphs cannot record
+            reason = f"capture of {self.mode.value} rows={key[0]} window={key[1]} failed: {error}"
+            self.stats.disabled_reason = reason
+            warnings.warn(f"CUDA graphs switched off: {reason}", RuntimeWarning, stacklevel=3)
+            return
+        step.graph, step.logits = graph, logits
+        self.stats.captures += 1
+        self.stats.keys.append(key)

@@ -1,0 +1,133 @@
+"""Window-mode steps (what CUDA graphs record), run eagerly on the CPU: they must compute
+what the plain forward computes, hide stale KV rows, keep the KV contract, and apply to the
+target only when its forward has no host decision in it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model_helpers import random_prompt
+from specter_models import load
+from specter_models.step_graphs import StepGraphs, window_mask
+
+
+def _load(source, **kwargs):
+    return load(source, device="cpu", dtype=torch.float64, **kwargs)
+
+
+def _spoil_rows_beyond(lm, length: int) -> None:
+    """Fill every cached row past ``length`` with large values: stale rows a window visits."""
+    for layer in lm.kv.cache.layers:
+        layer.keys[:, :, length:] = 50.0
+        layer.values[:, :, length:] = -50.0
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_window_mode_computes_the_plain_forward(checkpoints, arch_name, role):
+    prompt = random_prompt(7, 96, seed=3)
+    rows = random_prompt(3 if role == "target" else 1, 96, seed=4)
+    results = []
+    for windowed in (False, True):
+        lm = _load(checkpoints[arch_name])  # every expert resident: the target applies
+        lm.target.forward(prompt, 0)
+        if windowed:
+            lm.enable_step_graphs(capture=False, window_step=4)
+            _spoil_rows_beyond(lm, prompt.shape[1])
+        adapter = getattr(lm, role)
+        logits = adapter.forward(rows, prompt.shape[1])
+        end = prompt.shape[1] + rows.shape[1]
+        assert lm.kv.cache.length == end
+        kv = [(layer.keys[:, :, :end].clone(), layer.values[:, :, :end].clone())
+              for layer in lm.kv.cache.layers]  # fmt: skip
+        results.append((logits, kv))
+        if windowed:
+            assert adapter.graphs.stats.window_eager == 1, "the step must have run windowed"
+    (plain, plain_kv), (windowed, windowed_kv) = results
+    torch.testing.assert_close(windowed, plain, rtol=1e-12, atol=1e-12)
+    for (k0, v0), (k1, v1) in zip(plain_kv, windowed_kv, strict=True):
+        torch.testing.assert_close(k1, k0, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(v1, v0, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("budget", [None, 3], ids=["all-resident", "three-slots"])
+def test_generation_is_unchanged_by_window_steps(checkpoints, budget):
+    source = checkpoints["tiny-deepseek-v2"]
+    prompt = random_prompt(6, 96, seed=8)[0].tolist()
+    plain = _load(source, slots_per_layer=budget).generate(prompt, 20, depth=3)
+    lm = _load(source, slots_per_layer=budget)
+    lm.enable_step_graphs(capture=False, window_step=8)
+    windowed = lm.generate(prompt, 20, depth=3)
+    assert windowed.tokens == plain.tokens
+    stats = lm.graph_stats()
+    assert stats["draft"]["window_eager"] > 0
+    if budget is None:
+        assert stats["target"]["window_eager"] > 0
+    else:  # under a budget each layer's cache bookkeeping is a host decision: plain forward
+        assert stats["target"]["window_eager"] == 0
+
+
+def test_target_window_mode_needs_expert_wise_verification_and_no_trace(checkpoints):
+    lm = _load(checkpoints["tiny-qwen2-moe"])
+    lm.enable_step_graphs(capture=False)
+    graphs = lm.target.graphs
+    assert graphs.applies(1)
+    assert graphs.applies(lm.max_verify_rows)
+    assert not graphs.applies(lm.max_verify_rows + 1)
+    lm.verification = "token"
+    assert not graphs.applies(1)
+    lm.verification = "expert"
+    lm.runtime.record_routing()
+    assert not graphs.applies(1)
+    lm.runtime.record_routing(False)
+    assert graphs.applies(1)
+    assert lm.draft.graphs.applies(1)
+    assert not lm.draft.graphs.applies(2)
+
+
+def test_window_rounds_up_to_the_step_and_stops_at_max_seq_len(checkpoints):
+    lm = _load(checkpoints["tiny-phimoe"], max_seq_len=40)
+    lm.enable_step_graphs(capture=False, window_step=16)
+    graphs = lm.target.graphs
+    assert [graphs.window_for(end) for end in (1, 16, 17, 33, 40)] == [16, 16, 32, 40, 40]
+
+
+def test_window_mask_hides_keys_past_each_query():
+    positions = torch.tensor([2, 3])
+    keys = torch.arange(6)
+    boolean = window_mask(positions, keys, "bool", torch.float16)
+    assert boolean.shape == (1, 1, 2, 6)
+    assert boolean[0, 0].tolist() == [[True] * 3 + [False] * 3, [True] * 4 + [False] * 2]
+    additive = window_mask(positions, keys, "additive", torch.float16)
+    assert additive.dtype == torch.float16
+    assert torch.equal(additive[0, 0] == 0, boolean[0, 0])
+    assert (additive[0, 0][~boolean[0, 0]] == torch.finfo(torch.float16).min).all()
+
+
+def test_reset_zeroes_the_counts_and_disable_restores_the_plain_forward(checkpoints):
+    lm = _load(checkpoints["tiny-deepseek-v2"])
+    lm.enable_step_graphs(capture=False)
+    lm.generate([3, 4, 5], 6, depth=2)
+    assert lm.graph_stats()["target"]["window_eager"] > 0
+    lm.reset()
+    assert lm.graph_stats()["target"]["window_eager"] == 0
+    assert lm.cuda_graphs is False  # window mode without capture is not CUDA graphs
+    lm.disable_step_graphs()
+    assert lm.graph_stats() == {"target": None, "draft": None}
+
+
+def test_capture_needs_a_cuda_model(checkpoints):
+    lm = _load(checkpoints["tiny-qwen2-moe"])
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA model"):
+        lm.enable_step_graphs(capture=True)
+    with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
+        _load(checkpoints["tiny-qwen2-moe"], cuda_graphs=True)
+    with pytest.raises(ValueError, match="max_rows and window_step must be positive"):
+        StepGraphs(lm.model, lm.runtime, lm.kv.cache, lm.target.mode, max_rows=0, capture=False)
+
+
+def test_unsupported_attention_implementation_is_refused(checkpoints):
+    lm = _load(checkpoints["tiny-qwen2-moe"])
+    lm.model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="flash_attention_2"):
+        lm.enable_step_graphs(capture=False)
