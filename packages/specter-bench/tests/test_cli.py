@@ -233,6 +233,32 @@ def test_bench_records_whether_verification_was_batch_invariant(capsys, tmp_path
     assert [r["extra"]["settings"]["batch_invariant"] for r in tpot] == [expected]
 
 
+@pytest.mark.parametrize("flag", [None, "off", "on"])
+def test_bench_records_cuda_graphs_and_refuses_them_on_the_cpu(capsys, tmp_path, flag):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    argv = [
+        "bench", "--model", "tiny-qwen2-moe", "--experiment", "tpot", "--systems", "specter",
+        "--budgets", "unlimited", "--prompts", "jsonl", "--prompts-path", str(prompts),
+        "--max-new-tokens", "3", "--depth", "2", "--dtype", "float32", "--warmup", "0",
+        "--out", str(tmp_path), "--tag", "cg", "--device", "cpu",
+    ]  # fmt: skip
+    if flag is not None:
+        argv += ["--cuda-graphs", flag]
+    code, _, err = _run(capsys, *argv)
+    assert code == 0, err
+    lines = (tmp_path / "bench-tiny-qwen2-moe-cg.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    if flag == "on":  # CUDA graphs on a CPU model: the stage is skipped with the reason
+        assert [r["kind"] for r in records] == ["skipped"]
+        assert "cuda_graphs=True needs a CUDA device" in records[0]["data"]["reason"]
+        return
+    tpot = [r for r in records if r["kind"] == "tpot"]
+    settings = tpot[0]["extra"]["settings"]
+    assert settings["cuda_graphs"] is False
+    assert settings["graphs"] == {"target": None, "draft": None}
+
+
 def test_python_dash_m_runs_the_cli():
     done = subprocess.run(
         [sys.executable, "-m", "specter_bench", "--help"], capture_output=True, text=True,

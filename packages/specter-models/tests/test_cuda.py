@@ -163,3 +163,23 @@ def test_cuda_graphed_speculation_equals_plain_decoding(name, slots):
     )
     # Window mode only adds masked (zero) terms to attention's sums: same tokens as eager.
     assert SpecController(None, eager.target, depth=0).generate(prompt, 40).tokens == plain.tokens
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_graphs_captured_ahead_serve_every_decode_step(name):
+    lm = load(name, device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
+    captured = lm.capture_step_graphs()
+    assert captured["draft"] == 2  # windows 256 and 320, one row
+    assert captured["target"] > captured["draft"]
+    assert lm.kv.cache.length == 0
+    assert int(lm.counter.counts.sum()) == 0
+    prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 48)
+    lm.reset()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=5).generate(prompt, 48)
+    assert spec.tokens == plain.tokens
+    stats = lm.graph_stats()
+    for role in ("target", "draft"):
+        assert stats[role]["window_eager"] == 0  # nothing ran outside a graph
+        assert stats[role]["graphs"] == captured[role]  # nothing new was captured
+        assert stats[role]["replays"] > 0

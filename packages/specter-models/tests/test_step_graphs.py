@@ -23,10 +23,12 @@ def _spoil_rows_beyond(lm, length: int) -> None:
         layer.values[:, :, length:] = -50.0
 
 
-@pytest.mark.parametrize("role", ["target", "draft"])
-def test_window_mode_computes_the_plain_forward(checkpoints, arch_name, role):
+@pytest.mark.parametrize(
+    ("role", "count"), [("target", 3), ("target", 9), ("draft", 1)], ids=["3", "9-padded", "draft"]
+)
+def test_window_mode_computes_the_plain_forward(checkpoints, arch_name, role, count):
     prompt = random_prompt(7, 96, seed=3)
-    rows = random_prompt(3 if role == "target" else 1, 96, seed=4)
+    rows = random_prompt(count, 96, seed=4)
     results = []
     for windowed in (False, True):
         lm = _load(checkpoints[arch_name])  # every expert resident: the target applies
@@ -59,6 +61,8 @@ def test_generation_is_unchanged_by_window_steps(checkpoints, budget):
     lm.enable_step_graphs(capture=False, window_step=8)
     windowed = lm.generate(prompt, 20, depth=3)
     assert windowed.tokens == plain.tokens
+    plain_deep = _load(source, slots_per_layer=budget).generate(prompt, 20, depth=10)
+    assert lm.generate(prompt, 20, depth=10).tokens == plain_deep.tokens  # 11 rows pad to 12
     stats = lm.graph_stats()
     assert stats["draft"]["window_eager"] > 0
     if budget is None:
@@ -131,3 +135,23 @@ def test_unsupported_attention_implementation_is_refused(checkpoints):
     lm.model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="flash_attention_2"):
         lm.enable_step_graphs(capture=False)
+
+
+def test_rows_pad_to_buckets_within_max_seq_len(checkpoints):
+    lm = _load(checkpoints["tiny-qwen2-moe"], max_seq_len=64)
+    lm.enable_step_graphs(capture=False)
+    graphs = lm.target.graphs
+    assert [graphs.padded_rows(n, 0) for n in (1, 5, 9, 13, 17, 25, 33)] == [
+        1, 5, 12, 16, 24, 32, 33,
+    ]  # fmt: skip
+    assert graphs.padded_rows(9, 60) == 9  # 12 rows would run past max_seq_len=64
+    assert lm.draft.graphs.padded_rows(1, 0) == 1
+
+
+def test_capturing_ahead_needs_cuda_graphs(checkpoints):
+    lm = _load(checkpoints["tiny-deepseek-v2"])
+    with pytest.raises(RuntimeError, match="CUDA graphs are off"):
+        lm.capture_step_graphs()
+    lm.enable_step_graphs(capture=False)
+    with pytest.raises(RuntimeError, match="capture=True"):
+        lm.target.graphs.capture_ahead()

@@ -350,6 +350,11 @@ class BenchRunner:
         )
         load_s = time.perf_counter() - started
         self.log(f"loaded {loaded!r} in {load_s:.1f} s")
+        if getattr(loaded, "cuda_graphs", False):
+            # Every decode step's graph is captured here, before any measurement.
+            started = time.perf_counter()
+            captured = loaded.capture_step_graphs(self.max_seq_len)
+            self.log(f"captured CUDA graphs {captured} in {time.perf_counter() - started:.1f} s")
         runs: list[tuple[EncodedPrompt, SystemRun]] = []
         experiments: list[ExperimentRecord] = []
         decode_peak = 0

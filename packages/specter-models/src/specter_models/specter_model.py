@@ -198,6 +198,32 @@ class SpecterModel:
                 capture=capture,
             )
 
+    def capture_step_graphs(self, max_length: int | None = None) -> dict[str, int]:
+        """Capture, now, every graph later decode steps up to ``max_length`` positions need
+        (default: the KV cache's ``max_seq_len``), so that no decode pays for a capture;
+        then empty the KV cache and the routing counts the capturing forwards left.
+
+        The target's graphs are captured only where they apply (every expert resident).
+
+        Returns:
+            Graphs captured per role.
+
+        Raises:
+            RuntimeError: CUDA graphs are off (``cuda_graphs``).
+        """
+        if not self.cuda_graphs:
+            raise RuntimeError("CUDA graphs are off: load with cuda_graphs=True (a CUDA model)")
+        captured = {}
+        try:
+            for role, adapter in (("target", self.target), ("draft", self.draft)):
+                graphs = adapter.graphs if adapter is not None else None
+                if graphs is not None and graphs.applies(1):
+                    captured[role] = graphs.capture_ahead(max_length)
+        finally:
+            self.kv.reset()
+            self.counter.clear()
+        return captured
+
     def disable_step_graphs(self) -> None:
         """Back to transformers' plain forward for every step (captured graphs are freed)."""
         self.target.graphs = None

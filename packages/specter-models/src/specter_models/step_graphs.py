@@ -8,10 +8,14 @@ graph records the launches once and replays them with one call.
 A graph fixes every shape and address, so a graphed step runs the model in the KV cache's
 window mode (``StaticKVCache.window``): the new rows are written at device-side positions,
 attention reads the first ``window`` rows (a multiple of ``window_step``, at least the
-filled length) and a ``[1, 1, T, window]`` mask hides the rows past each query. One graph
-per ``(T, window, batch_invariant)`` is captured on the second use of that key (the first
-runs the same window-mode forward eagerly, which also compiles and autotunes every kernel);
-later uses replay it.
+filled length) and a ``[1, 1, T, window]`` mask hides the rows past each query. Row counts
+are padded up to a few buckets (``ROW_BUCKETS``) by repeating the last token: the padding
+rows' KV lands past the filled length (scratch, masked, overwritten later) and their logits
+are dropped; rows never see rows after them, so the real rows' results do not change (and
+with batch invariance not a bit). One graph per ``(bucket, window, batch_invariant)`` is
+captured at the first use of that key, right after the same window-mode forward ran
+eagerly (which gives that use its result and compiles every kernel); later uses replay it.
+``capture_ahead`` captures the keys before a measurement.
 
 Which steps are graphed:
 
@@ -47,8 +51,8 @@ from specter_models.kv_cache import StaticKVCache
 
 DEFAULT_WINDOW_STEP = 256
 """KV rows a window grows by: attention visits at most this many masked rows per step."""
-CAPTURE_AFTER_USES = 2
-"""A key is captured at its second use, so one-off shapes (a short prefill) stay eager."""
+ROW_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
+"""Row counts graphs are captured for (and ``max_rows``); others are padded up to one."""
 MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 """transformers attention implementations window mode supports, and their mask form."""
 
@@ -59,7 +63,6 @@ class _Step:
 
     input_ids: torch.Tensor  # [1, T] int64
     positions: torch.Tensor  # [1, T] int64
-    uses: int = 0
     graph: torch.cuda.CUDAGraph | None = None
     logits: torch.Tensor | None = None  # the graph's output [1, T, V]
 
@@ -74,7 +77,7 @@ class StepGraphStats:
         window_eager: forwards run eagerly in window mode (first uses of a key, or every
             use where capture is off).
         disabled_reason: why graphs were switched off, or None.
-        keys: the captured ``(T, window, batch_invariant)`` keys.
+        keys: the captured ``(rows bucket, window, batch_invariant)`` keys.
     """
 
     captures: int = 0
@@ -196,6 +199,13 @@ class StepGraphs:
         step = self.window_step
         return min(self.cache.max_seq_len, -(-end // step) * step)
 
+    def padded_rows(self, rows: int, start_pos: int) -> int:
+        """The bucket ``rows`` rows at ``start_pos`` are padded to (``rows`` itself where
+        padding would run past ``max_seq_len``)."""
+        bucket = next((b for b in ROW_BUCKETS if b >= rows), self.max_rows)
+        bucket = min(bucket, self.max_rows)
+        return bucket if start_pos + bucket <= self.cache.max_seq_len else rows
+
     def applies(self, rows: int) -> bool:
         """Whether a forward of ``rows`` rows goes through window mode now."""
         if not self.active or not 1 <= rows <= self.max_rows:
@@ -215,29 +225,67 @@ class StepGraphs:
         rows = input_ids.shape[1]
         if not self.applies(rows):
             return None
-        end = start_pos + rows
+        padded = self.padded_rows(rows, start_pos)
+        end = start_pos + padded
         window = self.window_for(end)
-        key = (rows, window, self.runtime.batch_invariant)
+        key = (padded, window, self.runtime.batch_invariant)
         step = self._steps.get(key)
         if step is None:
             step = _Step(
-                input_ids=torch.empty(1, rows, dtype=torch.long, device=self._device),
-                positions=torch.empty(1, rows, dtype=torch.long, device=self._device),
+                input_ids=torch.empty(1, padded, dtype=torch.long, device=self._device),
+                positions=torch.empty(1, padded, dtype=torch.long, device=self._device),
             )
             self._steps[key] = step
-        step.input_ids.copy_(input_ids)
+        step.input_ids[:, :rows].copy_(input_ids)
+        if padded > rows:
+            step.input_ids[:, rows:].copy_(input_ids[:, -1:].expand(1, padded - rows))
         step.positions.copy_(self._key_positions[start_pos:end].unsqueeze(0))
         if step.graph is not None:
             step.graph.replay()
-            self.cache.set_length(end)
             self.stats.replays += 1
-            return step.logits.clone()  # the next replay overwrites the graph's buffer
-        logits = self._window_forward(step, window, end)
-        self.stats.window_eager += 1
-        step.uses += 1
-        if self.capture and step.uses >= CAPTURE_AFTER_USES:
-            self._capture(key, step, window, end)
-        return logits
+            logits = step.logits
+        else:
+            logits = self._window_forward(step, window, end)
+            self.stats.window_eager += 1
+            if self.capture:
+                self._capture(key, step, window, end)
+        self.cache.set_length(start_pos + rows)  # the padding rows are scratch
+        return logits[:, :rows].clone()  # the next replay overwrites the graph's buffer
+
+    def capture_ahead(self, max_end: int | None = None) -> int:
+        """Capture every row bucket's graph for every window up to the one holding
+        ``max_end`` positions (default ``max_seq_len``), so no later forward captures.
+
+        Each capture first runs its forward eagerly at the window's last positions: that
+        writes scratch KV rows (and, for the draft, routing counts), so reset the model
+        afterwards (``SpecterModel.capture_step_graphs`` does).
+
+        Returns:
+            Graphs captured by this call.
+
+        Raises:
+            RuntimeError: capture is off, or graphs do not apply to this role now.
+        """
+        if not self.capture:
+            raise RuntimeError("capture_ahead needs capture=True (CUDA graphs)")
+        if not self.applies(1):
+            raise RuntimeError(
+                f"the {self.mode.value}'s steps cannot be graphed now: "
+                f"{self.stats.disabled_reason or 'a host decision in its forward'}"
+            )
+        max_end = self.cache.max_seq_len if max_end is None else max_end
+        before = self.stats.captures
+        buckets = sorted({min(b, self.max_rows) for b in (*ROW_BUCKETS, self.max_rows)})
+        last = self.window_for(max_end)
+        for window in [*range(self.window_step, last, self.window_step), last]:
+            for rows in buckets:
+                if rows > window or not self.active:
+                    continue
+                start = window - rows
+                self.cache.crop_to(start)
+                self.forward(torch.zeros(1, rows, dtype=torch.long, device=self._device), start)
+        self.cache.crop_to(0)
+        return self.stats.captures - before
 
     def _window_forward(self, step: _Step, window: int, end: int) -> torch.Tensor:
         """The forward a graph records (device-side positions and mask, fixed shapes)."""
