@@ -55,6 +55,8 @@ def test_cuda_draft_step_has_no_host_sync(name, graphs):
     for _ in range(2):  # warm-up: kernels compiled, buffers grown, the step's graph captured
         lm.draft.forward(token, 4)
         lm.draft.truncate(4)
+    if graphs:
+        lm.draft.graphs.stats.reset_counts()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -108,6 +110,8 @@ def test_cuda_all_resident_target_step_has_no_host_sync(name, graphs):
         lm.target.forward(rows, 4)
         lm.target.forward(rows[:, :1], 7)
         lm.target.truncate(4)
+    if graphs:
+        lm.target.graphs.stats.reset_counts()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
