@@ -14,15 +14,17 @@ def test_default_plan_covers_every_system_budget_and_experiment():
     stages = _stages()
     described = [(s.kind, s.budget_gb, s.with_draft, s.systems) for s in stages]
     assert described[0] == ("hf", None, True, ("hf", "hf-default"))
-    # Unlimited first (lru shares the all-resident load), then 24 GB, then 16 GB.
+    # Unlimited first (lru shares the all-resident load), then 24 GB, then 16 GB; the
+    # ablations and the depth sweep last, at the high budget.
     assert described[1] == ("engine", None, True, ("specter", "spec-lru", "lru"))
-    assert described[2] == ("engine", 24.0, True, ("specter", "spec-lru", *ABLATIONS))
+    assert described[2] == ("engine", 24.0, True, ("specter", "spec-lru"))
     assert described[3] == ("engine", 24.0, False, ("lru",))
     assert described[4] == ("engine", 16.0, True, ("specter", "spec-lru"))
     assert described[5] == ("engine", 16.0, False, ("lru",))
-    assert len(stages) == 6  # hf-offload only in "all" / "offload"
-    assert [s.routing for s in stages] == [False, True, False, False, False, False]
-    assert [s.depth_sweep for s in stages] == [False, False, True, False, False, False]
+    assert described[6] == ("engine", 24.0, True, ABLATIONS)
+    assert len(stages) == 7  # hf-offload only in "all" / "offload"
+    assert [s.routing for s in stages] == [False, True, False, False, False, False, False]
+    assert [s.depth_sweep for s in stages] == [False] * 6 + [True]
     assert stages[3].policy == "lru"
     assert stages[2].policy == "predictive"
 

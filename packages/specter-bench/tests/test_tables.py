@@ -81,6 +81,10 @@ def test_targets_compare_the_right_cells():
     assert missing[0]["ratio"] is None
     assert missing[0]["met"] is None
     assert "not measured" in targets_table(records, [Target("specter", "lru", 0.5, "x", 99.0)])
+    # A system missing at the target's budget is not replaced by its unlimited record.
+    without_lru24 = [r for r in records if not (r["system"] == "lru" and r["budget_gb"] == 24.0)]
+    assert any(r["system"] == "lru" and r["budget_gb"] is None for r in without_lru24)
+    assert evaluate_targets(without_lru24)[0]["ratio"] is None
 
 
 def test_targets_met_and_not_met():

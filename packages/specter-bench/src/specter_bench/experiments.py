@@ -234,32 +234,34 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
         )
     )
     wants_lru = "lru" in tpot
-    # Ablations and the sweep run at the high budget (unlimited when no finite budget).
-    sweep_budget = ablation_budget = high
+    # Ablations and the sweep run at the high budget (unlimited when no finite budget), in a
+    # stage of their own after every budget's target systems: under a time limit the cells
+    # the targets compare are measured first.
+    extras_budget = high
     first_draft_stage = True
     for budget in _order(budgets):
         on_draft = list(engine_spec)
-        if budget == ablation_budget:
-            on_draft += [s for s in ablations if s not in on_draft]
         if budget is None and wants_lru:
             on_draft.append("lru")  # unlimited: every expert resident, the draft costs no slot
-        do_sweep = sweep and budget == sweep_budget
         do_routing = routing and first_draft_stage
-        if on_draft or do_sweep or do_routing:
+        if on_draft or do_routing:
             stages.append(
                 Stage(
-                    "engine",
-                    budget,
-                    tuple(on_draft),
-                    with_draft=True,
-                    policy="predictive",
+                    "engine", budget, tuple(on_draft), with_draft=True, policy="predictive",
                     routing=do_routing,
-                    depth_sweep=do_sweep,
                 )
-            )
+            )  # fmt: skip
             first_draft_stage = False
         if budget is not None and wants_lru:
             stages.append(Stage("engine", budget, ("lru",), with_draft=False, policy="lru"))
+    extras = [s for s in ablations if s not in engine_spec]
+    if extras or sweep:
+        stages.append(
+            Stage(
+                "engine", extras_budget, tuple(extras), with_draft=True, policy="predictive",
+                routing=routing and first_draft_stage, depth_sweep=sweep,
+            )
+        )  # fmt: skip
     if offload and low is not None:
         stages.append(Stage("offload", low, ("hf-offload",)))
     return stages

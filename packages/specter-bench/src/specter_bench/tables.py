@@ -307,10 +307,11 @@ def evaluate_targets(
                 other = mine.belady_tpot_ms if mine is not None else None
                 ratio = mine.tpot_over_belady if mine is not None else None
             else:
-                # The hf baseline has no budget: it is measured once, at "unlimited".
-                ref = index.get((model, t.budget_gb, t.versus)) or index.get(
-                    (model, None, t.versus)
-                )
+                # The hf baseline has no budget: it is measured once, at "unlimited". Any
+                # other system is compared at the target's own budget only.
+                ref = index.get((model, t.budget_gb, t.versus))
+                if ref is None and t.versus == "hf":
+                    ref = index.get((model, None, t.versus))
                 other = ref.tpot_ms if ref is not None else None
                 ratio = (
                     mine.tpot_ms / other
