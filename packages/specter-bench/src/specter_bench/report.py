@@ -73,9 +73,12 @@ _CAPTIONS = {
     ),
     "TPOT per system": (
         "Means over prompts. TPOT is the decode time per generated token (prefill excluded). "
-        "`= hf`: prompts whose greedy tokens equal transformers' (random "
-        "weights have near-tie argmaxes that another summation order can flip; each record "
-        "holds the first differing index). TPOT/Belady: TPOT over the Belady bound, the fewest "
+        "`= ref`: prompts whose greedy tokens equal the reference's, the first system to "
+        "decode the prompt in the run: `hf` (transformers) when it ran, else `specter` (then "
+        "`lru` matching it means plain decoding gave the speculative tokens). Random weights "
+        "have near-tie argmaxes that another summation order, such as transformers', can "
+        "flip; each record holds the first differing index and its reference system. "
+        "TPOT/Belady: TPOT over the Belady bound, the fewest "
         "expert loads any policy could make with the system's slots on the committed tokens' "
         "routing (the prefill's cache state free), times the measured transfer time of one "
         "expert, per token."

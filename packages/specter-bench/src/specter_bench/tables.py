@@ -206,7 +206,7 @@ def tpot_table(records: Iterable[dict[str, Any]]) -> str:
         "stall ms/tok",
         "peak GB",
         "TPOT/Belady",
-        "= hf",
+        "= ref",
     ]
     return markdown_table(headers, rows)
 
