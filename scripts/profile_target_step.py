@@ -10,26 +10,19 @@ host time and by device time, so the per-forward overhead of each setting is vis
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
+from gpu_step_graphs import step_ms  # a sibling script (scripts/ is on sys.path)
 from torch.profiler import ProfilerActivity, profile
 
 import specter_models
 
 
 def forward_ms(lm, rows: int, start: int, repeats: int) -> float:
+    """Median ms of a target forward of ``rows`` rows at ``start``."""
     ids = torch.arange(1, rows + 1, device=lm.device).unsqueeze(0)
-    times = []
-    for _ in range(repeats):
-        lm.target.truncate(start)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        lm.target.forward(ids, start)
-        torch.cuda.synchronize()
-        times.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(times)
+    return step_ms(lm.target, ids, start, repeats)
 
 
 def main() -> int:
@@ -39,7 +32,10 @@ def main() -> int:
     p.add_argument("--top", type=int, default=18)
     args = p.parse_args()
     t = time.perf_counter()
-    lm = specter_models.load(args.model, device="cuda", draft=None, max_seq_len=128)
+    # Eager steps: what this profile is about (see gpu_step_graphs.py for CUDA graphs).
+    lm = specter_models.load(
+        args.model, device="cuda", draft=None, max_seq_len=128, cuda_graphs=False
+    )
     print(f"built {lm!r} in {time.perf_counter() - t:.1f} s", flush=True)
     prompt = torch.arange(3, 35, device="cuda").unsqueeze(0)
     lm.target.forward(prompt, 0)

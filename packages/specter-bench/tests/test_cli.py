@@ -213,42 +213,34 @@ def test_bench_kernel_bench_profile_depth_and_report(capsys, tmp_path):
     assert "specter bench ..." in text
 
 
+def _tiny_tpot_bench(capsys, tmp_path, model: str, tag: str, *extra: str) -> list[dict]:
+    """One specter-bench TPOT run of a tiny model on one prompt; its records."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    code, _, err = _run(
+        capsys, "bench", "--model", model, "--experiment", "tpot", "--systems", "specter",
+        "--budgets", "unlimited", "--prompts", "jsonl", "--prompts-path", str(prompts),
+        "--max-new-tokens", "3", "--depth", "2", "--dtype", "float32", "--warmup", "0",
+        "--out", str(tmp_path), "--tag", tag, *extra,
+    )  # fmt: skip
+    assert code == 0, err
+    lines = (tmp_path / f"bench-{model}-{tag}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
 @pytest.mark.parametrize(("flag", "expected"), [(None, False), ("on", True), ("off", False)])
 def test_bench_records_whether_verification_was_batch_invariant(capsys, tmp_path, flag, expected):
     # auto is off on the CPU (on for fp16/bf16 on CUDA); "on" forces it anywhere.
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
-    argv = [
-        "bench", "--model", "tiny-deepseek-v2", "--experiment", "tpot", "--systems", "specter",
-        "--budgets", "unlimited", "--prompts", "jsonl", "--prompts-path", str(prompts),
-        "--max-new-tokens", "3", "--depth", "2", "--dtype", "float32", "--warmup", "0",
-        "--out", str(tmp_path), "--tag", "bi",
-    ]  # fmt: skip
-    if flag is not None:
-        argv += ["--batch-invariant", flag]
-    code, _, err = _run(capsys, *argv)
-    assert code == 0, err
-    lines = (tmp_path / "bench-tiny-deepseek-v2-bi.jsonl").read_text().splitlines()
-    tpot = [json.loads(line) for line in lines if json.loads(line)["kind"] == "tpot"]
+    extra = ["--batch-invariant", flag] if flag is not None else []
+    records = _tiny_tpot_bench(capsys, tmp_path, "tiny-deepseek-v2", "bi", *extra)
+    tpot = [r for r in records if r["kind"] == "tpot"]
     assert [r["extra"]["settings"]["batch_invariant"] for r in tpot] == [expected]
 
 
 @pytest.mark.parametrize("flag", [None, "off", "on"])
 def test_bench_records_cuda_graphs_and_refuses_them_on_the_cpu(capsys, tmp_path, flag):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
-    argv = [
-        "bench", "--model", "tiny-qwen2-moe", "--experiment", "tpot", "--systems", "specter",
-        "--budgets", "unlimited", "--prompts", "jsonl", "--prompts-path", str(prompts),
-        "--max-new-tokens", "3", "--depth", "2", "--dtype", "float32", "--warmup", "0",
-        "--out", str(tmp_path), "--tag", "cg", "--device", "cpu",
-    ]  # fmt: skip
-    if flag is not None:
-        argv += ["--cuda-graphs", flag]
-    code, _, err = _run(capsys, *argv)
-    assert code == 0, err
-    lines = (tmp_path / "bench-tiny-qwen2-moe-cg.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    extra = ["--cuda-graphs", flag] if flag is not None else []
+    records = _tiny_tpot_bench(capsys, tmp_path, "tiny-qwen2-moe", "cg", "--device", "cpu", *extra)
     if flag == "on":  # CUDA graphs on a CPU model: the stage is skipped with the reason
         assert [r["kind"] for r in records] == ["skipped"]
         assert "cuda_graphs=True needs a CUDA device" in records[0]["data"]["reason"]
