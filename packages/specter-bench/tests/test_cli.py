@@ -84,8 +84,10 @@ def test_generate_demo_defaults_apply_to_the_built_in_model_only():
 
 
 def test_generate_samples_reproducibly(capsys):
+    # A fixed depth: an adaptive one picks K from measured (wall-clock) times, and K decides
+    # which random draws each token uses.
     argv = ["--model", "tiny-phimoe", "--max-new-tokens", "8", "--temperature", "0.9",
-            "--top-k", "20", "--seed", "3", "--json", "x"]  # fmt: skip
+            "--top-k", "20", "--seed", "3", "--depth", "3", "--json", "x"]  # fmt: skip
     first = _run(capsys, *argv)
     second = _run(capsys, *argv)
     assert first[0] == second[0] == 0
@@ -237,13 +239,20 @@ def test_bench_records_whether_verification_was_batch_invariant(capsys, tmp_path
     assert [r["extra"]["settings"]["batch_invariant"] for r in tpot] == [expected]
 
 
-@pytest.mark.parametrize("flag", [None, "off", "on"])
-def test_bench_records_cuda_graphs_and_refuses_them_on_the_cpu(capsys, tmp_path, flag):
-    extra = ["--cuda-graphs", flag] if flag is not None else []
+@pytest.mark.parametrize(
+    ("extra", "refusal"),
+    [
+        ((), None),
+        (("--cuda-graphs", "off"), None),
+        (("--cuda-graphs", "on"), "cuda_graphs=True needs a CUDA device"),
+        (("--piecewise-graphs",), "piecewise_graphs=True needs CUDA graphs"),
+    ],
+)
+def test_bench_records_cuda_graphs_and_refuses_them_on_the_cpu(capsys, tmp_path, extra, refusal):
     records = _tiny_tpot_bench(capsys, tmp_path, "tiny-qwen2-moe", "cg", "--device", "cpu", *extra)
-    if flag == "on":  # CUDA graphs on a CPU model: the stage is skipped with the reason
+    if refusal is not None:  # CUDA graphs on a CPU model: the stage is skipped with the reason
         assert [r["kind"] for r in records] == ["skipped"]
-        assert "cuda_graphs=True needs a CUDA device" in records[0]["data"]["reason"]
+        assert refusal in records[0]["data"]["reason"]
         return
     tpot = [r for r in records if r["kind"] == "tpot"]
     settings = tpot[0]["extra"]["settings"]

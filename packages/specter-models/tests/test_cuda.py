@@ -187,3 +187,27 @@ def test_cuda_graphs_captured_ahead_serve_every_decode_step(name):
         assert stats[role]["window_eager"] == 0  # nothing ran outside a graph
         assert stats[role]["graphs"] == captured[role]  # nothing new was captured
         assert stats[role]["replays"] > 0
+
+
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("verification", ["expert", "token"])
+def test_cuda_piecewise_graphs_under_a_budget_decode_like_eager(name, verification):
+    kwargs = {
+        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
+        "max_seq_len": 320, "verification": verification,
+    }  # fmt: skip
+    lm = load(name, piecewise_graphs=True, **kwargs)
+    captured = lm.capture_step_graphs()
+    assert captured["target"] > 0
+    prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 32)
+    lm.reset()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=5).generate(prompt, 32)
+    assert spec.tokens == plain.tokens
+    stats = lm.graph_stats()["target"]
+    assert stats["disabled_reason"] is None
+    assert stats["window_eager"] == 0  # every target step replayed its pieces
+    assert stats["replays"] > 0
+    assert stats["piecewise_graphs"] == stats["graphs"]
+    eager = load(name, cuda_graphs=False, **kwargs)
+    assert SpecController(None, eager.target, depth=0).generate(prompt, 32).tokens == plain.tokens

@@ -155,3 +155,37 @@ def test_capturing_ahead_needs_cuda_graphs(checkpoints):
     lm.enable_step_graphs(capture=False)
     with pytest.raises(RuntimeError, match="capture=True"):
         lm.target.graphs.capture_ahead()
+
+
+@pytest.mark.parametrize("verification", ["expert", "token"])
+def test_piecewise_window_mode_under_a_budget_keeps_tokens_loads_and_trace(
+    checkpoints, arch_name, verification
+):
+    prompt = random_prompt(6, 96, seed=9)[0].tolist()
+    results = []
+    for piecewise in (False, True):
+        lm = _load(checkpoints[arch_name], slots_per_layer=3, verification=verification)
+        if piecewise:
+            lm.enable_step_graphs(capture=False, window_step=8, piecewise=True)
+        lm.runtime.record_routing()
+        # depth 10: 11 verified rows padded to 12, whose routed experts must not be loaded
+        tokens = lm.generate(prompt, 16, depth=10).tokens
+        results.append((tokens, lm.cache.stats()["total"], lm.runtime.routing_trace))
+        if piecewise:
+            assert lm.graph_stats()["target"]["window_eager"] > 0
+    (plain, plain_cache, plain_trace), (windowed, windowed_cache, windowed_trace) = results
+    assert windowed == plain
+    assert windowed_trace == plain_trace
+    for counter in ("acquires", "hits", "misses", "demand_loads", "prefetch_loads"):
+        assert windowed_cache[counter] == plain_cache[counter], counter
+
+
+def test_piecewise_graphs_need_cuda_graphs(checkpoints):
+    with pytest.raises(ValueError, match="piecewise_graphs=True needs CUDA graphs"):
+        _load(checkpoints["tiny-qwen2-moe"], piecewise_graphs=True)
+    lm = _load(checkpoints["tiny-qwen2-moe"], slots_per_layer=3)
+    lm.enable_step_graphs(capture=False)
+    assert not lm.target.graphs.applies(1)  # a budget: only piecewise graphs apply
+    lm.enable_step_graphs(capture=False, piecewise=True)
+    assert lm.target.graphs.applies(1)
+    assert not lm.target.graphs.whole()

@@ -90,6 +90,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         offload_prompts=args.offload_prompts,
         batch_invariant=args.batch_invariant,
         cuda_graphs=args.cuda_graphs,
+        piecewise_graphs=args.piecewise_graphs,
         command=getattr(args, "invocation", None),
         **kwargs,  # type: ignore[arg-type]
     )
@@ -142,6 +143,7 @@ def run_profile_depth(args: argparse.Namespace) -> int:
         max_seq_len=-(-need // 64) * 64,
         batch_invariant=args.batch_invariant,
         cuda_graphs=args.cuda_graphs,
+        piecewise_graphs=args.piecewise_graphs,
     )
     print(f"{loaded!r}: depths {args.depths} over {len(prompts)} prompts")
     depths = sorted(set(args.depths))

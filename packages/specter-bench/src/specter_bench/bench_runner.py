@@ -347,6 +347,7 @@ class BenchRunner:
             max_seq_len=self.max_seq_len,
             batch_invariant=cfg.batch_invariant,
             cuda_graphs=cfg.cuda_graphs,
+            piecewise_graphs=cfg.piecewise_graphs,
         )
         load_s = time.perf_counter() - started
         self.log(f"loaded {loaded!r} in {load_s:.1f} s")

@@ -153,6 +153,12 @@ def _add_model_args(
         help="capture decode steps as CUDA graphs: every draft step, and target steps while "
         "every expert is resident (default auto: on for CUDA)",
     )
+    p.add_argument(
+        "--piecewise-graphs",
+        action="store_true",
+        help="with CUDA graphs, graph the target under a budget too, piecewise between its "
+        "routed-expert calls (new; not yet measured)",
+    )
 
 
 def _add_prompt_source_args(p: argparse.ArgumentParser) -> None:
@@ -213,7 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (0, 1]")
     gen.add_argument("--top-k", type=int, default=0, help="sample from the k most likely (0: all)")
     gen.add_argument(
-        "--seed", type=int, default=None, help="seed of the sampler (reproducible sampling)"
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the sampler: the same tokens again at a fixed --depth (an adaptive "
+        "depth picks K from measured times, and K changes which random draws a token uses; "
+        "the output distribution is the target's either way)",
     )
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end only")
     gen.add_argument("--json", action="store_true", help="print statistics as one JSON object")

@@ -89,6 +89,7 @@ class BenchConfig:
             loader's default, on for fp16/bf16 on CUDA).
         cuda_graphs: CUDA graphs of the engine systems' decode steps (None: the loader's
             default, on for CUDA).
+        piecewise_graphs: graph the target under a budget too, piecewise.
         command: the command line, recorded with the results.
     """
 
@@ -118,6 +119,7 @@ class BenchConfig:
     sweep_prompts: int = 2
     batch_invariant: bool | None = None
     cuda_graphs: bool | None = None
+    piecewise_graphs: bool = False
     command: str | None = None
 
     def __post_init__(self) -> None:

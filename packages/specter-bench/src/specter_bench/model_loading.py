@@ -115,6 +115,7 @@ def load_engine(
     slots_per_layer: int | None = None,
     batch_invariant: bool | None = None,
     cuda_graphs: bool | None = None,
+    piecewise_graphs: bool = False,
 ) -> Any:
     """``specter_models.load`` of the benchmark's model at one budget.
 
@@ -139,6 +140,7 @@ def load_engine(
         max_seq_len=max_seq_len,
         batch_invariant=batch_invariant,
         cuda_graphs=cuda_graphs,
+        piecewise_graphs=piecewise_graphs,
     )
 
 

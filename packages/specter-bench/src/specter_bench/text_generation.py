@@ -187,6 +187,7 @@ def run_generate(args: argparse.Namespace) -> int:
         max_seq_len=min(limit or need, -(-need // 64) * 64),
         batch_invariant=args.batch_invariant,
         cuda_graphs=args.cuda_graphs,
+        piecewise_graphs=args.piecewise_graphs,
     )
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if loaded.tokenizer is None and hasattr(tokenizer, "offset"):

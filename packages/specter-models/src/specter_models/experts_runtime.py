@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from specter_cache import ExpertCache, RoutingCounter
 
@@ -58,6 +59,22 @@ class ExpertsRuntime:
         self.mode: ExpertsMode | None = None
         self.verification = verification
         self.routing_trace: list[list[list[int]]] | None = None
+        self.expert_split: Callable[..., Any] | None = None
+
+    @contextlib.contextmanager
+    def splitting_experts(self, split: Callable[..., Any] | None) -> Iterator[None]:
+        """Hand the target's routed-expert calls to ``split(module, hidden, ids, weights)``
+        for the block (None: no change). Step graphs use it to run the experts of real rows
+        only, and to cut a captured forward at each call (``step_graphs``)."""
+        if split is None:
+            yield
+            return
+        previous = self.expert_split
+        self.expert_split = split
+        try:
+            yield
+        finally:
+            self.expert_split = previous
 
     @property
     def verification(self) -> str:

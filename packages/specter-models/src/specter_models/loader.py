@@ -66,6 +66,7 @@ def load(
     pin_memory: bool | None = None,
     batch_invariant: bool | None = None,
     cuda_graphs: bool | None = None,
+    piecewise_graphs: bool = False,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -99,6 +100,8 @@ def load(
         cuda_graphs: capture decode steps as CUDA graphs: the draft's one-row steps, and
             the target's steps while every expert is resident (default: on for CUDA; see
             ``SpecterModel.enable_step_graphs``).
+        piecewise_graphs: with CUDA graphs, graph the target under a budget too, piecewise
+            between its routed-expert calls (new: not yet run on a GPU; off by default).
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -121,6 +124,12 @@ def load(
         raise ValueError(
             f"cuda_graphs=True needs a CUDA device, got device={str(device)!r}; pass "
             "cuda_graphs=None or False on the CPU"
+        )
+    if cuda_graphs is None:
+        cuda_graphs = device.type == "cuda"
+    if piecewise_graphs and not cuda_graphs:
+        raise ValueError(
+            "piecewise_graphs=True needs CUDA graphs: a CUDA device and cuda_graphs not False"
         )
     folder, preset_name = _resolve_source(path_or_preset)
     config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
@@ -237,10 +246,8 @@ def load(
         source=source,
         max_verify_rows=max_verify_rows,
     )
-    if cuda_graphs is None:
-        cuda_graphs = device.type == "cuda"
     if cuda_graphs:
-        loaded.enable_step_graphs()
+        loaded.enable_step_graphs(piecewise=piecewise_graphs)
     return loaded
 
 

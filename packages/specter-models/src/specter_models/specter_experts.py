@@ -132,13 +132,23 @@ class SpecterExperts(nn.Module):
         if mode is ExpertsMode.DRAFT:
             return self._draft(hidden_states, top_k_index, top_k_weights)
         if mode is ExpertsMode.TARGET:
-            if self.runtime.verification == "token":
-                return self._target_tokenwise(hidden_states, top_k_index, top_k_weights)
-            return self._target(hidden_states, top_k_index, top_k_weights)
+            split = self.runtime.expert_split
+            if split is not None:  # a step graph takes the call (see step_graphs)
+                return split(self, hidden_states, top_k_index, top_k_weights)
+            return self.target_forward(hidden_states, top_k_index, top_k_weights)
         raise RuntimeError(
             "SpecterExperts ran outside a draft or target forward: call the model through "
             "TargetModel / DraftModel (or inside ExpertsRuntime.running(mode))"
         )
+
+    def target_forward(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """The target's routed-expert output ``[T, H]`` through the expert cache
+        (expert-wise or token-wise, as ``runtime.verification`` says)."""
+        if self.runtime.verification == "token":
+            return self._target_tokenwise(x, ids, weights)
+        return self._target(x, ids, weights)
 
     def _draft(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if self.draft_gate_up is None or self.draft_down is None:

@@ -147,7 +147,11 @@ class SpecterModel:
             self.disable_step_graphs()
 
     def enable_step_graphs(
-        self, *, capture: bool = True, window_step: int = DEFAULT_WINDOW_STEP
+        self,
+        *,
+        capture: bool = True,
+        window_step: int = DEFAULT_WINDOW_STEP,
+        piecewise: bool = False,
     ) -> None:
         """Run decode steps in the KV cache's window mode, captured as CUDA graphs.
 
@@ -159,6 +163,9 @@ class SpecterModel:
             capture: capture and replay CUDA graphs (a CUDA model); False runs window mode
                 eagerly (the same arithmetic, uncaptured: what CPU tests compare).
             window_step: KV windows are multiples of this many rows.
+            piecewise: also graph the target when its whole forward cannot be (a budget,
+                token-wise verification or a routing trace): one graph per stretch between
+                routed-expert calls, the experts eager in between. Not yet run on a GPU.
 
         Raises:
             ValueError: capture on a CPU model, or an unsupported attention implementation.
@@ -186,6 +193,7 @@ class SpecterModel:
             window_step=window_step,
             capture=capture,
             applicable=target_applies,
+            piecewise=piecewise,
         )
         if self.draft is not None:
             self.draft.graphs = StepGraphs(
@@ -203,7 +211,8 @@ class SpecterModel:
         (default: the KV cache's ``max_seq_len``), so that no decode pays for a capture;
         then empty the KV cache and the routing counts the capturing forwards left.
 
-        The target's graphs are captured only where they apply (every expert resident).
+        The target's graphs are captured only where they apply (every expert resident, or
+        piecewise graphs).
 
         Returns:
             Graphs captured per role.

@@ -21,10 +21,14 @@ Which steps are graphed:
 
 * the **draft**: every forward of ``T <= max_rows`` rows (in practice ``T = 1``); its INT4
   experts are resident and its routing counter is a device-side ``index_add_``;
-* the **target**: only while every expert of every layer holds a slot of its own (no
+* the **target**: whole while every expert of every layer holds a slot of its own (no
   budget), with expert-wise verification and no routing trace, i.e. when its forward has no
-  host decision in it. Under a budget each layer's cache bookkeeping runs on the host and
-  the target runs eagerly.
+  host decision in it. Otherwise (a budget: each layer's cache bookkeeping is a host
+  decision) it runs eagerly, or, with ``piecewise=True``, **piecewise**: the forward is
+  captured as one graph per stretch between two routed-expert calls (attention, norms,
+  router, shared experts), and a replay runs those graphs in turn with each MoE layer's
+  routed experts computed eagerly in between (``SpecterExperts.target_forward`` on the
+  real rows, through the expert cache), as vLLM's piecewise graphs do around attention.
 
 Window mode changes only which masked rows an attention reduction also visits; those
 contribute exact zeros, so with batch invariance a graphed verification gives the same bits
@@ -35,6 +39,9 @@ decoding compute every row the same way.
 A capture that fails (an operation CUDA graphs cannot record, such as a host sync in some
 model's code) switches graphs off for that role with the reason kept in ``stats()`` and a
 warning; the step's eager result is still returned.
+
+Piecewise graphs are new and have not run on a GPU yet (see docs/benchmarks.md); they are
+off unless asked for.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
@@ -65,6 +73,69 @@ class _Step:
     positions: torch.Tensor  # [1, T] int64
     graph: torch.cuda.CUDAGraph | None = None
     logits: torch.Tensor | None = None  # the graph's output [1, T, V]
+    pieces: _Pieces | None = None  # a piecewise capture instead of ``graph``
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None or self.pieces is not None
+
+
+@dataclass
+class _ExpertCall:
+    """One routed-expert call of a piecewise capture: its static inputs and output."""
+
+    module: nn.Module  # the layer's SpecterExperts
+    hidden: torch.Tensor  # [T, H], written by the graph before the call
+    ids: torch.Tensor  # [T, k]
+    weights: torch.Tensor  # [T, k]
+    out: torch.Tensor  # [T, H], read by the graph after the call
+
+
+@dataclass
+class _Pieces:
+    """Graphs ``g_0 .. g_L`` with the routed-expert calls between them."""
+
+    graphs: list[torch.cuda.CUDAGraph] = field(default_factory=list)
+    calls: list[_ExpertCall] = field(default_factory=list)
+
+
+class _PieceRecorder:
+    """``ExpertsRuntime.expert_split`` while a target forward is captured piecewise: ends
+    the current graph at each routed-expert call, keeps the call's tensors, starts the
+    next graph, and hands back a static output the next graph reads."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+        self.pieces = _Pieces()
+
+    def begin(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        self.pieces.graphs.append(graph)
+        graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+
+    def end(self) -> None:
+        self.pieces.graphs[-1].capture_end()
+
+    def __call__(self, module, hidden, ids, weights) -> torch.Tensor:
+        self.end()
+        # Allocated between captures, outside the graphs' pool: the eager expert call of a
+        # replay writes it, the next graph reads it.
+        out = torch.empty_like(hidden)
+        self.pieces.calls.append(_ExpertCall(module, hidden, ids, weights, out))
+        self.begin()
+        return out
+
+
+def _eager_expert_split(rows: int) -> Callable[..., torch.Tensor]:
+    """``ExpertsRuntime.expert_split`` for an eager window forward with padding rows: the
+    routed experts see the real rows only (padding rows would load experts for nothing)."""
+
+    def split(module, hidden, ids, weights) -> torch.Tensor:
+        out = torch.zeros_like(hidden)
+        out[:rows] = module.target_forward(hidden[:rows], ids[:rows], weights[:rows])
+        return out
+
+    return split
 
 
 @dataclass
@@ -77,14 +148,15 @@ class StepGraphStats:
         window_eager: forwards run eagerly in window mode (first uses of a key, or every
             use where capture is off).
         disabled_reason: why graphs were switched off, or None.
-        keys: the captured ``(rows bucket, window, batch_invariant)`` keys.
+        keys: the captured ``(rows bucket, window, batch_invariant, whole)`` keys (whole:
+            one graph; else piecewise).
     """
 
     captures: int = 0
     replays: int = 0
     window_eager: int = 0
     disabled_reason: str | None = None
-    keys: list[tuple[int, int, bool]] = field(default_factory=list)
+    keys: list[tuple[int, int, bool, bool]] = field(default_factory=list)
 
     def reset_counts(self) -> None:
         """Zero ``replays`` and ``window_eager`` (captured graphs stay)."""
@@ -97,6 +169,7 @@ class StepGraphStats:
             "window_eager": self.window_eager,
             "disabled_reason": self.disabled_reason,
             "graphs": len(self.keys),
+            "piecewise_graphs": sum(not whole for *_, whole in self.keys),
         }
 
 
@@ -137,8 +210,10 @@ class StepGraphs:
         window_step: windows are multiples of this many rows.
         capture: capture CUDA graphs (needs a CUDA model); False runs window mode eagerly
             every time (what the CPU tests check against the plain forward).
-        applicable: an extra host-side condition per forward (the target's all-resident
-            check), or None.
+        applicable: whether the role's whole forward is free of host decisions now (the
+            target's all-resident check), or None (always: the draft).
+        piecewise: where the whole forward is not graphable, graph the stretches between
+            its routed-expert calls (the target under a budget; see the module docstring).
 
     Raises:
         ValueError: non-positive sizes, capture on a non-CUDA model, or an attention
@@ -156,6 +231,7 @@ class StepGraphs:
         window_step: int = DEFAULT_WINDOW_STEP,
         capture: bool = True,
         applicable: Callable[[], bool] | None = None,
+        piecewise: bool = False,
     ):
         if max_rows < 1 or window_step < 1:
             raise ValueError(
@@ -181,11 +257,12 @@ class StepGraphs:
         self.window_step = window_step
         self.capture = capture
         self._applicable = applicable
+        self.piecewise = piecewise
         self._mask_kind = MASK_KINDS[attn]
         self._dtype = next(model.parameters()).dtype
         self._device = device
         self._key_positions = torch.arange(cache.max_seq_len, device=device)
-        self._steps: dict[tuple[int, int, bool], _Step] = {}
+        self._steps: dict[tuple[int, int, bool, bool], _Step] = {}
         self._pool = None
         self.stats = StepGraphStats()
 
@@ -206,11 +283,15 @@ class StepGraphs:
         bucket = min(bucket, self.max_rows)
         return bucket if start_pos + bucket <= self.cache.max_seq_len else rows
 
+    def whole(self) -> bool:
+        """Whether the whole forward is graphable now (no host decision in it)."""
+        return self._applicable is None or self._applicable()
+
     def applies(self, rows: int) -> bool:
         """Whether a forward of ``rows`` rows goes through window mode now."""
         if not self.active or not 1 <= rows <= self.max_rows:
             return False
-        return self._applicable is None or self._applicable()
+        return self.piecewise or self.whole()
 
     def forward(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor | None:
         """Run ``input_ids [1, T]`` at ``start_pos`` in window mode, replayed when captured.
@@ -228,7 +309,8 @@ class StepGraphs:
         padded = self.padded_rows(rows, start_pos)
         end = start_pos + padded
         window = self.window_for(end)
-        key = (padded, window, self.runtime.batch_invariant)
+        whole = self.whole()
+        key = (padded, window, self.runtime.batch_invariant, whole)
         step = self._steps.get(key)
         if step is None:
             step = _Step(
@@ -240,12 +322,13 @@ class StepGraphs:
         if padded > rows:
             step.input_ids[:, rows:].copy_(input_ids[:, -1:].expand(1, padded - rows))
         step.positions.copy_(self._key_positions[start_pos:end].unsqueeze(0))
-        if step.graph is not None:
-            step.graph.replay()
+        if step.captured:
+            self._replay(step, rows)
             self.stats.replays += 1
             logits = step.logits
         else:
-            logits = self._window_forward(step, window, end)
+            split = None if whole or padded == rows else _eager_expert_split(rows)
+            logits = self._window_forward(step, window, end, split)
             self.stats.window_eager += 1
             if self.capture:
                 self._capture(key, step, window, end)
@@ -287,13 +370,17 @@ class StepGraphs:
         self.cache.crop_to(0)
         return self.stats.captures - before
 
-    def _window_forward(self, step: _Step, window: int, end: int) -> torch.Tensor:
-        """The forward a graph records (device-side positions and mask, fixed shapes)."""
+    def _window_forward(
+        self, step: _Step, window: int, end: int, split: Callable[..., torch.Tensor] | None
+    ) -> torch.Tensor:
+        """The forward a graph records (device-side positions and mask, fixed shapes);
+        ``split`` takes the routed-expert calls (``ExpertsRuntime.expert_split``)."""
         positions = step.positions[0]
         mask = window_mask(positions, self._key_positions[:window], self._mask_kind, self._dtype)
         with (
             torch.no_grad(),
             self.runtime.running(self.mode),
+            self.runtime.splitting_experts(split),
             self.cache.window(window, positions, end),
         ):
             output = self.model(
@@ -305,21 +392,60 @@ class StepGraphs:
             )
         return output.logits
 
-    def _capture(self, key: tuple[int, int, bool], step: _Step, window: int, end: int) -> None:
-        """Record ``step``'s window forward (nothing runs: the KV rows and routing counts of
-        this use came from the eager forward just before)."""
+    def _capture(
+        self, key: tuple[int, int, bool, bool], step: _Step, window: int, end: int
+    ) -> None:
+        """Record ``step``'s window forward, whole or piecewise (nothing runs: the KV rows
+        and routing counts of this use came from the eager forward just before)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()  # one pool: graphs never overlap
-        graph = torch.cuda.CUDAGraph()
         try:
-            # thread_local: CUDA calls of other threads (a user's) stay legal meanwhile.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                logits = self._window_forward(step, window, end)
+            if key[3]:
+                graph = torch.cuda.CUDAGraph()
+                # thread_local: CUDA calls of other threads (a user's) stay legal meanwhile.
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    logits = self._window_forward(step, window, end, None)
+                step.graph = graph
+            else:
+                step.pieces, logits = self._capture_pieces(step, window, end)
         except Exception as error:  # a model op CUDA graphs cannot record
             reason = f"capture of {self.mode.value} rows={key[0]} window={key[1]} failed: {error}"
             self.stats.disabled_reason = reason
             warnings.warn(f"CUDA graphs switched off: {reason}", RuntimeWarning, stacklevel=3)
             return
-        step.graph, step.logits = graph, logits
+        step.logits = logits
         self.stats.captures += 1
         self.stats.keys.append(key)
+
+    def _capture_pieces(self, step: _Step, window: int, end: int) -> tuple[_Pieces, torch.Tensor]:
+        """Capture the forward as graphs split at its routed-expert calls."""
+        recorder = _PieceRecorder(self._pool)
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()  # captures need a stream other than the default
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            recorder.begin()
+            try:
+                logits = self._window_forward(step, window, end, recorder)
+            finally:
+                recorder.end()
+        torch.cuda.current_stream().wait_stream(stream)
+        return recorder.pieces, logits
+
+    def _replay(self, step: _Step, rows: int) -> None:
+        """Replay ``step``: its graph, or its pieces with the routed experts of the first
+        ``rows`` rows computed eagerly between them (padding rows' outputs stay zero)."""
+        if step.graph is not None:
+            step.graph.replay()
+            return
+        pieces = step.pieces
+        with torch.no_grad(), self.runtime.running(self.mode):
+            for graph, call in zip(pieces.graphs, [*pieces.calls, None], strict=True):
+                graph.replay()
+                if call is None:
+                    break
+                out = call.module.target_forward(
+                    call.hidden[:rows], call.ids[:rows], call.weights[:rows]
+                )
+                call.out[:rows].copy_(out)
+                call.out[rows:].zero_()
