@@ -67,7 +67,8 @@ MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 
 @dataclass
 class _Step:
-    """The static tensors of one ``(T, window, batch_invariant)`` key."""
+    """The static tensors and the capture of one ``(rows bucket, window, batch_invariant,
+    whole)`` key."""
 
     input_ids: torch.Tensor  # [1, T] int64
     positions: torch.Tensor  # [1, T] int64
