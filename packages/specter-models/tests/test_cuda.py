@@ -211,3 +211,14 @@ def test_cuda_piecewise_graphs_under_a_budget_decode_like_eager(name, verificati
     assert stats["piecewise_graphs"] == stats["graphs"]
     eager = load(name, cuda_graphs=False, **kwargs)
     assert SpecController(None, eager.target, depth=0).generate(prompt, 32).tokens == plain.tokens
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
+def test_cuda_fused_rms_norm_computes_transformers_norms(name):
+    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 10, "cuda_graphs": False}
+    fused = load(name, **kwargs)
+    plain = load(name, fused_norms=False, **kwargs)
+    prompt = torch.randint(0, fused.config.vocab_size, (1, 24), device="cuda")
+    a = fused.target.forward(prompt, 0).float()
+    b = plain.target.forward(prompt, 0).float()
+    assert (a - b).abs().max() <= 0.02 * b.abs().max()

@@ -50,6 +50,7 @@ from specter_kernels.moe_align import (
     moe_align_block_size,
     moe_align_block_size_reference,
 )
+from specter_kernels.rms_norm import rms_norm, rms_norm_reference
 
 __version__ = "0.1.0"
 
@@ -86,6 +87,8 @@ __all__ = [
     "moe_align_block_size_reference",
     "pack_int4",
     "quantize_int4",
+    "rms_norm",
+    "rms_norm_reference",
     "select_backend",
     "stack_int4_experts",
     "sum_routed_pairs",

@@ -33,6 +33,7 @@ from specter_models.checkpoint import (
     read_json,
 )
 from specter_models.experts_runtime import ExpertsRuntime
+from specter_models.fused_norms import install_fused_rms_norm
 from specter_models.gptq_checkpoint import load_gptq_draft
 from specter_models.int4_draft import Int4LayerBuilder
 from specter_models.invariant_scopes import install_batch_invariance
@@ -67,6 +68,7 @@ def load(
     batch_invariant: bool | None = None,
     cuda_graphs: bool | None = None,
     piecewise_graphs: bool = False,
+    fused_norms: bool = True,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -102,6 +104,8 @@ def load(
             ``SpecterModel.enable_step_graphs``).
         piecewise_graphs: with CUDA graphs, graph the target under a budget too, piecewise
             between its routed-expert calls (new: not yet run on a GPU; off by default).
+        fused_norms: run RMSNorm modules as one fused kernel on CUDA (``fused_norms``);
+            False keeps transformers' own arithmetic.
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -164,6 +168,8 @@ def load(
         batch_invariant=bool(batch_invariant),
     )
     experts = swap_routed_experts(model, runtime)
+    if fused_norms:
+        install_fused_rms_norm(model)  # before the invariance scopes, which wrap it
     install_batch_invariance(model, runtime)  # inert until a batch-invariant target forward
     tied = materialize(model, device, sync_free_rotary=True)
     layers = find_moe_layers(model)

@@ -1,0 +1,62 @@
+"""transformers' RMSNorm modules as one fused kernel launch on CUDA.
+
+DeepSeek-V2's and Qwen2-MoE's ``*RMSNorm`` modules compute their norm as seven or eight
+kernels; a DeepSeek-V2-Lite decode step runs 82 of them, about half of its kernels, which
+in a CUDA graph still cost a few microseconds each. :func:`install_fused_rms_norm` makes
+each of them call specter-kernels' ``rms_norm`` (one Triton program per row, the same
+arithmetic, batch-invariant by construction) for CUDA half/float inputs, and their own
+forward otherwise (CPU models, float64). PhiMoE's ``nn.LayerNorm`` is one torch kernel
+already and is left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from specter_kernels import rms_norm
+
+FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+"""Input and weight dtypes the fused kernel takes."""
+
+
+def is_rms_norm(module: nn.Module) -> bool:
+    """A transformers T5-style RMSNorm: class name ending ``RMSNorm``, a ``weight`` and a
+    ``variance_epsilon``."""
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+        and isinstance(getattr(module, "variance_epsilon", None), float)
+    )
+
+
+def fused_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the fused kernel takes this call (CUDA, half or float tensors)."""
+    return x.is_cuda and x.dtype in FUSED_DTYPES and weight.dtype in FUSED_DTYPES
+
+
+def install_fused_rms_norm(model: nn.Module) -> int:
+    """Route every RMSNorm module of ``model`` through the fused kernel (once).
+
+    Returns:
+        How many modules were wrapped by this call.
+    """
+    count = 0
+    for module in model.modules():
+        if is_rms_norm(module) and not getattr(module, "_specter_fused", False):
+            module.forward = _fused_forward(module, module.forward)
+            module._specter_fused = True
+            count += 1
+    return count
+
+
+def _fused_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[..., Any]:
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        if fused_applies(hidden_states, module.weight):
+            return rms_norm(hidden_states, module.weight, module.variance_epsilon)
+        return plain(hidden_states)
+
+    return forward
