@@ -1,10 +1,17 @@
 """Time decode steps of a full-size preset eagerly and as CUDA graphs, side by side.
 
-Loads the model with every expert resident (so the target's steps can be graphed too), then
-measures the median wall time (synchronised) of: the draft's one-row step, and the
-target's steps of 1 and K+1 rows, each eagerly (``cuda_graphs`` off) and replayed; then
-decodes the same prompt plainly and speculatively with graphs and checks the tokens agree.
-One JSON line per measurement goes to ``--out``.
+Three loads of the model, one JSON line per measurement to ``--out``:
+
+1. every expert resident (so the target's steps can be graphed whole): the median wall
+   time (synchronised) of the draft's one-row step and the target's steps of 1 and K+1
+   rows, eagerly (``cuda_graphs`` off) and replayed; then plain and speculative decoding
+   with graphs, checking the tokens agree;
+2. the same resident model without the fused RMSNorm (``fused_norms=False``), replayed:
+   what the fused norm saves per step;
+3. at ``--budget-gb`` (default 24): the target's steps eagerly and as piecewise graphs
+   (``piecewise_graphs=True``: graphs between the eager routed-expert calls), with the
+   experts of the repeated rows resident after the first call (compute, not transfers),
+   and plain decoding with and without piecewise graphs, checking the tokens agree.
 
     source scripts/gpu-env.sh && python3 scripts/gpu_step_graphs.py --model deepseek-v2-lite \\
         --out $OUT/step-graphs.jsonl
@@ -20,6 +27,7 @@ import time
 import torch
 
 import specter_models
+from specter_bench.model_loading import release_memory
 from specter_spec import SpecController
 
 
@@ -41,58 +49,88 @@ def main() -> int:
     p.add_argument("--model", default="deepseek-v2-lite")
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--budget-gb", type=float, default=24.0)
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: fused,budget")
     p.add_argument("--out", default="step-graphs.jsonl")
     args = p.parse_args()
-    t = time.perf_counter()
-    lm = specter_models.load(args.model, device="cuda", max_seq_len=1024)
-    print(f"built {lm!r} in {time.perf_counter() - t:.1f} s", flush=True)
+    skip = set(filter(None, args.skip.split(",")))
     records = []
 
     def emit(**record) -> None:
         record["model"] = args.model
         records.append(record)
         print(json.dumps(record), flush=True)
+        with open(args.out, "w") as f:  # rewritten each time: a cut run keeps what it has
+            f.writelines(json.dumps(r) + "\n" for r in records)
+
+    def load(**kwargs):
+        t = time.perf_counter()
+        lm = specter_models.load(args.model, device="cuda", max_seq_len=1024, **kwargs)
+        print(f"built {lm!r} {kwargs} in {time.perf_counter() - t:.1f} s", flush=True)
+        return lm
 
     prompt = torch.arange(3, 203, device="cuda").unsqueeze(0)
     start = prompt.shape[1]
-    for graphs in (False, True):
-        lm.cuda_graphs = graphs
+    token = torch.ones(1, 1, dtype=torch.long, device="cuda")
+    rows = torch.ones(1, args.depth + 1, dtype=torch.long, device="cuda")
+
+    def time_steps(lm, label: dict, roles) -> None:
         lm.reset()
         lm.target.forward(prompt, 0)
-        token = torch.ones(1, 1, dtype=torch.long, device="cuda")
-        rows = torch.ones(1, args.depth + 1, dtype=torch.long, device="cuda")
-        for role, adapter, ids in (
-            ("draft", lm.draft, token),
-            ("target", lm.target, token),
-            ("target", lm.target, rows),
-        ):
-            step_ms(adapter, ids, start, 3)  # warm-up: compiled, captured
+        for role, ids in roles:
+            adapter = getattr(lm, role)
+            step_ms(adapter, ids, start, 3)  # warm-up: compiled, captured, experts loaded
             ms = step_ms(adapter, ids, start, 20)
-            emit(kind="step", role=role, rows=ids.shape[1], cuda_graphs=graphs, ms=ms)
-        emit(kind="graph_stats", cuda_graphs=graphs, stats=lm.graph_stats())
+            emit(kind="step", role=role, rows=ids.shape[1], ms=ms, **label)
+        emit(kind="graph_stats", stats=lm.graph_stats(), **label)
 
-    lm.cuda_graphs = True
-    ids = prompt[0].tolist()
-    outputs = {}
-    for depth in (0, args.depth):
+    def decode(lm, depth: int, label: dict) -> list[int]:
+        ids = prompt[0].tolist()
         for _ in range(2):  # the first decode captures what the second replays
             lm.reset()
             controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
             t = time.perf_counter()
             result = controller.generate(ids, args.tokens)
             seconds = time.perf_counter() - t
-        outputs[depth] = result.tokens
         emit(
-            kind="decode",
-            depth=depth,
-            tokens=len(result.tokens),
+            kind="decode", depth=depth, tokens=len(result.tokens),
             ms_per_token=1e3 * seconds / len(result.tokens),
             acceptance=result.stats.acceptance_rate if depth else None,
-            graph_stats=lm.graph_stats(),
-        )
-    emit(kind="decode_equal", equal=outputs[0] == outputs[args.depth])
-    with open(args.out, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+            graph_stats=lm.graph_stats(), **label,
+        )  # fmt: skip
+        return result.tokens
+
+    all_roles = [("draft", token), ("target", token), ("target", rows)]
+    lm = load()
+    for graphs in (False, True):
+        lm.cuda_graphs = graphs
+        time_steps(lm, {"budget_gb": None, "cuda_graphs": graphs, "fused_norms": True}, all_roles)
+    lm.cuda_graphs = True
+    label = {"budget_gb": None, "cuda_graphs": True, "fused_norms": True}
+    plain, spec = decode(lm, 0, label), decode(lm, args.depth, label)
+    emit(kind="decode_equal", equal=plain == spec, **label)
+    del lm
+    release_memory()  # the next load reuses the pinned host blocks
+
+    if "fused" not in skip:
+        lm = load(fused_norms=False)
+        label = {"budget_gb": None, "cuda_graphs": True, "fused_norms": False}
+        time_steps(lm, label, all_roles)
+        del lm
+        release_memory()
+
+    if "budget" not in skip:
+        lm = load(gpu_memory_gb=args.budget_gb, piecewise_graphs=True)
+        tokens = {}
+        for piecewise in (False, True):
+            if piecewise:
+                lm.enable_step_graphs(piecewise=True)
+            else:
+                lm.disable_step_graphs()
+            label = {"budget_gb": args.budget_gb, "cuda_graphs": piecewise, "piecewise": piecewise}
+            time_steps(lm, label, [("target", token), ("target", rows)])
+            tokens[piecewise] = decode(lm, 0, label)
+        emit(kind="decode_equal", equal=tokens[False] == tokens[True], budget_gb=args.budget_gb)
     return 0
 
 
