@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from specter_bench.bench_runner import BenchRunner
 from specter_bench.experiments import EXPERIMENTS, BenchConfig
+from specter_bench.model_loading import EngineOptions
 from specter_bench.prompt_sources import PromptSourceConfig
 from specter_bench.tables import targets_table, tpot_table
 
@@ -88,9 +89,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         hf_compile=not args.hf_no_compile,
         offload_new_tokens=args.offload_new_tokens,
         offload_prompts=args.offload_prompts,
-        batch_invariant=args.batch_invariant,
-        cuda_graphs=args.cuda_graphs,
-        piecewise_graphs=args.piecewise_graphs,
+        engine=EngineOptions.from_args(args),
         command=getattr(args, "invocation", None),
         **kwargs,  # type: ignore[arg-type]
     )
@@ -141,9 +140,7 @@ def run_profile_depth(args: argparse.Namespace) -> int:
         dtype=dtype,
         seed=args.weights_seed,
         max_seq_len=-(-need // 64) * 64,
-        batch_invariant=args.batch_invariant,
-        cuda_graphs=args.cuda_graphs,
-        piecewise_graphs=args.piecewise_graphs,
+        options=EngineOptions.from_args(args),
     )
     print(f"{loaded!r}: depths {args.depths} over {len(prompts)} prompts")
     depths = sorted(set(args.depths))

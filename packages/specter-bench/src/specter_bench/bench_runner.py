@@ -40,7 +40,7 @@ from specter_bench.belady import belady_bound, measure_expert_transfer_s, policy
 from specter_bench.bench_record import ExperimentRecord, TpotRecord, append_records
 from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
 from specter_bench.experiments import BenchConfig, Stage, plan_stages, resolve_budgets
-from specter_bench.hf_baseline import HFRunner, offload_model
+from specter_bench.hf_baseline import HFGeneration, HFRunner, offload_model
 from specter_bench.model_loading import (
     build_hf_model,
     load_engine,
@@ -309,16 +309,7 @@ class BenchRunner:
                 )
 
                 def generate(ids: list[int], n: int, runner: HFRunner = runner) -> SystemRun:
-                    gen = runner.generate(ids, n)
-                    return SystemRun(
-                        system=runner.system,
-                        tokens=gen.tokens,
-                        prefill_s=gen.prefill_s,
-                        decode_s=gen.decode_s,
-                        decode_tokens=max(0, len(gen.tokens) - 1),
-                        peak_gpu_bytes=gen.peak_gpu_bytes,
-                        settings={**gen.settings, "build_s": build_s},
-                    )
+                    return _hf_run(runner.system, runner.generate(ids, n), build_s=build_s)
 
                 if cfg.device.startswith("cuda"):
                     torch.cuda.reset_peak_memory_stats()
@@ -345,9 +336,7 @@ class BenchRunner:
             dtype=cfg.dtype,
             seed=cfg.seed,
             max_seq_len=self.max_seq_len,
-            batch_invariant=cfg.batch_invariant,
-            cuda_graphs=cfg.cuda_graphs,
-            piecewise_graphs=cfg.piecewise_graphs,
+            options=cfg.engine,
         )
         load_s = time.perf_counter() - started
         self.log(f"loaded {loaded!r} in {load_s:.1f} s")
@@ -622,15 +611,7 @@ class BenchRunner:
 
         def generate(ids: list[int], count: int) -> SystemRun:
             gen = runner.generate(ids, count)
-            return SystemRun(
-                system="hf-offload",
-                tokens=gen.tokens,
-                prefill_s=gen.prefill_s,
-                decode_s=gen.decode_s,
-                decode_tokens=max(0, len(gen.tokens) - 1),
-                peak_gpu_bytes=gen.peak_gpu_bytes,
-                settings={**gen.settings, "device_map_modules_on_gpu": on_gpu},
-            )
+            return _hf_run("hf-offload", gen, device_map_modules_on_gpu=on_gpu)
 
         records = []
         try:
@@ -736,3 +717,17 @@ def _pad_id(config: Any) -> int:
         if isinstance(value, int):
             return value
     return 0
+
+
+def _hf_run(system: str, gen: HFGeneration, **settings: Any) -> SystemRun:
+    """A transformers decode as a ``SystemRun``; the first generated
+    token comes from the prefill, so the decode times the others."""
+    return SystemRun(
+        system=system,
+        tokens=gen.tokens,
+        prefill_s=gen.prefill_s,
+        decode_s=gen.decode_s,
+        decode_tokens=max(0, len(gen.tokens) - 1),
+        peak_gpu_bytes=gen.peak_gpu_bytes,
+        settings={**gen.settings, **settings},
+    )

@@ -22,6 +22,7 @@ import torch
 
 from specter_bench.bench_record import SYSTEM_NAMES
 from specter_bench.engine_systems import ENGINE_SYSTEMS
+from specter_bench.model_loading import EngineOptions
 from specter_bench.prompt_sources import PromptSourceConfig
 from specter_bench.routing_analysis import DEFAULT_DEPTHS
 
@@ -85,11 +86,8 @@ class BenchConfig:
         offload_new_tokens: tokens per prompt for ``hf-offload``.
         offload_prompts: prompts for ``hf-offload``.
         sweep_prompts: prompts of the depth sweep (the first ones).
-        batch_invariant: batch-invariant verification of the engine systems (None: the
-            loader's default, on for fp16/bf16 on CUDA).
-        cuda_graphs: CUDA graphs of the engine systems' decode steps (None: the loader's
-            default, on for CUDA).
-        piecewise_graphs: graph the target under a budget too, piecewise.
+        engine: the ``specter_models.load`` switches of the engine systems (batch
+            invariance, CUDA graphs).
         command: the command line, recorded with the results.
     """
 
@@ -117,9 +115,7 @@ class BenchConfig:
     offload_new_tokens: int = 8
     offload_prompts: int = 1
     sweep_prompts: int = 2
-    batch_invariant: bool | None = None
-    cuda_graphs: bool | None = None
-    piecewise_graphs: bool = False
+    engine: EngineOptions = field(default_factory=EngineOptions)
     command: str | None = None
 
     def __post_init__(self) -> None:

@@ -7,7 +7,10 @@ config, to the weights' description recorded in results, and to loaded models.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import gc
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from transformers import AutoConfig, PretrainedConfig
 from specter_bench.prompt_encoding import ByteTokenizer
 
 __all__ = [
+    "EngineOptions",
     "build_hf_model",
     "is_checkpoint",
     "load_engine",
@@ -102,6 +106,31 @@ def tokenizer_name(tokenizer: Any) -> str:
     return f"{type(tokenizer).__name__} (vocab {len(tokenizer)})"
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """The ``specter_models.load`` switches every engine system of a run shares.
+
+    Attributes:
+        batch_invariant: batch-invariant verification (None: the loader decides, on for
+            fp16/bf16 on CUDA).
+        cuda_graphs: decode steps as CUDA graphs (None: the loader decides, on for CUDA).
+        piecewise_graphs: graph the target under a budget too, piecewise.
+    """
+
+    batch_invariant: bool | None = None
+    cuda_graphs: bool | None = None
+    piecewise_graphs: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineOptions:
+        """The switches of a parsed ``specter`` command line (its model arguments)."""
+        return cls(args.batch_invariant, args.cuda_graphs, args.piecewise_graphs)
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``specter_models.load``."""
+        return dataclasses.asdict(self)
+
+
 def load_engine(
     model: str,
     *,
@@ -113,15 +142,12 @@ def load_engine(
     seed: int,
     max_seq_len: int,
     slots_per_layer: int | None = None,
-    batch_invariant: bool | None = None,
-    cuda_graphs: bool | None = None,
-    piecewise_graphs: bool = False,
+    options: EngineOptions = EngineOptions(),
 ) -> Any:
     """``specter_models.load`` of the benchmark's model at one budget.
 
-    ``slots_per_layer`` replaces the budget when given (the two are exclusive);
-    ``batch_invariant`` None lets the loader decide (on for fp16/bf16 on CUDA); so does
-    ``cuda_graphs`` None (on for CUDA).
+    ``slots_per_layer`` replaces the budget when given (the two are exclusive); ``options``
+    are the shared switches (batch invariance, CUDA graphs).
 
     Raises:
         ValueError, MemoryBudgetError, FileNotFoundError: from ``specter_models.load``.
@@ -138,9 +164,7 @@ def load_engine(
         policy=policy,
         seed=seed,
         max_seq_len=max_seq_len,
-        batch_invariant=batch_invariant,
-        cuda_graphs=cuda_graphs,
-        piecewise_graphs=piecewise_graphs,
+        **options.load_kwargs(),
     )
 
 

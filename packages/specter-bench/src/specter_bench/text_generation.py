@@ -18,7 +18,12 @@ import torch
 
 from specter_bench.bench_command import parse_dtype
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
-from specter_bench.model_loading import load_engine, load_tokenizer, model_config
+from specter_bench.model_loading import (
+    EngineOptions,
+    load_engine,
+    load_tokenizer,
+    model_config,
+)
 from specter_bench.tables import format_value
 from specter_spec import SamplingConfig, SpecController
 
@@ -185,9 +190,7 @@ def run_generate(args: argparse.Namespace) -> int:
         dtype=dtype,
         seed=args.weights_seed,
         max_seq_len=min(limit or need, -(-need // 64) * 64),
-        batch_invariant=args.batch_invariant,
-        cuda_graphs=args.cuda_graphs,
-        piecewise_graphs=args.piecewise_graphs,
+        options=EngineOptions.from_args(args),
     )
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if loaded.tokenizer is None and hasattr(tokenizer, "offset"):
