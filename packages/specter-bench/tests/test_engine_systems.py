@@ -148,6 +148,13 @@ def test_unfused_draft_equals_fused_and_is_restored():
     with unfused_draft_kernel():
         assert experts_module.fused_moe_w4a16 is per_expert_w4a16
     assert experts_module.fused_moe_w4a16 is fused_moe_w4a16
+    # Step graphs replay the kernel they were captured with: paused for the block.
+    loaded = specter_models.load("tiny-qwen2-moe", device="cpu", dtype=torch.float32)
+    loaded.enable_step_graphs(capture=False)
+    graphs = loaded.draft.graphs
+    with unfused_draft_kernel(loaded.draft):
+        assert loaded.draft.graphs is None
+    assert loaded.draft.graphs is graphs
 
 
 def test_depth_policies_and_bad_systems():

@@ -220,7 +220,11 @@ class EngineSystemRunner:
         if cuda:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        kernel = contextlib.nullcontext() if self.system.fused_draft else unfused_draft_kernel()
+        kernel = (
+            contextlib.nullcontext()
+            if self.system.fused_draft
+            else unfused_draft_kernel(self.loaded.draft)
+        )
         with kernel:
             result = self.controller.generate(prompt_ids, max_new_tokens)
         stats = result.stats

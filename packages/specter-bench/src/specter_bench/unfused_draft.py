@@ -3,7 +3,9 @@
 The ablation ``specter-unfused-draft`` runs Specter with this in place of
 ``specter_kernels.fused_moe_w4a16`` inside specter-models' draft experts, to measure what
 the single fused launch saves. It reads the used experts on the host (a sync per layer) and
-launches each expert separately, as an unfused implementation does.
+launches each expert separately, as an unfused implementation does. That sync cannot be
+recorded in a CUDA graph, so the draft's step graphs are paused meanwhile (a replayed
+graph would run the fused kernel it was captured with).
 """
 
 from __future__ import annotations
@@ -50,11 +52,15 @@ def per_expert_w4a16(
 
 
 @contextmanager
-def unfused_draft_kernel() -> Iterator[None]:
+def unfused_draft_kernel(draft: object | None = None) -> Iterator[None]:
     """Inside the block, specter-models' draft experts use :func:`per_expert_w4a16`.
 
     specter-models calls ``fused_moe_w4a16`` through its ``specter_experts`` module's
     namespace; this swaps that one name and restores it on exit.
+
+    Args:
+        draft: the draft adapter whose ``graphs`` (specter-models' step graphs) are paused
+            for the block, or None.
 
     Raises:
         RuntimeError: specter-models no longer calls the kernel by that name (the ablation
@@ -67,8 +73,13 @@ def unfused_draft_kernel() -> Iterator[None]:
             "specter_models.specter_experts does not call specter_kernels.fused_moe_w4a16 by "
             "that name; the unfused-draft ablation cannot replace it."
         )
+    graphs = getattr(draft, "graphs", None)
     specter_experts.fused_moe_w4a16 = per_expert_w4a16
+    if graphs is not None:
+        draft.graphs = None  # type: ignore[attr-defined]
     try:
         yield
     finally:
         specter_experts.fused_moe_w4a16 = fused_moe_w4a16
+        if graphs is not None:
+            draft.graphs = graphs  # type: ignore[attr-defined]
