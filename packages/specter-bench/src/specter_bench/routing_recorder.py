@@ -12,6 +12,7 @@ separate diagnostic passes (teacher forcing), never inside a timed decode.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -173,17 +174,13 @@ def teacher_forced_pass(
     ids = torch.tensor([token_ids], dtype=torch.long, device=device)
     # The hooks copy to the host: a step captured as a CUDA graph would skip them (or fail
     # to capture), so specter-models' step graphs are off for the pass.
-    graphs = getattr(spec_model, "graphs", None)
+    paused = getattr(spec_model, "graphs_paused", contextlib.nullcontext)
     reset()
     try:
-        if graphs is not None:
-            spec_model.graphs = None  # type: ignore[attr-defined]
-        with torch.no_grad(), recorder.recording():
+        with torch.no_grad(), recorder.recording(), paused():
             logits = spec_model.forward(ids, 0)  # type: ignore[attr-defined]
         return TeacherForcedPass(recorder.routing()[start:], logits[0, start:].clone())
     finally:
-        if graphs is not None:
-            spec_model.graphs = graphs  # type: ignore[attr-defined]
         reset()
 
 

@@ -10,6 +10,7 @@ graph would run the fused kernel it was captured with).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -59,8 +60,8 @@ def unfused_draft_kernel(draft: object | None = None) -> Iterator[None]:
     namespace; this swaps that one name and restores it on exit.
 
     Args:
-        draft: the draft adapter whose ``graphs`` (specter-models' step graphs) are paused
-            for the block, or None.
+        draft: the draft adapter whose step graphs are paused for the block
+            (specter-models' ``graphs_paused``), or None.
 
     Raises:
         RuntimeError: specter-models no longer calls the kernel by that name (the ablation
@@ -73,13 +74,10 @@ def unfused_draft_kernel(draft: object | None = None) -> Iterator[None]:
             "specter_models.specter_experts does not call specter_kernels.fused_moe_w4a16 by "
             "that name; the unfused-draft ablation cannot replace it."
         )
-    graphs = getattr(draft, "graphs", None)
+    paused = getattr(draft, "graphs_paused", contextlib.nullcontext)
     specter_experts.fused_moe_w4a16 = per_expert_w4a16
-    if graphs is not None:
-        draft.graphs = None  # type: ignore[attr-defined]
     try:
-        yield
+        with paused():
+            yield
     finally:
         specter_experts.fused_moe_w4a16 = fused_moe_w4a16
-        if graphs is not None:
-            draft.graphs = graphs  # type: ignore[attr-defined]

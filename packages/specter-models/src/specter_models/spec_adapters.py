@@ -20,6 +20,9 @@ exact greedy equality holds in fp16. The draft needs no such care: it only propo
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from transformers import PreTrainedModel
 
@@ -72,6 +75,16 @@ class _Adapter:
         """Where input ids must live."""
         return self._device
 
+    @contextlib.contextmanager
+    def graphs_paused(self) -> Iterator[None]:
+        """Plain forwards for the block (no window mode, no replay): for code that hooks or
+        swaps what a forward runs, which a replayed graph would skip."""
+        graphs, self.graphs = self.graphs, None
+        try:
+            yield
+        finally:
+            self.graphs = graphs
+
     def _check_input(self, input_ids: torch.Tensor, start_pos: int) -> None:
         if (
             not isinstance(input_ids, torch.Tensor)
@@ -97,12 +110,12 @@ class _Adapter:
     def _run(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Forward ``input_ids`` at ``start_pos`` after the cache was cropped to it: a
         graphed (window-mode) step where ``graphs`` applies, else transformers' forward."""
-        positions = self.kv.positions(start_pos, input_ids.shape[1], input_ids.device)
         try:
             if self.graphs is not None:
                 logits = self.graphs.forward(input_ids, start_pos)
                 if logits is not None:
                     return logits
+            positions = self.kv.positions(start_pos, input_ids.shape[1], input_ids.device)
             with torch.no_grad(), self.runtime.running(self.mode):
                 output = self.model(
                     input_ids=input_ids,
