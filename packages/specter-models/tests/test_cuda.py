@@ -3,6 +3,8 @@ draft's decode step. Skipped without a GPU (run on the GPU machine)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -14,6 +16,17 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 TINY = ("tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe")
+
+
+@contextlib.contextmanager
+def _host_sync_forbidden():
+    """Inside the block a host sync raises (torch's sync debug mode)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -57,14 +70,10 @@ def test_cuda_draft_step_has_no_host_sync(name, graphs):
         lm.draft.truncate(4)
     if graphs:
         lm.draft.graphs.stats.reset_counts()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with _host_sync_forbidden():
         for position in range(4, 8):
             logits = lm.draft.forward(token, position)
             token = logits[:, -1].argmax(-1, keepdim=True)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert lm.draft.kv_length == 8
     if graphs:
         assert lm.graph_stats()["draft"]["replays"] == 4
@@ -112,13 +121,9 @@ def test_cuda_all_resident_target_step_has_no_host_sync(name, graphs):
         lm.target.truncate(4)
     if graphs:
         lm.target.graphs.stats.reset_counts()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with _host_sync_forbidden():
         lm.target.forward(rows, 4)
         lm.target.forward(rows[:, :1], 7)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert lm.cache.stats()["total"]["acquires"] == 0
     if graphs:
         assert lm.graph_stats()["target"]["replays"] == 2
