@@ -153,11 +153,15 @@ class StepGraphStats:
             one graph; else piecewise).
     """
 
-    captures: int = 0
     replays: int = 0
     window_eager: int = 0
     disabled_reason: str | None = None
     keys: list[tuple[int, int, bool, bool]] = field(default_factory=list)
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured (one per key)."""
+        return len(self.keys)
 
     def reset_counts(self) -> None:
         """Zero ``replays`` and ``window_eager`` (captured graphs stay)."""
@@ -415,7 +419,6 @@ class StepGraphs:
             warnings.warn(f"CUDA graphs switched off: {reason}", RuntimeWarning, stacklevel=3)
             return
         step.logits = logits
-        self.stats.captures += 1
         self.stats.keys.append(key)
 
     def _capture_pieces(self, step: _Step, window: int, end: int) -> tuple[_Pieces, torch.Tensor]:
