@@ -245,7 +245,7 @@ def test_bench_records_whether_verification_was_batch_invariant(capsys, tmp_path
         ((), None),
         (("--cuda-graphs", "off"), None),
         (("--cuda-graphs", "on"), "cuda_graphs=True needs a CUDA device"),
-        (("--piecewise-graphs",), "piecewise_graphs=True needs CUDA graphs"),
+        (("--piecewise-graphs", "on"), "piecewise_graphs=True needs CUDA graphs"),
     ],
 )
 def test_bench_records_cuda_graphs_and_refuses_them_on_the_cpu(capsys, tmp_path, extra, refusal):

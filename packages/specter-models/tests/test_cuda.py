@@ -201,7 +201,7 @@ def test_cuda_piecewise_graphs_under_a_budget_decode_like_eager(name, verificati
         "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
         "max_seq_len": 320, "verification": verification,
     }  # fmt: skip
-    lm = load(name, piecewise_graphs=True, **kwargs)
+    lm = load(name, **kwargs)  # piecewise graphs come with CUDA graphs by default
     captured = lm.capture_step_graphs()
     assert captured["target"] > 0
     prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()

@@ -155,9 +155,11 @@ def _add_model_args(
     )
     p.add_argument(
         "--piecewise-graphs",
-        action="store_true",
+        type=parse_auto_switch,
+        default=None,
+        metavar="{auto,on,off}",
         help="with CUDA graphs, graph the target under a budget too, piecewise between its "
-        "routed-expert calls (new; not yet measured)",
+        "routed-expert calls (default auto: whenever CUDA graphs are on)",
     )
 
 

@@ -114,12 +114,13 @@ class EngineOptions:
         batch_invariant: batch-invariant verification (None: the loader decides, on for
             fp16/bf16 on CUDA).
         cuda_graphs: decode steps as CUDA graphs (None: the loader decides, on for CUDA).
-        piecewise_graphs: graph the target under a budget too, piecewise.
+        piecewise_graphs: graph the target under a budget too, piecewise (None: the
+            loader decides, on with CUDA graphs).
     """
 
     batch_invariant: bool | None = None
     cuda_graphs: bool | None = None
-    piecewise_graphs: bool = False
+    piecewise_graphs: bool | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineOptions:

@@ -67,7 +67,7 @@ def load(
     pin_memory: bool | None = None,
     batch_invariant: bool | None = None,
     cuda_graphs: bool | None = None,
-    piecewise_graphs: bool = False,
+    piecewise_graphs: bool | None = None,
     fused_norms: bool = True,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
@@ -103,7 +103,8 @@ def load(
             the target's steps while every expert is resident (default: on for CUDA; see
             ``SpecterModel.enable_step_graphs``).
         piecewise_graphs: with CUDA graphs, graph the target under a budget too, piecewise
-            between its routed-expert calls (new: not yet run on a GPU; off by default).
+            between its routed-expert calls (None, the default: whenever ``cuda_graphs``
+            is on; False keeps budgeted target steps eager).
         fused_norms: run RMSNorm modules as one fused kernel on CUDA (``fused_norms``);
             False keeps transformers' own arithmetic.
 
@@ -135,6 +136,8 @@ def load(
         raise ValueError(
             "piecewise_graphs=True needs CUDA graphs: a CUDA device and cuda_graphs not False"
         )
+    if piecewise_graphs is None:
+        piecewise_graphs = cuda_graphs
     folder, preset_name = _resolve_source(path_or_preset)
     config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
     arch = architecture_for(config)
