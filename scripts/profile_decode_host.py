@@ -18,7 +18,6 @@ import io
 import pstats
 import time
 
-
 import specter_models
 from specter_spec import SpecController
 
