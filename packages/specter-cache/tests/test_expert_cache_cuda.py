@@ -130,3 +130,18 @@ def test_prefetcher_on_cuda_prefetches_from_device_counters():
     assert st["cache"]["total"]["misses"] == 0
     assert st["draft_token_seconds"] is not None
     assert st["bandwidth_bytes_per_s"] > 0
+
+
+def test_snapshot_async_waits_for_its_own_copy_not_for_later_work():
+    counter = RoutingCounter(2, 8, "cuda")
+    counter.observe(0, torch.tensor([[1, 3], [3, 5], [1, 3]], device="cuda"))
+    counter.observe(1, torch.tensor([[6, 6]], device="cuda"))
+    pending = counter.snapshot_async(2)
+    torch.cuda._sleep(SLEEP_CYCLES)  # queued after the snapshot: a long "next draft step"
+    counter.observe(0, torch.tensor([[7, 7], [7, 7]], device="cuda"))
+    counter.clear()
+    plan = pending.result()
+    assert plan == {0: [3, 1], 1: [6]}
+    assert not torch.cuda.current_stream().query()  # the later work was not waited for
+    torch.cuda.synchronize()
+    assert pending.done()

@@ -75,3 +75,17 @@ def test_bad_arguments_are_rejected():
         counter.snapshot([1])
     with pytest.raises(ValueError, match="num_experts"):
         RoutingCounter(2, 0, "cpu")
+
+
+def test_snapshot_async_keeps_the_counts_it_was_taken_at():
+    counter = RoutingCounter(num_layers=2, num_experts=6, device="cpu")
+    counter.observe(0, torch.tensor([[1, 3], [3, 5], [1, 3]]))  # 3: 3 times, 1: 2, 5: 1
+    counter.observe(1, torch.tensor([[2, 2]]))
+    expected = counter.snapshot([2, 3])
+    pending = counter.snapshot_async([2, 3])
+    counter.observe(0, torch.tensor([[4, 4], [4, 4]]))  # after the snapshot: not in it
+    counter.clear()
+    assert pending.done()
+    assert pending.result() == expected == {0: [3, 1], 1: [2]}
+    with pytest.raises(ValueError, match="top_m"):
+        counter.snapshot_async([2])

@@ -160,3 +160,84 @@ def test_many_iterations_keep_the_books_balanced(make_store):
     assert st["verifications"] == 12
     assert st["plan_recall"] is None or 0 <= st["plan_recall"] <= 1
     assert st["cache"]["total"]["hits"] > 0
+
+
+def test_pipelined_boundaries_read_their_snapshot_one_draft_token_later(make_store):
+    # The same draft as test_three_phases_over_one_draft: same plans and books, each batch
+    # issued at the draft token after its boundary (the host never waits for the draft
+    # forward it has just queued).
+    store, _ = make_store(2, 8, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=3, device="cpu", policy="predictive")
+    counter = RoutingCounter(2, 8, "cpu")
+    planner = PrefetchPlanner(PlannerConfig(initial_chunk=2, min_chunk=2, max_chunk=2))
+    pf = SpeculativePrefetcher(cache, counter, planner, pipelined=True)
+    assert pf.pipelined and not SpeculativePrefetcher(cache, counter).pipelined  # CPU default
+    pf.on_draft_start(8)
+    draft_token(pf, 0, {0: [0, 1], 1: [2]})
+    draft_token(pf, 1, {0: [0], 1: [2, 3]})  # boundary at 2: snapshot queued, not read
+    assert cache.stats()["total"]["prefetch_loads"] == 0
+    # Token 2's routing lands after the snapshot was taken: 5 and 6 are not in this batch.
+    draft_token(pf, 2, {0: [5], 1: [6]})
+    assert sorted(cache.resident_experts(0)) == [0, 1]
+    assert sorted(cache.resident_experts(1)) == [2, 3]
+    assert pf.planner.next_boundary == 4  # decided from the boundary's token count (2)
+    draft_token(pf, 3, {0: [0], 1: [2]})  # boundary at 4: queued
+    assert pf.planner.phase is PlannerPhase.PREFETCH_OVERLAP
+    draft_token(pf, 4, {0: [7], 1: [7]})  # read: 5 and 6 fill the slots: final cleanup
+    assert pf.planner.phase is PlannerPhase.FINAL_CLEANUP
+    assert sorted(cache.resident_experts(0)) == [0, 1, 5]
+    assert sorted(cache.resident_experts(1)) == [2, 3, 6]
+    for i in range(5, 8):
+        draft_token(pf, i, {0: [7], 1: [7]})
+    pf.on_verify_start(9)
+    verify(cache, {0: [0, 5, 7], 1: [2, 3]})
+    pf.on_verify_end(5)
+    st = pf.stats()
+    assert (st["boundaries"], st["cleanups"], st["cleanup_tokens"]) == (2, 1, 4)
+    assert st["plan_precision"] == pytest.approx(4 / 6)
+    assert st["plan_recall"] == pytest.approx(4 / 5)
+
+
+def test_pipelined_snapshot_pending_at_verify_start_is_the_final_boundary(make_store):
+    store, _ = make_store(2, 8, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=3, device="cpu", policy="predictive")
+    counter = RoutingCounter(2, 8, "cpu")
+    planner = PrefetchPlanner(PlannerConfig(initial_chunk=2, min_chunk=2, max_chunk=2))
+    pf = SpeculativePrefetcher(cache, counter, planner, pipelined=True)
+    pf.on_draft_start(2)
+    draft_token(pf, 0, {0: [1]})
+    draft_token(pf, 1, {1: [4]})  # boundary at the draft's last token: queued
+    assert cache.slot_of(0, 1) == -1
+    pf.on_verify_start(3)
+    assert cache.slot_of(0, 1) >= 0 and cache.slot_of(1, 4) >= 0
+    st = pf.stats()
+    assert (st["boundaries"], st["cleanups"]) == (1, 1)  # one snapshot, not a second one
+    assert pf.planner.phase is PlannerPhase.IDLE
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_no_snapshot_once_every_expert_is_resident(make_store, monkeypatch, pipelined):
+    store, _ = make_store(2, 4, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=4, device="cpu", policy="lru")
+    counter = RoutingCounter(2, 4, "cpu")
+    pf = SpeculativePrefetcher(cache, counter, pipelined=pipelined)
+    pf.on_draft_start(4)
+    for i in range(4):
+        draft_token(pf, i, {0: [i], 1: [3 - i]})
+    pf.on_verify_start(5)
+    verify(cache, {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]})
+    pf.on_verify_end(4)
+    assert pf.stats()["boundaries"] > 0  # not yet resident: the draft planned loads
+    assert all(cache.all_resident(layer) for layer in range(2))
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a snapshot was taken with every expert resident")
+
+    monkeypatch.setattr(counter, "snapshot_async", refuse)
+    before = pf.stats()["boundaries"]
+    pf.on_draft_start(4)
+    for i in range(4):
+        draft_token(pf, i, {0: [i], 1: [i]})
+    pf.on_verify_start(5)
+    pf.on_verify_end(4)
+    assert pf.stats()["boundaries"] == before

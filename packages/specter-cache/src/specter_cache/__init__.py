@@ -35,7 +35,7 @@ from specter_cache.replacement_policy import (
     ReplacementPolicy,
     make_policy,
 )
-from specter_cache.routing_counter import RoutingCounter
+from specter_cache.routing_counter import PendingSnapshot, RoutingCounter
 from specter_cache.safetensors_file import SafetensorsFile
 from specter_cache.speculative_prefetcher import SpeculativePrefetcher
 from specter_cache.trace_simulation import SimulationResult, compare_policies, simulate_policy
@@ -61,6 +61,7 @@ __all__ = [
     "PredictivePolicy",
     "PrefetchPlanner",
     "ReplacementPolicy",
+    "PendingSnapshot",
     "RoutingCounter",
     "SafetensorsFile",
     "SimulationResult",

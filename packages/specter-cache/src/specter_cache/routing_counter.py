@@ -90,7 +90,8 @@ class RoutingCounter:
         """Each layer's most-used experts, most used first, copied to the host once.
 
         Experts never observed are left out, so a layer's list can be shorter than ``top_m``
-        (or empty). Ties are broken by the device's top-k.
+        (or empty). Ties are broken by the device's top-k. Waits for the device's queued
+        work (the copy is what the host reads); ``snapshot_async`` does not.
 
         Args:
             top_m: experts to keep per layer, one int or one per layer.
@@ -101,6 +102,20 @@ class RoutingCounter:
         Raises:
             ValueError: ``top_m`` not positive or a list of the wrong length.
         """
+        return self.snapshot_async(top_m).result()
+
+    def snapshot_async(self, top_m: int | Sequence[int]) -> PendingSnapshot:
+        """Start a snapshot of the counts as they stand after the work queued so far.
+
+        On CUDA the ranking and a ``[2, L, M]`` int32 copy into pinned host memory are
+        queued on the current stream, with an event behind them; nothing waits. The
+        counters may be observed or cleared right after: the snapshot keeps its own copy.
+        ``PendingSnapshot.result()`` waits for that event only (not for work queued later,
+        such as the next draft forward) and returns what ``snapshot`` would have.
+
+        Raises:
+            ValueError: as ``snapshot``.
+        """
         if isinstance(top_m, int) and not isinstance(top_m, bool):
             per_layer = [top_m] * self.num_layers
         else:
@@ -109,23 +124,57 @@ class RoutingCounter:
                 raise ValueError(
                     f"top_m needs {self.num_layers} entries (one per layer), got {per_layer}"
                 )
-        if any(not isinstance(m, int) or m < 1 for m in per_layer):
+        if any(not isinstance(m, int) or isinstance(m, bool) or m < 1 for m in per_layer):
             raise ValueError(f"top_m must be positive ints, got {top_m!r}")
         m = min(max(per_layer), self.num_experts)
         values, indices = torch.topk(self.counts, m, dim=1)
-        # The one device-to-host copy of a chunk boundary: [2, L, M] int32.
-        packed = torch.stack((values, indices.to(torch.int32))).cpu().tolist()
-        plan: dict[int, list[int]] = {}
-        for layer in range(self.num_layers):
-            keep = per_layer[layer]
-            plan[layer] = [
-                e
-                for v, e in zip(packed[0][layer][:keep], packed[1][layer][:keep], strict=True)
-                if v > 0
-            ]
-        return plan
+        packed = torch.stack((values, indices.to(torch.int32)))  # [2, L, M]
+        if self.device.type != "cuda":
+            return PendingSnapshot(packed, None, per_layer)
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(self.device))
+        return PendingSnapshot(host, ready, per_layer)
 
     def clear(self) -> None:
         """Zero every counter (no host sync)."""
         self.counts.zero_()
         self.observations = 0
+
+
+class PendingSnapshot:
+    """A routing snapshot on its way to the host (``RoutingCounter.snapshot_async``).
+
+    Args:
+        packed: ``[2, L, M]`` int32: counts and expert ids, ranked per layer (pinned host
+            memory being filled by a queued copy, or a CPU tensor already final).
+        ready: the CUDA event behind the copy, or None when ``packed`` is final.
+        per_layer: experts to keep per layer.
+    """
+
+    def __init__(
+        self, packed: torch.Tensor, ready: torch.cuda.Event | None, per_layer: list[int]
+    ) -> None:
+        self._packed = packed
+        self._ready = ready
+        self._per_layer = per_layer
+
+    def done(self) -> bool:
+        """Whether ``result()`` would return without waiting."""
+        return self._ready is None or self._ready.query()
+
+    def result(self) -> dict[int, list[int]]:
+        """``layer -> ranked expert ids`` (experts with a zero count left out); waits for
+        the snapshot's own copy only."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        packed = self._packed.tolist()
+        return {
+            layer: [
+                e
+                for v, e in zip(packed[0][layer][:keep], packed[1][layer][:keep], strict=True)
+                if v > 0
+            ]
+            for layer, keep in enumerate(self._per_layer)
+        }

@@ -7,9 +7,12 @@ is given, by duck typing:
 * ``on_draft_token(index)``: draft token ``index`` (0-based) is produced; during its forward
   the model's MoE layers called ``counter.observe(layer, topk_ids)``. At a chunk boundary the
   counters are snapshotted (one small device-to-host copy), the plan goes to the cache's policy
-  and the non-resident planned experts are prefetched on the copy stream.
-* ``on_verify_start(num_tokens)``: drafting is over; if still predicting, one last snapshot and
-  prefetch, then the counters are cleared.
+  and the non-resident planned experts are prefetched on the copy stream. Pipelined (the
+  default on CUDA), the snapshot is only queued at the boundary and read at the next draft
+  token, after that token's forward is queued: the host never waits for the draft it just
+  launched, and plans while the device drafts (prefetches go out one draft token later).
+* ``on_verify_start(num_tokens)``: drafting is over; a pending snapshot is read, and if still
+  predicting, one last snapshot and prefetch, then the counters are cleared.
 * ``on_verify_end(num_accepted)``: the window closes; prefetched experts the target did not use
   count as wasted; the planned experts are scored against those the target needed.
 """
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 from specter_cache.copy_engine import TransferEvent
 from specter_cache.expert_cache import ExpertCache
 from specter_cache.prefetch_planner import PlannerPhase, PrefetchPlanner
-from specter_cache.routing_counter import RoutingCounter
+from specter_cache.routing_counter import PendingSnapshot, RoutingCounter
 
 
 class SpeculativePrefetcher:
@@ -32,6 +35,11 @@ class SpeculativePrefetcher:
         counter: the draft's routing counters (same ``L`` and ``E`` as the cache).
         planner: the prefetch planner (default: ``PrefetchPlanner()``).
         top_m: experts planned per layer at a snapshot; default: the cache's slots per layer.
+        pipelined: read each boundary's snapshot at the next draft token instead of waiting
+            for it (None: on when the counters live on a CUDA device).
+
+    Once every expert of every layer is resident (a budget that holds them all) there is
+    nothing to prefetch: boundaries are skipped, with no snapshot and no host sync.
 
     Raises:
         ValueError: counter and cache disagree on ``L`` or ``E``.
@@ -48,6 +56,7 @@ class SpeculativePrefetcher:
         planner: PrefetchPlanner | None = None,
         *,
         top_m: int | Sequence[int] | None = None,
+        pipelined: bool | None = None,
     ):
         if (counter.num_layers, counter.num_experts) != (cache.num_layers, cache.num_experts):
             raise ValueError(
@@ -72,6 +81,9 @@ class SpeculativePrefetcher:
         self._markers: list[TransferEvent] = []
         self._timed_upto = 0
         self._planned: list[set[int]] = [set() for _ in range(cache.num_layers)]
+        self.pipelined = counter.device.type == "cuda" if pipelined is None else bool(pipelined)
+        self._pending: tuple[int, PendingSnapshot] | None = None  # (tokens done, snapshot)
+        self._resident_layers: set[int] = set()  # layers known to hold every expert
         self.reset_stats()
 
     # ------------------------------------------------------------------ observer protocol
@@ -85,6 +97,7 @@ class SpeculativePrefetcher:
         self.counter.clear()
         self._tokens_done = 0
         self._drafting = True
+        self._pending = None
         self._planned = [set() for _ in range(self.cache.num_layers)]
         self._markers = [self.cache.copy_engine.record_compute(timing=True)]
         self._timed_upto = 0
@@ -107,8 +120,12 @@ class SpeculativePrefetcher:
         self._tokens_done += 1
         self._stats["draft_tokens"] += 1
         self._markers.append(self.cache.copy_engine.record_compute(timing=True))
-        if self.planner.is_boundary(self._tokens_done):
-            self._boundary(drafting_done=False)
+        if self._pending is not None:  # the previous boundary's snapshot, read now
+            self._finish_boundary(drafting_done=False)
+        if self.planner.is_boundary(self._tokens_done) and not self._everything_resident():
+            self._pending = (self._tokens_done, self.counter.snapshot_async(self.top_m))
+            if not self.pipelined:
+                self._finish_boundary(drafting_done=False)
 
     def on_verify_start(self, num_tokens: int) -> None:
         """Verification of ``num_tokens`` rows begins: final snapshot if still predicting.
@@ -118,8 +135,17 @@ class SpeculativePrefetcher:
         """
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
-        if self._drafting and self.planner.predicting and self._tokens_done > 0:
-            self._boundary(drafting_done=True)
+        if self._pending is not None:
+            # A snapshot of every draft token is the last one: it is the final boundary.
+            self._finish_boundary(drafting_done=self._pending[0] == self._tokens_done)
+        if (
+            self._drafting
+            and self.planner.predicting
+            and self._tokens_done > 0
+            and not self._everything_resident()
+        ):
+            self._pending = (self._tokens_done, self.counter.snapshot_async(self.top_m))
+            self._finish_boundary(drafting_done=True)
         self.planner.end_draft()
         self.counter.clear()
         self._drafting = False
@@ -158,10 +184,23 @@ class SpeculativePrefetcher:
                 self._timed_upto = j
                 break
 
-    def _boundary(self, *, drafting_done: bool) -> None:
+    def _everything_resident(self) -> bool:
+        cache = self.cache
+        for layer in range(cache.num_layers):
+            if layer not in self._resident_layers:
+                if not cache.all_resident(layer):
+                    return False
+                self._resident_layers.add(layer)  # stays so: nothing can be evicted
+        return True
+
+    def _finish_boundary(self, *, drafting_done: bool) -> None:
+        """Read the pending snapshot (one small device-to-host copy), plan and prefetch."""
+        assert self._pending is not None
+        tokens_done, snapshot = self._pending
+        self._pending = None
         self._feed_measurements()
         cache = self.cache
-        plan = self.counter.snapshot(self.top_m)  # one small device-to-host copy
+        plan = snapshot.result()
         cache.set_plan(plan)
         batch_experts = batch_bytes = remaining = 0
         for layer, experts in plan.items():
@@ -171,7 +210,7 @@ class SpeculativePrefetcher:
             batch_bytes += len(new) * cache.store.expert_bytes(layer)
             remaining += cache.slots_per_layer[layer] - (len(experts) - len(new))
         decision = self.planner.decide(
-            self._tokens_done,
+            tokens_done,
             batch_experts=batch_experts,
             batch_bytes=batch_bytes,
             remaining_slots=remaining,
@@ -183,7 +222,7 @@ class SpeculativePrefetcher:
         st["prefetch_issued"] += sum(len(v) for v in issued.values())
         if decision.phase is PlannerPhase.FINAL_CLEANUP:
             st["cleanups"] += 1
-            st["cleanup_tokens"] += self._tokens_done
+            st["cleanup_tokens"] += tokens_done
             self.counter.clear()
 
     # ------------------------------------------------------------------------ statistics
