@@ -171,7 +171,8 @@ def test_pipelined_boundaries_read_their_snapshot_one_draft_token_later(make_sto
     counter = RoutingCounter(2, 8, "cpu")
     planner = PrefetchPlanner(PlannerConfig(initial_chunk=2, min_chunk=2, max_chunk=2))
     pf = SpeculativePrefetcher(cache, counter, planner, pipelined=True)
-    assert pf.pipelined and not SpeculativePrefetcher(cache, counter).pipelined  # CPU default
+    assert pf.pipelined
+    assert not SpeculativePrefetcher(cache, counter).pipelined
     pf.on_draft_start(8)
     draft_token(pf, 0, {0: [0, 1], 1: [2]})
     draft_token(pf, 1, {0: [0], 1: [2, 3]})  # boundary at 2: snapshot queued, not read
@@ -209,7 +210,8 @@ def test_pipelined_snapshot_pending_at_verify_start_is_the_final_boundary(make_s
     draft_token(pf, 1, {1: [4]})  # boundary at the draft's last token: queued
     assert cache.slot_of(0, 1) == -1
     pf.on_verify_start(3)
-    assert cache.slot_of(0, 1) >= 0 and cache.slot_of(1, 4) >= 0
+    assert cache.slot_of(0, 1) >= 0
+    assert cache.slot_of(1, 4) >= 0
     st = pf.stats()
     assert (st["boundaries"], st["cleanups"]) == (1, 1)  # one snapshot, not a second one
     assert pf.planner.phase is PlannerPhase.IDLE
