@@ -45,6 +45,10 @@ def tpot_records(seed: int, models=("deepseek-v2-lite", "qwen1.5-moe"), prompts:
                             tpot_over_belady=None if system == "hf" else rng.uniform(1, 20),
                             reference_system=None if system == "hf" else "hf",
                             matches_reference=None if system == "hf" else rng.random() > 0.3,
+                            engine_reference_system=None if system == "hf" else "lru",
+                            matches_engine_reference=(
+                                None if system in ("hf", "lru") else rng.random() > 0.3
+                            ),
                         ).as_dict()
                     )
     return out

@@ -88,6 +88,25 @@ def test_every_system_decodes_what_hf_decodes(default_run):
         assert r["first_mismatch"] is None
 
 
+def test_engine_systems_are_checked_against_the_first_engine_decode(default_run):
+    _, result = default_run
+    tpot = [r for r in result.records if r["kind"] == "tpot"]
+    for prompt in {r["prompt_id"] for r in tpot}:
+        mine = [r for r in tpot if r["prompt_id"] == prompt]
+        engine = [r for r in mine if not r["system"].startswith("hf")]
+        first = engine[0]  # records are written in decode order
+        assert first["engine_reference_system"] is None
+        assert first["matches_engine_reference"] is None
+        for r in engine[1:]:
+            assert r["engine_reference_system"] == first["system"]
+            assert r["matches_engine_reference"] is True, (r["system"], r["budget_gb"])
+            assert r["extra"]["tokens"] == first["extra"]["tokens"]
+        for r in mine:
+            if r["system"].startswith("hf"):
+                assert r["matches_engine_reference"] is None
+            assert len(r["extra"]["tokens"]) == r["new_tokens"]
+
+
 def test_engine_records_hold_cache_acceptance_and_the_belady_bound(default_run):
     runner, result = default_run
     k = runner.hf_config.num_experts_per_tok

@@ -43,6 +43,8 @@ def test_summaries_are_means_over_prompts():
         assert s.prompts == len(mine) == 3
         assert s.tpot_ms == pytest.approx(statistics.fmean(r["tpot_ms"] for r in mine))
         assert s.mismatches == sum(r["matches_reference"] is False for r in mine)
+        assert s.engine_mismatches == sum(r["matches_engine_reference"] is False for r in mine)
+        assert s.engine_checked == (0 if s.system in ("hf", "lru") else 3)
         if s.system == "hf":
             assert s.hit_rate is None
             assert s.checked == 0

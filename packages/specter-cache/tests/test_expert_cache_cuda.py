@@ -136,9 +136,10 @@ def test_snapshot_async_waits_for_its_own_copy_not_for_later_work():
     counter = RoutingCounter(2, 8, "cuda")
     counter.observe(0, torch.tensor([[1, 3], [3, 5], [1, 3]], device="cuda"))
     counter.observe(1, torch.tensor([[6, 6]], device="cuda"))
+    later = torch.tensor([[7, 7], [7, 7]], device="cuda")  # made now: a host copy syncs
     pending = counter.snapshot_async(2)
     torch.cuda._sleep(SLEEP_CYCLES)  # queued after the snapshot: a long "next draft step"
-    counter.observe(0, torch.tensor([[7, 7], [7, 7]], device="cuda"))
+    counter.observe(0, later)
     counter.clear()
     plan = pending.result()
     assert plan == {0: [3, 1], 1: [6]}

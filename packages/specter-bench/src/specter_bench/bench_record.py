@@ -107,6 +107,11 @@ class TpotRecord:
         reference_system: the system whose greedy tokens this one is checked against.
         matches_reference: greedy tokens equal the reference's (None: not checked).
         first_mismatch: index of the first differing generated token, None when equal.
+        engine_reference_system: the first Specter-engine system (not ``hf*``) to decode
+            this prompt, at any budget: exactness within the engine is checked against it
+            (speculation, budgets and prefetching must not change a greedy token).
+        matches_engine_reference: greedy tokens equal that system's (None: not checked).
+        engine_first_mismatch: index of the first token differing from it, None when equal.
         note: anything a reader must know (fewer tokens for ``hf-offload``, ...).
         identity: the run's identity.
         extra: further per-system numbers (prefetcher statistics, memory plan, ...).
@@ -140,6 +145,9 @@ class TpotRecord:
     reference_system: str | None = None
     matches_reference: bool | None = None
     first_mismatch: int | None = None
+    engine_reference_system: str | None = None
+    matches_engine_reference: bool | None = None
+    engine_first_mismatch: int | None = None
     note: str | None = None
     identity: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)

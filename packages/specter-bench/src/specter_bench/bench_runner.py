@@ -152,6 +152,7 @@ class BenchRunner:
         )
         # Filled as the run goes.
         self.reference: dict[str, tuple[str, list[int]]] = {}
+        self.engine_reference: dict[str, tuple[str, list[int]]] = {}
         self.routing: dict[str, dict[str, torch.Tensor]] = {}
         self.transfer_s: float | None = None
         self._replay_routes: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
@@ -633,6 +634,15 @@ class BenchRunner:
         ref_system, ref_tokens = self.reference.setdefault(pid, (run.system, run.tokens))
         checked = ref_system != run.system
         mismatch = first_mismatch(run.tokens, ref_tokens[: len(run.tokens)]) if checked else None
+        # Exactness within the engine: every engine system against the first one.
+        engine_ref: tuple[str, list[int]] | None = None
+        engine_mismatch = None
+        if not run.system.startswith("hf"):
+            engine_ref = self.engine_reference.setdefault(pid, (run.system, run.tokens))
+            if engine_ref[1] is run.tokens:
+                engine_ref = None  # this run is the engine reference
+            else:
+                engine_mismatch = first_mismatch(run.tokens, engine_ref[1][: len(run.tokens)])
         n = run.decode_tokens
         cache = run.cache or {}
         gen = run.generation or {}
@@ -651,7 +661,7 @@ class BenchRunner:
             bound = b.as_dict()
             bound_ms = b.tpot_ms
             ratio = tpot_ms / bound_ms if tpot_ms is not None and bound_ms > 0 else None
-        extra: dict[str, Any] = {"settings": run.settings}
+        extra: dict[str, Any] = {"settings": run.settings, "tokens": list(run.tokens)}
         if run.generation is not None:
             extra["generation"] = run.generation
         if run.cache is not None:
@@ -689,6 +699,9 @@ class BenchRunner:
             reference_system=ref_system if checked else None,
             matches_reference=mismatch is None if checked else None,
             first_mismatch=mismatch,
+            engine_reference_system=engine_ref[0] if engine_ref else None,
+            matches_engine_reference=engine_mismatch is None if engine_ref else None,
+            engine_first_mismatch=engine_mismatch,
             note=note,
             identity=dict(self.identity),
             extra=extra,

@@ -115,6 +115,8 @@ class SystemSummary:
     tpot_over_belady: float | None
     checked: int
     mismatches: int
+    engine_checked: int
+    engine_mismatches: int
     notes: tuple[str, ...]
 
 
@@ -161,6 +163,8 @@ def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
                 tpot_over_belady=_mean(r.get("tpot_over_belady") for r in rs),
                 checked=sum(r.get("matches_reference") is not None for r in rs),
                 mismatches=sum(r.get("matches_reference") is False for r in rs),
+                engine_checked=sum(r.get("matches_engine_reference") is not None for r in rs),
+                engine_mismatches=sum(r.get("matches_engine_reference") is False for r in rs),
                 notes=tuple(sorted({r["note"] for r in rs if r.get("note")})),
             )
         )
@@ -172,6 +176,11 @@ def tpot_table(records: Iterable[dict[str, Any]]) -> str:
     rows = []
     for s in summarize_tpot(records):
         checked = f"{s.checked - s.mismatches}/{s.checked}" if s.checked else "-"
+        engine = (
+            f"{s.engine_checked - s.engine_mismatches}/{s.engine_checked}"
+            if s.engine_checked
+            else "-"
+        )
         rows.append(
             [
                 s.model,
@@ -189,6 +198,7 @@ def tpot_table(records: Iterable[dict[str, Any]]) -> str:
                 s.peak_gpu_memory_gb,
                 s.tpot_over_belady,
                 checked,
+                engine,
             ]
         )
     headers = [
@@ -207,6 +217,7 @@ def tpot_table(records: Iterable[dict[str, Any]]) -> str:
         "peak GB",
         "TPOT/Belady",
         "= ref",
+        "= engine",
     ]
     return markdown_table(headers, rows)
 
