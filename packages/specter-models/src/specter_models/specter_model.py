@@ -165,7 +165,8 @@ class SpecterModel:
             window_step: KV windows are multiples of this many rows.
             piecewise: also graph the target when its whole forward cannot be (a budget,
                 token-wise verification or a routing trace): one graph per stretch between
-                routed-expert calls, the experts eager in between. Not yet run on a GPU.
+                routed-expert calls, the experts eager in between (``load`` turns it on
+                with CUDA graphs).
 
         Raises:
             ValueError: capture on a CPU model, or an unsupported attention implementation.
