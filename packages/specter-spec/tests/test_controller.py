@@ -358,3 +358,56 @@ def test_tensor_prompts_of_both_shapes_give_the_list_prompts_output():
     expected = controller.generate([1, 3, 2], 6).tokens
     assert controller.generate(torch.tensor([1, 3, 2]), 6).tokens == expected
     assert controller.generate(torch.tensor([[1, 3, 2]]), 6).tokens == expected
+
+
+class _RowCuttingTarget(TableLM):
+    """A target that, when allowed, verifies only its first ``keep`` rows: the rest of its
+    logits are garbage (what a miss-aware truncation leaves there)."""
+
+    allow_row_truncation = False
+
+    def __init__(self, table, keep: int) -> None:
+        super().__init__(table)
+        self.keep = keep
+        self.verified_rows = None
+        self.allowed_at: list[tuple[int, int, bool]] = []  # (start, rows, allowed)
+
+    def forward(self, input_ids, start_pos):
+        logits = super().forward(input_ids, start_pos)
+        rows = input_ids.shape[1]
+        self.allowed_at.append((start_pos, rows, self.allow_row_truncation))
+        self.verified_rows = None
+        if self.allow_row_truncation and rows > self.keep:
+            logits = logits.clone()
+            logits[0, self.keep :] = torch.randn_like(logits[0, self.keep :]) * 100
+            self.verified_rows = self.keep
+        return logits
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_a_target_verifying_leading_rows_only_keeps_greedy_output(keep):
+    table = random_table(vocab=11, period=5, seed=4)
+    target = _RowCuttingTarget(table, keep)
+    draft = ShiftedDraft(TableLM(table), lambda index: index % 7 == 0)
+    prompt = [3, 1, 4, 1]
+    result = SpecController(draft, target, depth=4).generate(prompt, 30)
+    assert result.tokens == _greedy_reference(TableLM(table), prompt, 30)
+    prefill, *verifies = target.allowed_at
+    assert prefill == (0, len(prompt) - 1, False)  # a prefill is never offered for cutting
+    assert all(allowed for *_, allowed in verifies)
+    assert not target.allow_row_truncation  # reset after each verification
+    for it in result.stats.iterations:
+        assert it.verified == min(it.depth, keep - 1)
+        assert it.accepted <= it.verified
+        assert it.bonus == (it.accepted == it.verified)
+        assert it.as_dict()["verified"] == it.verified
+
+
+def test_sampling_controllers_never_allow_row_truncation():
+    table = random_table(vocab=11, period=5, seed=4)
+    target = _RowCuttingTarget(table, keep=1)
+    draft = ShiftedDraft(TableLM(table), lambda index: False)
+    controller = SpecController(draft, target, depth=3, sampling=SamplingConfig(temperature=1.0))
+    result = controller.generate([2, 7], 12, generator=torch.Generator().manual_seed(0))
+    assert not any(allowed for *_, allowed in target.allowed_at)
+    assert all(it.verified == it.depth for it in result.stats.iterations)

@@ -22,6 +22,7 @@ from specter_models.presets import (
     preset_config,
 )
 from specter_models.reference_model import build_reference_model, reference_model_from
+from specter_models.row_truncation import RowTruncation, choose_cutoff
 from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
 from specter_models.specter_experts import SpecterExperts
 from specter_models.specter_model import MemoryReport, SpecterModel
@@ -43,6 +44,7 @@ __all__ = [
     "MemoryPlan",
     "MemoryReport",
     "Preset",
+    "RowTruncation",
     "SharedKV",
     "SpecterExperts",
     "SpecterModel",
@@ -51,6 +53,7 @@ __all__ = [
     "__version__",
     "architecture_for",
     "build_reference_model",
+    "choose_cutoff",
     "demo_model_path",
     "get_preset",
     "load",

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from specter_cache import ExpertCache, RoutingCounter
+from specter_models.row_truncation import RowTruncation
 
 VERIFICATION_KINDS = ("expert", "token")
 
@@ -60,6 +61,12 @@ class ExpertsRuntime:
         self.verification = verification
         self.routing_trace: list[list[list[int]]] | None = None
         self.expert_split: Callable[..., Any] | None = None
+        # Miss-aware row truncation (row_truncation.py): the policy (None: off), the rows
+        # still verified in the running target forward (None: this forward may not be cut)
+        # and where the host-to-device bandwidth estimate comes from.
+        self.row_truncation: RowTruncation | None = None
+        self.rows_kept: int | None = None
+        self.bandwidth: Callable[[], float | None] | None = None
 
     @contextlib.contextmanager
     def splitting_experts(self, split: Callable[..., Any] | None) -> Iterator[None]:

@@ -43,6 +43,7 @@ from specter_models.memory_plan import DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_VERIFY_R
 from specter_models.model_builder import build_on_meta, materialize, swap_routed_experts
 from specter_models.presets import DEMO_MODEL, PRESETS, demo_model_path, get_preset
 from specter_models.random_weights import init_non_expert_weights, random_expert
+from specter_models.row_truncation import RowTruncation
 from specter_models.spec_adapters import SharedKV
 from specter_models.specter_model import MemoryReport, SpecterModel
 
@@ -69,6 +70,7 @@ def load(
     cuda_graphs: bool | None = None,
     piecewise_graphs: bool | None = None,
     fused_norms: bool = True,
+    row_truncation: bool | RowTruncation = False,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -107,6 +109,9 @@ def load(
             is on; False keeps budgeted target steps eager).
         fused_norms: run RMSNorm modules as one fused kernel on CUDA (``fused_norms``);
             False keeps transformers' own arithmetic.
+        row_truncation: miss-aware truncation of greedy expert-wise verification
+            (``row_truncation``): True for the default policy, or a ``RowTruncation``;
+            False (default) verifies every row. Greedy output is unchanged either way.
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -222,6 +227,11 @@ def load(
     counter = RoutingCounter(len(layers), E, device)
     runtime.counter = counter if draft is not None else None
     prefetcher = SpeculativePrefetcher(cache, counter)
+    if row_truncation:
+        runtime.row_truncation = (
+            row_truncation if isinstance(row_truncation, RowTruncation) else RowTruncation()
+        )
+        runtime.bandwidth = lambda: prefetcher.planner.bandwidth  # measured transfers
     row_shape = arch.kv_row_shapes(config)
     kv = SharedKV(StaticKVCache([row_shape] * len(model.model.layers), max_seq_len, dtype, device))
     if plan.slots_per_layer == E:

@@ -21,6 +21,7 @@ exact greedy equality holds in fp16. The draft needs no such care: it only propo
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import torch
@@ -28,6 +29,7 @@ from transformers import PreTrainedModel
 
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.kv_cache import StaticKVCache
+from specter_models.row_truncation import RowTruncation
 from specter_models.step_graphs import StepGraphs
 
 
@@ -135,10 +137,19 @@ class TargetModel(_Adapter):
 
     ``forward(input_ids [1, T], start_pos) -> logits [1, T, V]`` with ``start_pos`` equal to
     ``kv_length`` (the committed length): draft scratch beyond it is dropped first.
+
+    Miss-aware row truncation (``runtime.row_truncation``, see ``row_truncation``): while
+    ``allow_row_truncation`` is True (a greedy controller sets it around a verification
+    forward only, never around a prefill) an expert-wise forward may stop verifying its tail
+    rows; ``verified_rows`` then says how many leading rows' logits are exact (None: all).
+    The policy's acceptance and per-token time are learned from the verifications here.
     """
 
     role = "target"
     mode = ExpertsMode.TARGET
+    allow_row_truncation = False
+    verified_rows: int | None = None
+    _last_verify: tuple[int, int, float] | None = None  # (start, rows verified, clock)
 
     @property
     def kv_length(self) -> int:
@@ -159,9 +170,46 @@ class TargetModel(_Adapter):
                 "positions; new tokens must continue it (call truncate(start_pos) to roll back)"
             )
         self.kv.cache.crop_to(start_pos)  # drop the draft's scratch rows
-        logits = self._run(input_ids, start_pos)
-        self.kv.committed = start_pos + input_ids.shape[1]
+        rows = input_ids.shape[1]
+        runtime, policy = self.runtime, self.runtime.row_truncation
+        truncating = (
+            policy is not None
+            and self.allow_row_truncation
+            and rows > 1
+            and runtime.verification == "expert"
+        )
+        if truncating:
+            self._observe_previous(policy, start_pos)
+            bandwidth = runtime.bandwidth() if runtime.bandwidth is not None else None
+            if bandwidth:
+                policy.bandwidth_bytes_per_s = bandwidth
+            runtime.rows_kept = rows
+        started = time.perf_counter()
+        try:
+            logits = self._run(input_ids, start_pos)
+        finally:
+            kept, runtime.rows_kept = runtime.rows_kept, None
+        self.verified_rows = kept if truncating and kept is not None and kept < rows else None
+        if truncating:
+            self._last_verify = (start_pos, kept or rows, started)
+        self.kv.committed = start_pos + rows
         return logits
+
+    def _observe_previous(self, policy: RowTruncation, start_pos: int) -> None:
+        """Feed the policy the previous verification: proposals verified and accepted (from
+        how far the committed length moved), and the wall time per committed token."""
+        last, self._last_verify = self._last_verify, None
+        if last is None:
+            return
+        previous_start, verified_rows, clock = last
+        committed = start_pos - previous_start
+        if 1 <= committed <= verified_rows:  # else another generation started in between
+            policy.observe(
+                verified=verified_rows - 1,
+                accepted=committed - 1,
+                seconds=time.perf_counter() - clock,
+                committed=committed,
+            )
 
     def truncate(self, length: int) -> None:
         """Cut the committed KV to ``length`` positions (no-op at or beyond ``kv_length``).

@@ -187,10 +187,34 @@ class SpecterExperts(nn.Module):
             self._compute_wave(x, ids, weights, None, None, out)
             return self._finish(out, x.dtype)
         rows = self._needed(ids)
+        if self.runtime.rows_kept is not None:
+            rows = self._truncate_rows(rows)
         needed = list(dict.fromkeys(e for row in rows for e in row))
         for wave in self.runtime.cache.acquire(self.layer, needed):
             self._compute_wave(x, ids, weights, wave.experts, wave.slots, out)
         return self._finish(out, x.dtype)
+
+    def _truncate_rows(self, rows: list[list[int]]) -> list[list[int]]:
+        """Miss-aware row truncation (``row_truncation``): the leading rows worth verifying
+        at this layer, given which of their experts are missing. Rows past the cut get no
+        expert of their own loaded (they are no longer verified: garbage from here on, which
+        causal attention keeps out of the rows before them)."""
+        runtime = self.runtime
+        keep = min(runtime.rows_kept or len(rows), len(rows))
+        rows = rows[:keep]
+        policy, cache = runtime.row_truncation, runtime.cache
+        if keep > 1 and policy is not None:
+            missing = {e for row in rows for e in row if cache.slot_of(self.layer, e) < 0}
+            if missing:
+                keep = policy.cutoff(
+                    rows,
+                    missing,
+                    cache.store.expert_bytes(self.layer),
+                    layers_left=cache.num_layers - self.layer,
+                )
+                rows = rows[:keep]
+        runtime.rows_kept = keep
+        return rows
 
     def _target_tokenwise(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor

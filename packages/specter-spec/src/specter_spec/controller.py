@@ -264,8 +264,12 @@ class SpecController:
                     "A shared-KV draft must keep its scratch invisible to the target."
                 )
             verify_ids = torch.cat([committed[n - 1 : n], proposals]).unsqueeze(0)
-            target_logits = target.forward(verify_ids, n - 1)
+            target_logits = self._verify(verify_ids, n - 1)
             self._check_logits(target_logits, depth + 1, "target")
+            verified = self._verified_proposals(depth)
+            if verified < depth:  # the target verified the leading rows only
+                proposals = proposals[:verified]
+                target_logits = target_logits[:, : verified + 1]
             outcome = self._accept(proposals, draft_probs, target_logits[0], generator)
             # The one host synchronisation of the iteration: the accepted count,
             # the correction/bonus token and the proposals, in a single copy.
@@ -295,11 +299,12 @@ class SpecController:
             record = IterationStats(
                 depth=depth,
                 accepted=num_accepted,
-                bonus=num_accepted == depth,
+                bonus=num_accepted == verified,
                 committed=count,
                 draft_time_s=draft_end - iteration_start,
                 verify_time_s=verify_end - draft_end,
                 total_time_s=iteration_end - iteration_start,
+                verified=verified,
             )
             stream.stats.iterations.append(record)
             self.depth_policy.observe(record)
@@ -311,6 +316,40 @@ class SpecController:
             yield from new_tokens
             if stream.stop_reason is not None:
                 return
+
+    def _verify(self, verify_ids: torch.Tensor, start: int) -> torch.Tensor:
+        """The target's forward over the verified rows. A greedy controller lets a target
+        that offers it (``allow_row_truncation``, e.g. specter-models' miss-aware row
+        truncation) verify only leading rows: greedy tokens cannot change, while sampling
+        must see every proposal tested (the cut depends on the proposals), so it never
+        allows it; nor is it allowed outside verification (a prefill is all committed)."""
+        target = self.target
+        truncatable = self.sampling.is_greedy and hasattr(target, "allow_row_truncation")
+        if not truncatable:
+            return target.forward(verify_ids, start)
+        target.allow_row_truncation = True
+        try:
+            return target.forward(verify_ids, start)
+        finally:
+            target.allow_row_truncation = False
+
+    def _verified_proposals(self, depth: int) -> int:
+        """Proposals whose target logits are exact: ``depth`` unless the target says it
+        verified only ``verified_rows`` leading rows."""
+        rows = getattr(self.target, "verified_rows", None)
+        if rows is None or rows > depth:
+            return depth
+        if not isinstance(rows, int) or rows < 1:
+            raise RuntimeError(
+                f"the target reported verified_rows={rows!r}; expected None or an int in "
+                f"[1, {depth + 1}] (row 0 is always verified)"
+            )
+        if not self.sampling.is_greedy:
+            raise RuntimeError(
+                f"the target verified {rows} of {depth + 1} rows while sampling: row "
+                "truncation is exact for greedy decoding only"
+            )
+        return rows - 1
 
     def _draft(
         self,

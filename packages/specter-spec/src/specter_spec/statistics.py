@@ -29,6 +29,10 @@ class IterationStats:
         verify_time_s: wall time of the target's forward pass, acceptance and
             the host read-back of the result.
         total_time_s: wall time of the whole iteration, including KV rollback.
+        verified: proposals the target verified: ``depth`` unless it verified only the
+            leading rows (miss-aware row truncation, greedy only); the extra token then
+            comes from the last verified row, and ``bonus`` means all verified ones were
+            accepted. None is read as ``depth``.
     """
 
     depth: int
@@ -38,6 +42,7 @@ class IterationStats:
     draft_time_s: float
     verify_time_s: float
     total_time_s: float
+    verified: int | None = None
 
     @property
     def proposed(self) -> int:
@@ -61,6 +66,7 @@ class IterationStats:
             "draft_time_s": self.draft_time_s,
             "verify_time_s": self.verify_time_s,
             "total_time_s": self.total_time_s,
+            "verified": self.depth if self.verified is None else self.verified,
         }
 
 
