@@ -192,3 +192,26 @@ def test_unfused_draft_system_runs_the_per_expert_kernel_in_half_precision(monke
     per_expert = runner.generate(prompt, 10)
     assert calls  # every draft MoE layer went through the per-expert path
     assert per_expert.tokens == fused.tokens
+
+
+def test_row_cut_variant_cuts_rows_and_keeps_greedy_output():
+    kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 5, "max_seq_len": 64}
+    loaded = specter_models.load(
+        "tiny-deepseek-v2", slots_per_layer=2, policy="predictive", **kwargs
+    )
+    prompt = _prompt(2, loaded.config.vocab_size)
+    plain = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"], depth=5).generate(prompt, 16)
+    runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter-row-cut"], depth=5)
+    # Transfers priced far above tokens: every row bringing a new missing expert is cut.
+    runner._row_truncation = specter_models.RowTruncation(
+        token_seconds=1e-6, bandwidth_bytes_per_s=1.0
+    )
+    cut = runner.generate(prompt, 16)
+    assert cut.tokens == plain.tokens
+    assert cut.settings["row_truncation"] is True
+    assert plain.settings["row_truncation"] is False
+    assert cut.generation["verified"] < cut.generation["proposed"]
+    assert plain.generation["verified"] == plain.generation["proposed"]
+    # The variant's policy is not left on the model for the systems after it.
+    EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"], depth=5).generate(prompt, 4)
+    assert loaded.runtime.row_truncation is None

@@ -46,6 +46,7 @@ SYSTEM_NAMES = (
     "specter-no-prefetch",
     "specter-token-verify",
     "specter-unfused-draft",
+    "specter-row-cut",
 )
 """Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
@@ -80,7 +81,8 @@ class TpotRecord:
 
     Attributes:
         system: ``hf``, ``hf-default``, ``hf-offload``, ``lru``, ``spec-lru``, ``specter``,
-            ``specter-no-prefetch``, ``specter-token-verify``, ``specter-unfused-draft``.
+            ``specter-no-prefetch``, ``specter-token-verify``, ``specter-unfused-draft``,
+            and the variant ``specter-row-cut`` (miss-aware row truncation).
         model: preset name or checkpoint path.
         budget_gb: the process's GPU memory budget in GB, None for unlimited.
         prompt_source: ``humaneval``, ``jsonl``, ...

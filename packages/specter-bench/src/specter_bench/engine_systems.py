@@ -13,7 +13,12 @@ specter                  yes          yes               expert-wise   fused INT4
 specter-no-prefetch      yes          no                expert-wise   fused INT4   predictive*
 specter-token-verify     yes          yes               token-wise    fused INT4   predictive
 specter-unfused-draft    yes          yes               expert-wise   per-expert   predictive
+specter-row-cut          yes          yes               expert-wise   fused INT4   predictive
 =======================  ===========  ================  ============  ===========  ===========
+
+``specter-row-cut`` is ``specter`` plus miss-aware row truncation (specter-models'
+``row_truncation``: greedy verification stops computing tail rows whose missing experts cost
+more than their expected tokens); a variant measured beside the ablations.
 
 \\* without plans the predictive policy is LRU. ``lru`` loads no INT4 draft, so at a budget
 it gets the draft's memory as extra expert slots (Mixtral-Offloading's same-memory setting).
@@ -34,6 +39,7 @@ import torch
 
 from specter_bench.system_run import SystemRun
 from specter_bench.unfused_draft import unfused_draft_kernel
+from specter_models import RowTruncation
 from specter_spec import AdaptiveDepth, AdaptiveDepthConfig, SpecController
 
 __all__ = [
@@ -57,6 +63,7 @@ class EngineSystem:
         needs_draft: load the INT4 draft (``lru`` does not: more slots at a budget).
         policy: the replacement policy of the cache it is loaded with.
         fused_draft: the draft's routed experts in one fused launch (else per expert).
+        row_truncation: miss-aware row truncation of greedy verification.
     """
 
     name: str
@@ -66,6 +73,7 @@ class EngineSystem:
     needs_draft: bool
     policy: str
     fused_draft: bool = True
+    row_truncation: bool = False
 
 
 ENGINE_SYSTEMS: dict[str, EngineSystem] = {
@@ -77,6 +85,9 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         EngineSystem("specter-no-prefetch", True, False, "expert", True, "predictive"),
         EngineSystem("specter-token-verify", True, True, "token", True, "predictive"),
         EngineSystem("specter-unfused-draft", True, True, "expert", True, "predictive", False),
+        EngineSystem(
+            "specter-row-cut", True, True, "expert", True, "predictive", row_truncation=True
+        ),
     )
 }
 """Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans
@@ -193,6 +204,8 @@ class EngineSystemRunner:
             depth=make_depth_policy(self.depth, max_depth),
             clock=clock,
         )
+        # One policy per runner: its estimates carry over from prompt to prompt.
+        self._row_truncation = RowTruncation() if system.row_truncation else None
 
     def _start_decoding(self) -> None:
         self.loaded.verification = self.system.verification
@@ -207,6 +220,12 @@ class EngineSystemRunner:
         if not system.prefetch and hasattr(policy, "clear_plan"):
             policy.clear_plan()  # no plans: the predictive policy is plain LRU
         self.window.started = False
+        runtime = getattr(loaded, "runtime", None)
+        if runtime is not None and hasattr(runtime, "row_truncation"):
+            runtime.row_truncation = self._row_truncation
+            if self._row_truncation is not None:
+                prefetcher = loaded.prefetcher
+                runtime.bandwidth = lambda: prefetcher.planner.bandwidth
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> SystemRun:
         """Greedy decode of ``max_new_tokens`` tokens with this system.
@@ -255,6 +274,7 @@ class EngineSystemRunner:
                 "verification": self.system.verification,
                 "prefetch": self.system.prefetch,
                 "fused_draft": self.system.fused_draft,
+                "row_truncation": self.system.row_truncation,
                 "policy": policy,
                 "draft": "int4" if self.loaded.draft is not None else None,
                 "batch_invariant": bool(getattr(self.loaded, "batch_invariant", False)),

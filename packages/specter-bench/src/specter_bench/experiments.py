@@ -36,7 +36,12 @@ __all__ = [
 ]
 
 TPOT_SYSTEMS = ("hf", "hf-default", "lru", "spec-lru", "specter")
-ABLATIONS = ("specter-no-prefetch", "specter-token-verify", "specter-unfused-draft")
+ABLATIONS = (
+    "specter-no-prefetch",
+    "specter-token-verify",
+    "specter-unfused-draft",
+    "specter-row-cut",
+)
 HF_SYSTEMS = ("hf", "hf-default")
 DEFAULT_SWEEP_DEPTHS = (0, 2, 4, 8, 16, 32)
 

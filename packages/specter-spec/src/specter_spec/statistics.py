@@ -105,6 +105,11 @@ class GenerationStats:
         return sum(it.proposed for it in self.iterations)
 
     @property
+    def verified(self) -> int:
+        """Proposals the target verified in total (``proposed`` unless rows were cut)."""
+        return sum(it.depth if it.verified is None else it.verified for it in self.iterations)
+
+    @property
     def accepted(self) -> int:
         """Proposals accepted in total."""
         return sum(it.accepted for it in self.iterations)
@@ -172,6 +177,7 @@ class GenerationStats:
             "new_tokens": self.new_tokens,
             "iterations": self.num_iterations,
             "proposed": self.proposed,
+            "verified": self.verified,
             "accepted": self.accepted,
             "corrections": self.corrections,
             "bonuses": self.bonuses,
