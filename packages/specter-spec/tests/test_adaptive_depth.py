@@ -182,3 +182,27 @@ def test_controller_with_adaptive_depth_goes_deep_or_off_and_stays_exact(
     else:
         assert median == 0
         assert sum(d == 0 for d in depths) >= 0.8 * len(depths)
+
+
+def test_acceptance_counts_only_verified_proposals_when_rows_were_cut():
+    # Every verified proposal accepted, but only 2 of 6 verified: the estimate tends to 1,
+    # not to 2 of 3 (a cut tail is not a rejection).
+    def estimate(verified, bonus):
+        policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=8, acceptance_decay=0.5))
+        for _ in range(20):
+            policy.observe(
+                IterationStats(
+                    depth=6,
+                    accepted=2,
+                    bonus=bonus,
+                    committed=3,
+                    draft_time_s=1e-3,
+                    verify_time_s=2e-3,
+                    total_time_s=3e-3,
+                    verified=verified,
+                )
+            )
+        return policy.acceptance
+
+    assert estimate(verified=2, bonus=True) == pytest.approx(1.0, abs=1e-4)
+    assert estimate(verified=None, bonus=False) == pytest.approx(2 / 3, abs=1e-4)

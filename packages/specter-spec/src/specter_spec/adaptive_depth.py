@@ -233,7 +233,10 @@ class AdaptiveDepth:
         cfg = self.config
         depth = iteration.depth
         if depth > 0:
-            verified = iteration.accepted + (0 if iteration.accepted == depth else 1)
+            # Proposals tested: up to the first rejection, among those the target verified
+            # (all of them unless it cut its tail rows: see IterationStats.verified).
+            tested = depth if iteration.verified is None else iteration.verified
+            verified = iteration.accepted + (0 if iteration.accepted == tested else 1)
             self._accepted = cfg.acceptance_decay * self._accepted + iteration.accepted
             self._trials = cfg.acceptance_decay * self._trials + verified
             self._draft_time = cfg.cost_decay * self._draft_time + iteration.draft_time_s
