@@ -148,3 +148,16 @@ def test_set_draft_weights_checks_shapes(checkpoints):
     down_wrong = quantize_int4(torch.randn(8, 32, 32), 32)  # down needs [8, 64, 32]
     with pytest.raises(ValueError, match=r"down \[8, 64, 32\]"):
         module.set_draft_weights(wrong, down_wrong)
+
+
+def test_token_wise_with_every_expert_resident_is_the_single_wave(checkpoints):
+    # No budget: nothing to load, so token-wise verification takes the all-resident wave
+    # (no acquisitions, no per-row host work) and gives expert-wise's logits.
+    ids = random_prompt(7, 96, seed=6)
+    logits = {}
+    for kind in ("expert", "token"):
+        lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float64)
+        lm.verification = kind
+        logits[kind] = lm.target.forward(ids, 0)
+        assert lm.cache.stats()["total"]["acquires"] == 0, kind
+    torch.testing.assert_close(logits["token"], logits["expert"], rtol=0, atol=1e-12)

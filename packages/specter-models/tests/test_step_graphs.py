@@ -71,15 +71,15 @@ def test_generation_is_unchanged_by_window_steps(checkpoints, budget):
         assert stats["target"]["window_eager"] == 0
 
 
-def test_target_window_mode_needs_expert_wise_verification_and_no_trace(checkpoints):
+def test_target_window_mode_needs_every_expert_resident_and_no_trace(checkpoints):
     lm = _load(checkpoints["tiny-qwen2-moe"])
     lm.enable_step_graphs(capture=False)
     graphs = lm.target.graphs
     assert graphs.applies(1)
     assert graphs.applies(lm.max_verify_rows)
     assert not graphs.applies(lm.max_verify_rows + 1)
-    lm.verification = "token"
-    assert not graphs.applies(1)
+    lm.verification = "token"  # all resident: nothing to load, the same single wave
+    assert graphs.applies(1)
     lm.verification = "expert"
     lm.runtime.record_routing()
     assert not graphs.applies(1)

@@ -175,7 +175,8 @@ class SpecterModel:
         resident = [False] * self.cache.num_layers
 
         def target_applies() -> bool:
-            if runtime.verification != "expert" or runtime.routing_trace is not None:
+            # Token-wise verification with every expert resident is the same single wave.
+            if runtime.routing_trace is not None:
                 return False
             for layer, known in enumerate(resident):
                 # Once every expert holds its own slot nothing can evict it: remembered.

@@ -22,9 +22,10 @@ Which steps are graphed:
 * the **draft**: every forward of ``T <= max_rows`` rows (in practice ``T = 1``); its INT4
   experts are resident and its routing counter is a device-side ``index_add_``;
 * the **target**: whole while every expert of every layer holds a slot of its own (no
-  budget), with expert-wise verification and no routing trace, i.e. when its forward has no
-  host decision in it. Otherwise (a budget: each layer's cache bookkeeping is a host
-  decision) it runs eagerly, or, with ``piecewise=True``, **piecewise**: the forward is
+  budget; token-wise verification is then the same single wave as expert-wise) and no
+  routing trace is recorded, i.e. when its forward has no host decision in it. Otherwise
+  (a budget: each layer's cache bookkeeping is a host decision) it runs eagerly, or, with
+  ``piecewise=True``, **piecewise**: the forward is
   captured as one graph per stretch between two routed-expert calls (attention, norms,
   router, shared experts), and a replay runs those graphs in turn with each MoE layer's
   routed experts computed eagerly in between (``SpecterExperts.target_forward`` on the
