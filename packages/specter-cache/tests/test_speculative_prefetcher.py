@@ -19,13 +19,13 @@ from specter_cache import (
 LAYOUT = ExpertLayout({"w": ((4, 4), torch.float32)})
 
 
-def make(make_store, layers=2, experts=8, slots=3, chunk=2):
+def make(make_store, layers=2, experts=8, slots=3, chunk=2, pipelined=None):
     store, _ = make_store(layers, experts, LAYOUT)
     cache = ExpertCache(store, slots_per_layer=slots, device="cpu", policy="predictive")
     counter = RoutingCounter(layers, experts, "cpu")
     # Fixed chunk length: boundaries do not depend on measured (wall-clock) draft time.
     planner = PrefetchPlanner(PlannerConfig(initial_chunk=chunk, min_chunk=chunk, max_chunk=chunk))
-    return cache, counter, SpeculativePrefetcher(cache, counter, planner)
+    return cache, counter, SpeculativePrefetcher(cache, counter, planner, pipelined=pipelined)
 
 
 def draft_token(prefetcher, index, routing):
@@ -166,11 +166,7 @@ def test_pipelined_boundaries_read_their_snapshot_one_draft_token_later(make_sto
     # The same draft as test_three_phases_over_one_draft: same plans and books, each batch
     # issued at the draft token after its boundary (the host never waits for the draft
     # forward it has just queued).
-    store, _ = make_store(2, 8, LAYOUT)
-    cache = ExpertCache(store, slots_per_layer=3, device="cpu", policy="predictive")
-    counter = RoutingCounter(2, 8, "cpu")
-    planner = PrefetchPlanner(PlannerConfig(initial_chunk=2, min_chunk=2, max_chunk=2))
-    pf = SpeculativePrefetcher(cache, counter, planner, pipelined=True)
+    cache, counter, pf = make(make_store, pipelined=True)
     assert pf.pipelined
     assert not SpeculativePrefetcher(cache, counter).pipelined
     pf.on_draft_start(8)
@@ -200,11 +196,7 @@ def test_pipelined_boundaries_read_their_snapshot_one_draft_token_later(make_sto
 
 
 def test_pipelined_snapshot_pending_at_verify_start_is_the_final_boundary(make_store):
-    store, _ = make_store(2, 8, LAYOUT)
-    cache = ExpertCache(store, slots_per_layer=3, device="cpu", policy="predictive")
-    counter = RoutingCounter(2, 8, "cpu")
-    planner = PrefetchPlanner(PlannerConfig(initial_chunk=2, min_chunk=2, max_chunk=2))
-    pf = SpeculativePrefetcher(cache, counter, planner, pipelined=True)
+    cache, _, pf = make(make_store, pipelined=True)
     pf.on_draft_start(2)
     draft_token(pf, 0, {0: [1]})
     draft_token(pf, 1, {1: [4]})  # boundary at the draft's last token: queued
