@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import torch
 
-from specter_models import build_reference_model, load, reference_model_from
+from specter_models import RowTruncation, build_reference_model, load, reference_model_from
 from specter_spec import SpecController
 
 pytestmark = [
@@ -227,3 +227,23 @@ def test_cuda_fused_rms_norm_computes_transformers_norms(name):
     a = fused.target.forward(prompt, 0).float()
     b = plain.target.forward(prompt, 0).float()
     assert (a - b).abs().max() <= 0.02 * b.abs().max()
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_row_truncation_under_piecewise_graphs_keeps_greedy_tokens(name):
+    kwargs = {
+        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 12,
+        "max_seq_len": 320,
+    }  # fmt: skip
+    # Misses priced far above tokens: every row bringing a new missing expert is cut.
+    policy = RowTruncation(token_seconds=1e-6, bandwidth_bytes_per_s=1.0)
+    lm = load(name, row_truncation=policy, **kwargs)
+    lm.runtime.bandwidth = None  # keep the pricing (the loader reads measured bandwidth)
+    lm.capture_step_graphs()
+    prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 32)
+    lm.reset()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=5).generate(prompt, 32)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.verified < spec.stats.proposed  # rows were cut
+    assert lm.graph_stats()["target"]["piecewise_graphs"] > 0
