@@ -238,7 +238,6 @@ def test_cuda_row_truncation_under_piecewise_graphs_keeps_greedy_tokens(name):
     # Misses priced far above tokens: every row bringing a new missing expert is cut.
     policy = RowTruncation(token_seconds=1e-6, bandwidth_bytes_per_s=1.0)
     lm = load(name, row_truncation=policy, **kwargs)
-    lm.runtime.bandwidth = None  # keep the pricing (the loader reads measured bandwidth)
     lm.capture_step_graphs()
     prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
     plain = SpecController(None, lm.target, depth=0).generate(prompt, 32)

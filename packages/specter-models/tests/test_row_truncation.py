@@ -44,6 +44,14 @@ def test_ties_keep_more_rows_and_bad_arguments_are_refused():
         RowTruncation(ema_weight=0.0)
 
 
+def test_a_fixed_bandwidth_wins_over_the_measured_one():
+    assert RowTruncation().bandwidth == RowTruncation.DEFAULT_BANDWIDTH
+    assert RowTruncation(measured_bandwidth=50e9).bandwidth == 50e9
+    assert RowTruncation(bandwidth_bytes_per_s=1.0, measured_bandwidth=50e9).bandwidth == 1.0
+    with pytest.raises(ValueError, match="bandwidth_bytes_per_s"):
+        RowTruncation(bandwidth_bytes_per_s=0.0)
+
+
 def test_the_policy_learns_acceptance_and_token_time():
     policy = RowTruncation(acceptance=0.5, token_seconds=0.1, ema_weight=0.5)
     policy.observe(verified=4, accepted=4, seconds=0.2, committed=5)
@@ -70,6 +78,7 @@ def test_kept_rows_are_exact_and_prefills_are_never_cut(checkpoints, arch_name):
     cut = lm.target.forward(rows, 6)[0]
     lm.target.allow_row_truncation = False
     kept = lm.target.verified_rows
+    assert lm.runtime.row_truncation.measured_bandwidth is not None  # the planner's estimate
     assert kept is not None, "with these prices the tail rows should have been cut"
     assert 1 <= kept < rows.shape[1]
     torch.testing.assert_close(cut[:kept], full[:kept], rtol=0, atol=1e-10)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 __all__ = ["RowTruncation", "choose_cutoff"]
 
@@ -87,8 +88,11 @@ class RowTruncation:
         acceptance: per-proposal acceptance estimate (moving average over verifications).
         token_seconds: seconds one committed token is worth (moving average of the time
             between verifications per committed token).
-        bandwidth_bytes_per_s: host-to-device bandwidth that prices a missing expert.
+        bandwidth_bytes_per_s: host-to-device bandwidth that prices a missing expert
+            (None: the measured one, ``measured_bandwidth``, else ``DEFAULT_BANDWIDTH``).
         ema_weight: weight of a new observation in the moving averages, in ``(0, 1]``.
+        measured_bandwidth: the transfers' measured bandwidth, set by the target adapter
+            before each verification (the prefetch planner's estimate).
 
     Raises:
         ValueError: a value out of range.
@@ -96,13 +100,17 @@ class RowTruncation:
 
     acceptance: float = 0.7
     token_seconds: float = 0.03
-    bandwidth_bytes_per_s: float = 25e9
+    bandwidth_bytes_per_s: float | None = None
     ema_weight: float = 0.2
+    measured_bandwidth: float | None = None
+
+    DEFAULT_BANDWIDTH: ClassVar[float] = 25e9
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.acceptance <= 1.0:
             raise ValueError(f"acceptance must lie in [0, 1], got {self.acceptance!r}")
-        if self.token_seconds < 0 or self.bandwidth_bytes_per_s <= 0:
+        bandwidth = self.bandwidth_bytes_per_s
+        if self.token_seconds < 0 or (bandwidth is not None and bandwidth <= 0):
             raise ValueError(
                 "token_seconds must be >= 0 and bandwidth_bytes_per_s > 0, got "
                 f"{self.token_seconds!r}, {self.bandwidth_bytes_per_s!r}"
@@ -119,9 +127,14 @@ class RowTruncation:
             missing,
             acceptance=self.acceptance,
             token_seconds=self.token_seconds,
-            expert_seconds=expert_bytes / self.bandwidth_bytes_per_s,
+            expert_seconds=expert_bytes / self.bandwidth,
             layers_left=layers_left,
         )
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second a miss is priced at: the fixed one, else the measured one."""
+        return self.bandwidth_bytes_per_s or self.measured_bandwidth or self.DEFAULT_BANDWIDTH
 
     def observe(
         self, verified: int, accepted: int, seconds: float | None = None, committed: int = 0

@@ -180,9 +180,8 @@ class TargetModel(_Adapter):
         )
         if truncating:
             self._observe_previous(policy, start_pos)
-            bandwidth = runtime.bandwidth() if runtime.bandwidth is not None else None
-            if bandwidth:
-                policy.bandwidth_bytes_per_s = bandwidth
+            if runtime.bandwidth is not None:
+                policy.measured_bandwidth = runtime.bandwidth()
             runtime.rows_kept = rows
         started = time.perf_counter()
         try:
