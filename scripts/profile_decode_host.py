@@ -30,10 +30,18 @@ def main() -> int:
     p.add_argument("--budget-gb", type=float, default=None)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--device", default="cuda")
+    p.add_argument(
+        "--no-cprofile", action="store_true", help="time only (cProfile inflates host work)"
+    )
+    p.add_argument("--row-truncation", action="store_true", help="load(row_truncation=True)")
     args = p.parse_args()
     t = time.perf_counter()
     lm = specter_models.load(
-        args.model, device=args.device, max_seq_len=1024, gpu_memory_gb=args.budget_gb
+        args.model,
+        device=args.device,
+        max_seq_len=1024,
+        gpu_memory_gb=args.budget_gb,
+        row_truncation=args.row_truncation,
     )
     print(f"built {lm!r} in {time.perf_counter() - t:.1f} s", flush=True)
     vocab = lm.model.config.vocab_size
@@ -43,7 +51,8 @@ def main() -> int:
             lm.reset()
             controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
             profiler = cProfile.Profile()
-            profiler.enable()
+            if not args.no_cprofile:
+                profiler.enable()
             result = controller.generate(ids, args.tokens)
             profiler.disable()
         stats = result.stats
@@ -54,9 +63,12 @@ def main() -> int:
             f"{iterations} iterations; per iteration: draft "
             f"{1e3 * stats.draft_time_s / iterations:.2f} ms, verify "
             f"{1e3 * stats.verify_time_s / iterations:.2f} ms, commit "
-            f"{commit_ms / iterations:.2f} ms; graphs {lm.graph_stats()}",
+            f"{commit_ms / iterations:.2f} ms; verified {stats.verified} of {stats.proposed} "
+            f"proposals; graphs {lm.graph_stats()}",
             flush=True,
         )
+        if args.no_cprofile:
+            continue
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
         print(text.getvalue(), flush=True)
