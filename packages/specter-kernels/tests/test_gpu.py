@@ -52,3 +52,18 @@ def test_grouped_fp16_waves_on_the_gpu(seed, T):
         x, ids, weights, w13, w2, slot_of, everything, torch.zeros(T, H, device="cuda")
     )
     assert _rel_err(out, ref) < 2e-3
+
+
+@pytest.mark.parametrize("S", [1, 5, 300])
+def test_rotary_complex_on_the_gpu(seed, monkeypatch, S):
+    # DeepSeek-V2-Lite's shapes: 16 heads, a 64-wide rope slice of a 192-wide query head.
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    q = torch.randn(1, S, 16, 192, device="cuda").half().transpose(1, 2)
+    q_pe = q[..., 128:]
+    angles = torch.rand(1, S, 32, device="cuda") * 100
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    out = sk.rotary_complex(q_pe, freqs)
+    ref = sk.rotary_complex_reference(q_pe, freqs)
+    assert out.shape == ref.shape
+    assert _rel_err(out, ref) < 1e-3
+    assert (out.float() - ref.float()).abs().max() <= 2e-3 * ref.float().abs().max()

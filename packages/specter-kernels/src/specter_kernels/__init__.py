@@ -51,6 +51,7 @@ from specter_kernels.moe_align import (
     moe_align_block_size_reference,
 )
 from specter_kernels.rms_norm import rms_norm, rms_norm_reference
+from specter_kernels.rotary import rotary_complex, rotary_complex_reference
 
 __version__ = "0.1.0"
 
@@ -89,6 +90,8 @@ __all__ = [
     "quantize_int4",
     "rms_norm",
     "rms_norm_reference",
+    "rotary_complex",
+    "rotary_complex_reference",
     "select_backend",
     "stack_int4_experts",
     "sum_routed_pairs",
