@@ -34,6 +34,7 @@ from specter_models.checkpoint import (
 )
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.fused_norms import install_fused_rms_norm
+from specter_models.fused_rotary import install_fused_rotary
 from specter_models.gptq_checkpoint import load_gptq_draft
 from specter_models.int4_draft import Int4LayerBuilder
 from specter_models.invariant_scopes import install_batch_invariance
@@ -70,6 +71,7 @@ def load(
     cuda_graphs: bool | None = None,
     piecewise_graphs: bool | None = None,
     fused_norms: bool = True,
+    fused_rotary: bool = True,
     row_truncation: bool | RowTruncation = False,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
@@ -109,6 +111,8 @@ def load(
             is on; False keeps budgeted target steps eager).
         fused_norms: run RMSNorm modules as one fused kernel on CUDA (``fused_norms``);
             False keeps transformers' own arithmetic.
+        fused_rotary: run DeepSeek-V2's rotary embedding as one fused kernel per tensor on
+            CUDA (``fused_rotary``); False keeps transformers' function.
         row_truncation: miss-aware truncation of greedy expert-wise verification
             (``row_truncation``): True for the default policy, or a ``RowTruncation``;
             False (default) verifies every row. Greedy output is unchanged either way.
@@ -178,6 +182,8 @@ def load(
     experts = swap_routed_experts(model, runtime)
     if fused_norms:
         install_fused_rms_norm(model)  # before the invariance scopes, which wrap it
+    if fused_rotary:
+        install_fused_rotary(model)
     install_batch_invariance(model, runtime)  # inert until a batch-invariant target forward
     tied = materialize(model, device, sync_free_rotary=True)
     layers = find_moe_layers(model)
