@@ -1,13 +1,13 @@
 """Time decode steps of a full-size preset eagerly and as CUDA graphs, side by side.
 
-Three loads of the model, one JSON line per measurement to ``--out``:
+Four loads of the model, one JSON line per measurement to ``--out``:
 
 1. every expert resident (so the target's steps can be graphed whole): the median wall
    time (synchronised) of the draft's one-row step and the target's steps of 1 and K+1
    rows, eagerly (``cuda_graphs`` off) and replayed; then plain and speculative decoding
    with graphs, checking the tokens agree;
-2. the same resident model without the fused RMSNorm (``fused_norms=False``), replayed:
-   what the fused norm saves per step;
+2. the same resident model without the fused RMSNorm (``fused_norms=False``), then without
+   the fused rotary embedding (``fused_rotary=False``), replayed: what each saves per step;
 3. at ``--budget-gb`` (default 24): the target's steps eagerly and as piecewise graphs
    (``piecewise_graphs=True``: graphs between the eager routed-expert calls), with the
    experts of the repeated rows resident after the first call (compute, not transfers),
@@ -50,7 +50,7 @@ def main() -> int:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--budget-gb", type=float, default=24.0)
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: fused,budget")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: fused,rotary,budget")
     p.add_argument("--out", default="step-graphs.jsonl")
     args = p.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -115,6 +115,12 @@ def main() -> int:
     if "fused" not in skip:
         lm = load(fused_norms=False)
         label = {"budget_gb": None, "cuda_graphs": True, "fused_norms": False}
+        time_steps(lm, label, all_roles)
+        del lm
+        release_memory()
+    if "rotary" not in skip:
+        lm = load(fused_rotary=False)
+        label = {"budget_gb": None, "cuda_graphs": True, "fused_rotary": False}
         time_steps(lm, label, all_roles)
         del lm
         release_memory()
