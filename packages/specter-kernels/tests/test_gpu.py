@@ -67,3 +67,14 @@ def test_rotary_complex_on_the_gpu(seed, monkeypatch, S):
     assert out.shape == ref.shape
     assert _rel_err(out, ref) < 1e-3
     assert (out.float() - ref.float()).abs().max() <= 2e-3 * ref.float().abs().max()
+
+
+@pytest.mark.parametrize("S", [1, 5, 300])
+def test_rotary_half_on_the_gpu_equals_torch(seed, monkeypatch, S):
+    # Qwen1.5-MoE's shapes: 16 heads of 128; torch's roundings, so the same bits.
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    q = torch.randn(1, S, 16, 128, device="cuda").half().transpose(1, 2)
+    angles = torch.rand(1, S, 64, device="cuda") * 100
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().half(), emb.sin().half()
+    assert torch.equal(sk.rotary_half(q, cos, sin), sk.rotary_half_reference(q, cos, sin))

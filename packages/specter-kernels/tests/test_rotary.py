@@ -72,3 +72,60 @@ def test_bad_inputs_are_refused():
         sk.rotary_complex(x, _freqs(1, 4, 4))
     with pytest.raises(ValueError, match=r"\[B or 1, S, D/2\]"):
         sk.rotary_complex(x, _freqs(3, 3, 4))
+
+
+def _cos_sin(batch: int, seq: int, dim: int, dtype: torch.dtype, offset: int = 0):
+    """``[batch, seq, dim]`` cos and sin as Qwen2-MoE's rotary module makes them."""
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    pos = torch.arange(offset, offset + seq, dtype=torch.float)
+    angles = pos[:, None] * inv[None, :]
+    emb = torch.cat((angles, angles), dim=-1)
+    cos = emb.cos().to(dtype).unsqueeze(0).expand(batch, -1, -1).contiguous()
+    sin = emb.sin().to(dtype).unsqueeze(0).expand(batch, -1, -1).contiguous()
+    return cos, sin
+
+
+def test_half_reference_is_transformers_apply_rotary_pos_emb(seed):
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import apply_rotary_pos_emb
+
+    q = torch.randn(2, 4, 5, 16).half()
+    k = torch.randn(2, 2, 5, 16).half()
+    cos, sin = _cos_sin(2, 5, 16, torch.float16, offset=3)
+    expected_q, expected_k = apply_rotary_pos_emb(q, k, cos, sin)
+    assert torch.equal(sk.rotary_half_reference(q, cos, sin), expected_q)
+    assert torch.equal(sk.rotary_half_reference(k, cos, sin), expected_k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize(("B", "H", "S", "D"), [(1, 1, 1, 2), (1, 4, 3, 64), (2, 3, 5, 10)])
+def test_half_equals_the_reference_bit_for_bit(seed, backend, dtype, B, H, S, D):
+    x = (2 * torch.randn(B, H, S, D)).to(dtype)
+    cos, sin = _cos_sin(B, S, D, dtype, offset=9)
+    out = sk.rotary_half(x, cos, sin)
+    expected = sk.rotary_half_reference(x, cos, sin)
+    assert out.dtype == expected.dtype == dtype
+    assert out.is_contiguous()
+    assert torch.equal(out, expected)
+
+
+def test_half_strided_query_broadcast_positions_and_promotion(seed, backend):
+    q = torch.randn(2, 6, 3, 16).half().transpose(1, 2)  # [B, H=3, S=6, D], not contiguous
+    cos, sin = _cos_sin(1, 6, 16, torch.float16)
+    assert torch.equal(sk.rotary_half(q, cos, sin), sk.rotary_half_reference(q, cos, sin))
+    cos32, sin32 = _cos_sin(1, 6, 16, torch.float32)  # fp32 tables: an fp32 result, as torch
+    out = sk.rotary_half(q, cos32, sin32)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, sk.rotary_half_reference(q, cos32, sin32))
+
+
+def test_half_bad_inputs_are_refused():
+    x = torch.randn(1, 2, 3, 8)
+    cos, sin = _cos_sin(1, 3, 8, torch.float32)
+    with pytest.raises(TypeError, match="float64"):
+        sk.rotary_half(x.double(), cos, sin)
+    with pytest.raises(TypeError, match="share a dtype"):
+        sk.rotary_half(x, cos, sin.half())
+    with pytest.raises(ValueError, match="D even"):
+        sk.rotary_half(torch.randn(1, 2, 3, 7), cos, sin)
+    with pytest.raises(ValueError, match=r"cos must be \[B or 1, S, D\]"):
+        sk.rotary_half(x, cos[:, :2], sin)

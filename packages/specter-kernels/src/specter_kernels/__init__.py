@@ -51,7 +51,12 @@ from specter_kernels.moe_align import (
     moe_align_block_size_reference,
 )
 from specter_kernels.rms_norm import rms_norm, rms_norm_reference
-from specter_kernels.rotary import rotary_complex, rotary_complex_reference
+from specter_kernels.rotary import (
+    rotary_complex,
+    rotary_complex_reference,
+    rotary_half,
+    rotary_half_reference,
+)
 
 __version__ = "0.1.0"
 
@@ -92,6 +97,8 @@ __all__ = [
     "rms_norm_reference",
     "rotary_complex",
     "rotary_complex_reference",
+    "rotary_half",
+    "rotary_half_reference",
     "select_backend",
     "stack_int4_experts",
     "sum_routed_pairs",

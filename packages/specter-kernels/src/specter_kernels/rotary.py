@@ -1,4 +1,5 @@
-"""Interleaved (complex) rotary position embedding in one launch per tensor: DeepSeek-V2's.
+"""Rotary position embeddings in one launch per tensor: DeepSeek-V2's interleaved (complex)
+form and Qwen2-MoE's / PhiMoE's rotate-half form.
 
 transformers applies DeepSeek-V2's rotary embedding to the rope part of the query and the
 key as a complex product: ``view_as_real(view_as_complex(x.float()) * freqs_cis).type_as(x)``,
@@ -7,6 +8,11 @@ layer (two casts up, two complex products, two casts down); a DeepSeek-V2-Lite d
 runs 27 of them. :func:`rotary_complex` does one tensor in one launch, in the same fp32
 arithmetic (``(a + bi)(c + di) = (ac - bd) + (ad + bc)i``), rounded to the input's dtype.
 Each element depends on its own pair and position only, so it is batch-invariant.
+
+Qwen2-MoE and PhiMoE compute ``x * cos + rotate_half(x) * sin`` (``rotate_half`` pairs
+element ``d`` with ``d +- D/2``): ten kernels per attention layer for query and key.
+:func:`rotary_half` does one tensor in one launch with the same roundings as torch (each
+product rounded to the result dtype, then their sum), so its bits equal transformers'.
 """
 
 from __future__ import annotations
@@ -76,3 +82,61 @@ def rotary_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     if freqs.stride(-1) != 1 or freqs.stride(-2) != 2:
         freqs = freqs.contiguous()
     return launch_rotary_complex(x, freqs)
+
+
+def rotary_half_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate-half expression for one tensor (Qwen2-MoE, PhiMoE).
+
+    Args:
+        x: ``[B, H, S, D]``, ``D`` even.
+        cos, sin: ``[B or 1, S, D]``.
+
+    Returns:
+        ``[B, H, S, D]`` in the promotion of ``x``'s and ``cos``'s dtypes.
+    """
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos.unsqueeze(1)) + (rotated * sin.unsqueeze(1))
+
+
+def rotary_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` in one launch (Triton on CUDA, the reference
+    elsewhere), with torch's roundings.
+
+    Args:
+        x: ``[B, H, S, D]`` fp16, bf16 or fp32, ``D`` even, any strides.
+        cos, sin: ``[B or 1, S, D]`` of one dtype among those, on ``x``'s device.
+
+    Returns:
+        ``[B, H, S, D]`` contiguous, in the promotion of ``x``'s and ``cos``'s dtypes.
+
+    Raises:
+        TypeError: an unsupported dtype, or ``cos`` and ``sin`` of different dtypes.
+        ValueError: shapes that do not match, or tensors on different devices.
+    """
+    for name, tensor in (("x", x), ("cos", cos), ("sin", sin)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in SUPPORTED_DTYPES:
+            got = getattr(tensor, "dtype", type(tensor))
+            raise TypeError(f"{name} must be a tensor of {SUPPORTED_DTYPES}, got {got}")
+    if cos.dtype != sin.dtype:
+        raise TypeError(f"cos and sin must share a dtype, got {cos.dtype} and {sin.dtype}")
+    if x.dim() != 4 or x.shape[-1] % 2:
+        raise ValueError(f"x must be [B, H, S, D] with D even, got {tuple(x.shape)}")
+    B, _, S, D = x.shape
+    for name, tensor in (("cos", cos), ("sin", sin)):
+        if (
+            tensor.dim() != 3
+            or tensor.shape[0] not in (1, B)
+            or tuple(tensor.shape[1:]) != (S, D)
+            or tensor.device != x.device
+        ):
+            raise ValueError(
+                f"{name} must be [B or 1, S, D] = [{B} or 1, {S}, {D}] on {x.device}, got "
+                f"{tuple(tensor.shape)} on {tensor.device}"
+            )
+    if x.numel() == 0 or select_backend(x.device) == "torch":
+        return rotary_half_reference(x, cos, sin)
+    from specter_kernels.rotary_triton import launch_rotary_half
+
+    out_dtype = torch.promote_types(x.dtype, cos.dtype)
+    return launch_rotary_half(x, cos, sin, out_dtype)

@@ -1,4 +1,4 @@
-"""Triton kernel of the interleaved rotary embedding: one program per (b, h, s) row."""
+"""Triton kernels of the rotary embeddings: one program per (b, h, s) row."""
 
 from __future__ import annotations
 
@@ -41,5 +41,53 @@ def launch_rotary_complex(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     _rotary_complex_kernel[(B * H * S,)](
         x, freqs, out, H, S, half, x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         sfb, freqs.stride(1), BLOCK=triton.next_power_of_2(half), num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit(do_not_specialize=["sxb", "sxh", "sxs", "scb", "scs", "ssb", "sss"])
+def _rotary_half_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr, H, S, HALF, sxb, sxh, sxs, sxd, scb, scs, ssb, sss,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    s = row % S
+    h = (row // S) % H
+    b = row // (S * H)
+    j = tl.arange(0, BLOCK)
+    keep = j < HALF
+    x_row = x_ptr + b * sxb + h * sxh + s * sxs
+    lo = tl.load(x_row + j * sxd, mask=keep, other=0.0).to(tl.float32)
+    hi = tl.load(x_row + (j + HALF) * sxd, mask=keep, other=0.0).to(tl.float32)
+    c_row = cos_ptr + b * scb + s * scs
+    s_row = sin_ptr + b * ssb + s * sss
+    cos_lo = tl.load(c_row + j, mask=keep, other=0.0).to(tl.float32)
+    cos_hi = tl.load(c_row + j + HALF, mask=keep, other=0.0).to(tl.float32)
+    sin_lo = tl.load(s_row + j, mask=keep, other=0.0).to(tl.float32)
+    sin_hi = tl.load(s_row + j + HALF, mask=keep, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    # torch's order: each product rounded to the result dtype, then the sum.
+    first = (lo * cos_lo).to(dtype).to(tl.float32) + (-hi * sin_lo).to(dtype).to(tl.float32)
+    second = (hi * cos_hi).to(dtype).to(tl.float32) + (lo * sin_hi).to(dtype).to(tl.float32)
+    out_row = out_ptr + row * (2 * HALF)
+    tl.store(out_row + j, first.to(dtype), mask=keep)
+    tl.store(out_row + j + HALF, second.to(dtype), mask=keep)
+
+
+def launch_rotary_half(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``[B, H, S, D]`` ``x * cos + rotate_half(x) * sin`` of ``x`` (any strides);
+    ``cos``, ``sin`` ``[B or 1, S, D]`` with a unit stride along ``D``."""
+    B, H, S, D = x.shape
+    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
+    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
+    out = torch.empty(B, H, S, D, dtype=out_dtype, device=x.device)
+    half = D // 2
+    _rotary_half_kernel[(B * H * S,)](
+        x, cos, sin, out, H, S, half, x.stride(0), x.stride(1), x.stride(2), x.stride(3),
+        cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1),
+        sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1),
+        BLOCK=triton.next_power_of_2(half), num_warps=NUM_WARPS,
     )  # fmt: skip
     return out
