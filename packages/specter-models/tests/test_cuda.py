@@ -248,10 +248,11 @@ def test_cuda_row_truncation_under_piecewise_graphs_keeps_greedy_tokens(name):
     assert lm.graph_stats()["target"]["piecewise_graphs"] > 0
 
 
-def test_cuda_fused_rotary_computes_transformers_rotary():
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_fused_rotary_computes_transformers_rotary(name):
     kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 13, "cuda_graphs": False}
-    fused = load("tiny-deepseek-v2", **kwargs)
-    plain = load("tiny-deepseek-v2", fused_rotary=False, **kwargs)
+    fused = load(name, **kwargs)
+    plain = load(name, fused_rotary=False, **kwargs)
     assert any(getattr(m, "_specter_fused_rotary", False) for m in fused.model.modules())
     prompt = torch.randint(0, fused.config.vocab_size, (1, 24), device="cuda")
     a = fused.target.forward(prompt, 0).float()

@@ -1,14 +1,15 @@
-"""DeepSeek-V2's rotary embedding as one fused kernel launch per tensor on CUDA.
+"""Rotary embeddings as one fused kernel launch per tensor on CUDA.
 
-transformers' DeepSeek-V2 attention calls its module-level ``apply_rotary_emb(q_pe, k_pe,
-freqs_cis)``: two casts up, two complex products and two casts down, six kernels per
-attention layer. :func:`install_fused_rotary` wraps each ``DeepseekV2Attention`` module of a
-model so that, for the duration of its own forward only, that name resolves to
-specter-kernels' ``rotary_complex`` (one launch per tensor, the same fp32 arithmetic) for
-CUDA half/float inputs, and to transformers' function otherwise. Other models in the
-process (a transformers baseline beside ours) keep transformers' function: the module
-attribute is swapped in and restored around each call. Qwen2-MoE and PhiMoE use a
-rotate-half rotary and are left alone.
+transformers' attention modules call a module-level function for their rotary embedding:
+DeepSeek-V2's ``apply_rotary_emb(q_pe, k_pe, freqs_cis)`` (casts and complex products, six
+kernels per layer) and Qwen2-MoE's and PhiMoE's ``apply_rotary_pos_emb(q, k, cos, sin)``
+(``x * cos + rotate_half(x) * sin``, ten kernels per layer). :func:`install_fused_rotary`
+wraps each such attention module of a model so that, for the duration of its own forward
+only, that name resolves to specter-kernels' ``rotary_complex`` / ``rotary_half`` (one
+launch per tensor; the complex one in the same fp32 arithmetic, the rotate-half one with
+torch's roundings, so the same bits) for CUDA inputs, and to transformers' function
+otherwise. Other models in the process (a transformers baseline beside ours) keep
+transformers' function: the module attribute is swapped in and restored around each call.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from specter_kernels import rotary_complex
+from specter_kernels import rotary_complex, rotary_half
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-ATTENTION_CLASSES = ("DeepseekV2Attention",)
 
 
 def rotary_applies(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> bool:
@@ -44,40 +44,94 @@ def rotary_applies(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) 
     return True
 
 
-def install_fused_rotary(model: nn.Module) -> int:
-    """Route every DeepSeek-V2 attention module's rotary embedding through the fused kernel.
+def rotary_half_applies(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
+) -> bool:
+    """Whether the fused rotate-half kernel takes this call: CUDA tensors of supported
+    dtypes, ``[B, H, S, D]`` heads and ``[B or 1, S, D]`` tables (``unsqueeze_dim=1``)."""
+    if unsqueeze_dim != 1 or not q.is_cuda or cos.dtype != sin.dtype:
+        return False
+    tensors = (q, k, cos, sin)
+    if any(t.dtype not in FUSED_DTYPES or t.device != q.device for t in tensors):
+        return False
+    if cos.dim() != 3 or cos.shape != sin.shape:
+        return False
+    for x in (q, k):
+        if x.dim() != 4 or x.shape[-1] % 2 or cos.shape[0] not in (1, x.shape[0]):
+            return False
+        if tuple(cos.shape[1:]) != (x.shape[2], x.shape[3]):
+            return False
+    return True
 
-    Returns:
-        How many modules were wrapped by this call (0 for other architectures, or when
-        already installed).
-    """
-    count = 0
-    for module in model.modules():
-        if type(module).__name__ in ATTENTION_CLASSES and not getattr(
-            module, "_specter_fused_rotary", False
-        ):
-            namespace = sys.modules[type(module).__module__]
-            module.forward = _with_fused_rotary(namespace, module.forward)
-            module._specter_fused_rotary = True
-            count += 1
-    return count
 
-
-def _with_fused_rotary(namespace: ModuleType, plain: Callable[..., Any]) -> Callable[..., Any]:
-    original = namespace.apply_rotary_emb
-
-    def fused(
+def _fused_complex(original: Callable[..., Any]) -> Callable[..., Any]:
+    def apply_rotary_emb(
         xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if rotary_applies(xq, xk, freqs_cis):
             return rotary_complex(xq, freqs_cis), rotary_complex(xk, freqs_cis)
         return original(xq, xk, freqs_cis)
 
+    return apply_rotary_emb
+
+
+def _fused_half(original: Callable[..., Any]) -> Callable[..., Any]:
+    def apply_rotary_pos_emb(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        unsqueeze_dim: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if rotary_half_applies(q, k, cos, sin, unsqueeze_dim):
+            return rotary_half(q, cos, sin), rotary_half(k, cos, sin)
+        return original(q, k, cos, sin, unsqueeze_dim)
+
+    return apply_rotary_pos_emb
+
+
+ATTENTION_CLASSES: dict[str, tuple[str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = {
+    "DeepseekV2Attention": ("apply_rotary_emb", _fused_complex),
+    "Qwen2MoeAttention": ("apply_rotary_pos_emb", _fused_half),
+    "PhimoeAttention": ("apply_rotary_pos_emb", _fused_half),
+}
+"""Attention class name -> (the module-level function it calls, the fused replacement's
+factory, given transformers' function to fall back on)."""
+
+
+def install_fused_rotary(model: nn.Module) -> int:
+    """Route every supported attention module's rotary embedding through a fused kernel.
+
+    Returns:
+        How many modules were wrapped by this call (0 when already installed).
+    """
+    count = 0
+    for module in model.modules():
+        entry = ATTENTION_CLASSES.get(type(module).__name__)
+        if entry is None or getattr(module, "_specter_fused_rotary", False):
+            continue
+        name, factory = entry
+        namespace = sys.modules[type(module).__module__]
+        module.forward = _swapped_during(namespace, name, factory, module.forward)
+        module._specter_fused_rotary = True
+        count += 1
+    return count
+
+
+def _swapped_during(
+    namespace: ModuleType,
+    name: str,
+    factory: Callable[[Callable[..., Any]], Callable[..., Any]],
+    plain: Callable[..., Any],
+) -> Callable[..., Any]:
+    original = getattr(namespace, name)
+    fused = factory(original)
+
     def forward(*args: Any, **kwargs: Any) -> Any:
-        namespace.apply_rotary_emb = fused
+        setattr(namespace, name, fused)
         try:
             return plain(*args, **kwargs)
         finally:
-            namespace.apply_rotary_emb = original
+            setattr(namespace, name, original)
 
     return forward
