@@ -112,16 +112,11 @@ def main() -> int:
     del lm
     release_memory()  # the next load reuses the pinned host blocks
 
-    if "fused" not in skip:
-        lm = load(fused_norms=False)
-        label = {"budget_gb": None, "cuda_graphs": True, "fused_norms": False}
-        time_steps(lm, label, all_roles)
-        del lm
-        release_memory()
-    if "rotary" not in skip:
-        lm = load(fused_rotary=False)
-        label = {"budget_gb": None, "cuda_graphs": True, "fused_rotary": False}
-        time_steps(lm, label, all_roles)
+    for part, switch in (("fused", "fused_norms"), ("rotary", "fused_rotary")):
+        if part in skip:
+            continue
+        lm = load(**{switch: False})  # one fusion off, the rest as by default
+        time_steps(lm, {"budget_gb": None, "cuda_graphs": True, switch: False}, all_roles)
         del lm
         release_memory()
 

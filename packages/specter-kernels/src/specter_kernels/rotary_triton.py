@@ -9,17 +9,23 @@ import triton.language as tl
 NUM_WARPS = 1
 
 
-@triton.jit(do_not_specialize=["sxb", "sxh", "sxs", "sfb", "sfs"])
-def _rotary_complex_kernel(
-    x_ptr, f_ptr, out_ptr, H, S, HALF, sxb, sxh, sxs, sxd, sfb, sfs, BLOCK: tl.constexpr
-):
+@triton.jit
+def _row_origin(x_ptr, H, S, sxb, sxh, sxs):
+    """This program's (b, h, s) row: its index, and where it starts in ``x``."""
     row = tl.program_id(0).to(tl.int64)
     s = row % S
     h = (row // S) % H
     b = row // (S * H)
+    return row, b, s, x_ptr + b * sxb + h * sxh + s * sxs
+
+
+@triton.jit(do_not_specialize=["sxb", "sxh", "sxs", "sfb", "sfs"])
+def _rotary_complex_kernel(
+    x_ptr, f_ptr, out_ptr, H, S, HALF, sxb, sxh, sxs, sxd, sfb, sfs, BLOCK: tl.constexpr
+):
+    row, b, s, x_row = _row_origin(x_ptr, H, S, sxb, sxh, sxs)
     j = tl.arange(0, BLOCK)
     keep = j < HALF
-    x_row = x_ptr + b * sxb + h * sxh + s * sxs
     real = tl.load(x_row + (2 * j) * sxd, mask=keep, other=0.0).to(tl.float32)
     imag = tl.load(x_row + (2 * j + 1) * sxd, mask=keep, other=0.0).to(tl.float32)
     f_row = f_ptr + b * sfb + s * sfs
@@ -50,13 +56,9 @@ def _rotary_half_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr, H, S, HALF, sxb, sxh, sxs, sxd, scb, scs, ssb, sss,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    s = row % S
-    h = (row // S) % H
-    b = row // (S * H)
+    row, b, s, x_row = _row_origin(x_ptr, H, S, sxb, sxh, sxs)
     j = tl.arange(0, BLOCK)
     keep = j < HALF
-    x_row = x_ptr + b * sxb + h * sxh + s * sxs
     lo = tl.load(x_row + j * sxd, mask=keep, other=0.0).to(tl.float32)
     hi = tl.load(x_row + (j + HALF) * sxd, mask=keep, other=0.0).to(tl.float32)
     c_row = cos_ptr + b * scb + s * scs
