@@ -302,11 +302,10 @@ def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
 def _expert_mask(experts: tuple[int, ...], num_experts: int, device: torch.device) -> torch.Tensor:
     """Bool ``[E]`` on ``device``, True for the wave's experts.
 
-    The ids go up as a pageable ``non_blocking`` copy: CUDA stages pageable memory at once
-    and returns without waiting for the device, so this adds no host sync.
+    Built on the host and sent up as one pageable ``non_blocking`` copy (no device kernel
+    of its own): CUDA stages pageable memory at once and returns without waiting for the
+    device, so this adds no host sync.
     """
-    ids = torch.tensor(experts, dtype=torch.long)
-    if device.type != "cpu":
-        ids = ids.to(device, non_blocking=True)
-    mask = torch.zeros(num_experts, dtype=torch.bool, device=device)
-    return mask.index_fill_(0, ids, True)
+    mask = torch.zeros(num_experts, dtype=torch.bool)
+    mask[list(experts)] = True
+    return mask if device.type == "cpu" else mask.to(device, non_blocking=True)
