@@ -71,6 +71,7 @@ def test_kept_rows_are_exact_and_prefills_are_never_cut(checkpoints, arch_name):
     prompt, rows = random_prompt(6, vocab, seed=1), random_prompt(6, vocab, seed=2)
     lm.target.forward(prompt, 0)  # a prefill: truncation not allowed
     assert lm.target.verified_rows is None
+    lm.runtime.record_routing()
     full = lm.target.forward(rows, 6)[0]
     assert lm.target.verified_rows is None  # not allowed outside a controller's verify
     lm.target.truncate(6)
@@ -78,6 +79,10 @@ def test_kept_rows_are_exact_and_prefills_are_never_cut(checkpoints, arch_name):
     cut = lm.target.forward(rows, 6)[0]
     lm.target.allow_row_truncation = False
     kept = lm.target.verified_rows
+    # The trace lists what the verified rows needed: a subset of the uncut forward's needs.
+    trace = lm.runtime.routing_trace
+    assert all(set(steps[1]) <= set(steps[0]) for steps in trace)
+    assert any(set(steps[1]) < set(steps[0]) for steps in trace)
     assert lm.runtime.row_truncation.measured_bandwidth is not None  # the planner's estimate
     assert kept is not None, "with these prices the tail rows should have been cut"
     assert 1 <= kept < rows.shape[1]

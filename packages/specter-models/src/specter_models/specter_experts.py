@@ -171,6 +171,8 @@ class SpecterExperts(nn.Module):
         # The one host sync of a verified layer: the cache's bookkeeping (which experts are
         # resident, what to load into which slot) runs on the host and needs the ids.
         rows = ids.tolist()
+        if self.runtime.rows_kept is not None:
+            rows = self._truncate_rows(rows)  # the rows still verified need experts
         trace = self.runtime.routing_trace
         if trace is not None:
             trace[self.layer].append(sorted({e for row in rows for e in row}))
@@ -187,8 +189,6 @@ class SpecterExperts(nn.Module):
             self._compute_wave(x, ids, weights, None, None, out)
             return self._finish(out, x.dtype)
         rows = self._needed(ids)
-        if self.runtime.rows_kept is not None:
-            rows = self._truncate_rows(rows)
         needed = list(dict.fromkeys(e for row in rows for e in row))
         for wave in self.runtime.cache.acquire(self.layer, needed):
             self._compute_wave(x, ids, weights, wave.experts, wave.slots, out)
