@@ -360,3 +360,21 @@ def test_all_resident_needs_a_slot_per_expert_and_every_load_landed(make_store):
     assert not cache.all_resident(1)  # three slots for four experts: never
     with pytest.raises(ValueError, match="layer must be an int"):
         cache.all_resident(2)
+
+
+def test_every_layer_resident_only_without_a_budget(make_store):
+    store, _ = make_store(2, 4, LAYOUT)
+    engine = DeferredCopyEngine()
+    cache = ExpertCache(store, slots_per_layer=4, device="cpu", copy_engine=engine)
+    cache.prefetch({0: [0, 1, 2, 3]})
+    cache.synchronize()
+    assert cache.all_resident(0)
+    assert not cache.every_layer_resident()  # layer 1 is still empty
+    cache.prefetch({1: [0, 1, 2, 3]})
+    assert not cache.every_layer_resident()  # its copies are in flight
+    cache.synchronize()
+    assert cache.every_layer_resident()
+    budget = ExpertCache(store, slots_per_layer=[4, 3], device="cpu")
+    budget.prefetch({0: [0, 1, 2, 3], 1: [0, 1, 2]})
+    budget.synchronize()
+    assert not budget.every_layer_resident()

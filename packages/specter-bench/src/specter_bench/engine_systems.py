@@ -222,10 +222,7 @@ class EngineSystemRunner:
         self.window.started = False
         runtime = getattr(loaded, "runtime", None)
         if runtime is not None and hasattr(runtime, "row_truncation"):
-            runtime.row_truncation = self._row_truncation
-            if self._row_truncation is not None:
-                prefetcher = loaded.prefetcher
-                runtime.bandwidth = lambda: prefetcher.planner.bandwidth
+            runtime.row_truncation = self._row_truncation  # priced at the loader's bandwidth
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> SystemRun:
         """Greedy decode of ``max_new_tokens`` tokens with this system.

@@ -415,6 +415,7 @@ class ExpertCache:
         self._policy = make_policy(policy)
         self._policy.reset(L, E)
         self._pools = [_LayerPool(store, layer, slots[layer], device) for layer in range(L)]
+        self._resident_layers: set[int] = set()  # all_resident() answers that stay True
         # Constant slot-id table the map updates copy from: entry s + 1 holds s, entry 0 holds -1.
         ids = torch.arange(-1, max(slots), dtype=torch.int32)
         if device.type == "cuda" and store.is_pinned:
@@ -520,15 +521,26 @@ class ExpertCache:
         """Whether every expert of ``layer`` is loaded in a slot of its own.
 
         Only a layer with a slot per expert can be; once it is, nothing can evict anything
-        there (every acquire hits, every prefetch is a no-op), so it stays so and callers
-        may remember a True answer. Checks load completion without blocking.
+        there (every acquire hits, every prefetch is a no-op), so it stays so: a True answer
+        is remembered here. Checks load completion without blocking.
         """
-        pool = self._pools[self._check_layer(layer)]
+        layer = self._check_layer(layer)
+        if layer in self._resident_layers:
+            return True
+        pool = self._pools[layer]
         if pool.num_slots < self._store.num_experts:
             return False
-        return all(e >= 0 for e in pool.slot_expert) and all(
+        resident = all(e >= 0 for e in pool.slot_expert) and all(
             event is None or event.query() for event in pool.ready
         )
+        if resident:
+            self._resident_layers.add(layer)
+        return resident
+
+    def every_layer_resident(self) -> bool:
+        """Whether every expert of every layer is loaded in a slot of its own (no budget):
+        nothing will ever be loaded again."""
+        return all(self.all_resident(layer) for layer in range(len(self._pools)))
 
     def resident_experts(self, layer: int) -> list[int]:
         """Experts of ``layer`` that hold a slot (loaded or in flight), by slot order."""

@@ -83,7 +83,6 @@ class SpeculativePrefetcher:
         self._planned: list[set[int]] = [set() for _ in range(cache.num_layers)]
         self.pipelined = counter.device.type == "cuda" if pipelined is None else bool(pipelined)
         self._pending: tuple[int, PendingSnapshot] | None = None  # (tokens done, snapshot)
-        self._resident_layers: set[int] = set()  # layers known to hold every expert
         self.reset_stats()
 
     # ------------------------------------------------------------------ observer protocol
@@ -122,7 +121,7 @@ class SpeculativePrefetcher:
         self._markers.append(self.cache.copy_engine.record_compute(timing=True))
         if self._pending is not None:  # the previous boundary's snapshot, read now
             self._finish_boundary(drafting_done=False)
-        if self.planner.is_boundary(self._tokens_done) and not self._everything_resident():
+        if self.planner.is_boundary(self._tokens_done) and not self.cache.every_layer_resident():
             self._pending = (self._tokens_done, self.counter.snapshot_async(self.top_m))
             if not self.pipelined:
                 self._finish_boundary(drafting_done=False)
@@ -142,7 +141,7 @@ class SpeculativePrefetcher:
             self._drafting
             and self.planner.predicting
             and self._tokens_done > 0
-            and not self._everything_resident()
+            and not self.cache.every_layer_resident()
         ):
             self._pending = (self._tokens_done, self.counter.snapshot_async(self.top_m))
             self._finish_boundary(drafting_done=True)
@@ -183,15 +182,6 @@ class SpeculativePrefetcher:
                 self.planner.observe_token_time(seconds / (j - self._timed_upto))
                 self._timed_upto = j
                 break
-
-    def _everything_resident(self) -> bool:
-        cache = self.cache
-        for layer in range(cache.num_layers):
-            if layer not in self._resident_layers:
-                if not cache.all_resident(layer):
-                    return False
-                self._resident_layers.add(layer)  # stays so: nothing can be evicted
-        return True
 
     def _finish_boundary(self, *, drafting_done: bool) -> None:
         """Read the pending snapshot (one small device-to-host copy), plan and prefetch."""

@@ -233,11 +233,11 @@ def load(
     counter = RoutingCounter(len(layers), E, device)
     runtime.counter = counter if draft is not None else None
     prefetcher = SpeculativePrefetcher(cache, counter)
+    runtime.bandwidth = lambda: prefetcher.planner.bandwidth  # measured transfers
     if row_truncation:
         runtime.row_truncation = (
             row_truncation if isinstance(row_truncation, RowTruncation) else RowTruncation()
         )
-        runtime.bandwidth = lambda: prefetcher.planner.bandwidth  # measured transfers
     row_shape = arch.kv_row_shapes(config)
     kv = SharedKV(StaticKVCache([row_shape] * len(model.model.layers), max_seq_len, dtype, device))
     if plan.slots_per_layer == E:

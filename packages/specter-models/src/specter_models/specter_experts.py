@@ -69,7 +69,6 @@ class SpecterExperts(nn.Module):
         self.intermediate_dim = intermediate_dim
         self.draft_gate_up: Int4Weight | None = None
         self.draft_down: Int4Weight | None = None
-        self._resident = False  # every expert loaded in its own slot (see _fully_resident)
         self._all_mask: torch.Tensor | None = None
 
     def extra_repr(self) -> str:
@@ -200,7 +199,7 @@ class SpecterExperts(nn.Module):
         expert of their own loaded (they are no longer verified: garbage from here on, which
         causal attention keeps out of the rows before them)."""
         runtime = self.runtime
-        keep = min(runtime.rows_kept or len(rows), len(rows))
+        keep = min(runtime.rows_kept, len(rows))
         rows = rows[:keep]
         policy, cache = runtime.row_truncation, runtime.cache
         if keep > 1 and policy is not None:
@@ -248,10 +247,8 @@ class SpecterExperts(nn.Module):
     def _fully_resident(self) -> bool:
         """Whether every expert of this layer is loaded into a slot of its own (the
         no-budget configuration, prefetched when loading): ``ExpertCache.all_resident``,
-        remembered once true since it then stays true."""
-        if not self._resident:
-            self._resident = self.runtime.cache.all_resident(self.layer)
-        return self._resident
+        which remembers a True answer."""
+        return self.runtime.cache.all_resident(self.layer)
 
     def _compute_wave(
         self,

@@ -172,19 +172,10 @@ class SpecterModel:
             ValueError: capture on a CPU model, or an unsupported attention implementation.
         """
         runtime, cache = self.runtime, self.kv.cache
-        resident = [False] * self.cache.num_layers
 
         def target_applies() -> bool:
             # Token-wise verification with every expert resident is the same single wave.
-            if runtime.routing_trace is not None:
-                return False
-            for layer, known in enumerate(resident):
-                # Once every expert holds its own slot nothing can evict it: remembered.
-                if not known:
-                    if not self.cache.all_resident(layer):
-                        return False
-                    resident[layer] = True
-            return True
+            return runtime.routing_trace is None and self.cache.every_layer_resident()
 
         self.target.graphs = StepGraphs(
             self.model,
