@@ -129,3 +129,43 @@ def test_half_bad_inputs_are_refused():
         sk.rotary_half(torch.randn(1, 2, 3, 7), cos, sin)
     with pytest.raises(ValueError, match=r"cos must be \[B or 1, S, D\]"):
         sk.rotary_half(x, cos[:, :2], sin)
+
+
+_HALF_PTX = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from specter_kernels import rotary_triton as rt
+
+signature = {name: "i32" for name in ("H", "S", "HALF", "sxb", "sxh", "sxs", "sxd", "scb",
+                                      "scs", "ssb", "sss")}
+signature = {"x_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16", "out_ptr": "*fp16",
+             **signature, "BLOCK": "constexpr"}
+options = dict(rt.HALF_COMPILE_OPTIONS)
+src = ASTSource(fn=rt._rotary_half_kernel, signature=signature, constexprs={"BLOCK": 64})
+kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+sys.stdout.write(json.dumps(kernel.asm["ptx"]))
+"""
+
+
+def test_half_kernel_keeps_torch_roundings_in_ptx():
+    """The fp16 products and sum must stay separately rounded on the GPU (as torch does):
+    compile the launch's kernel for an H100/H200 (sm_90) and read its PTX. Without
+    ``enable_fp_fusion=False`` LLVM emits ``fma.rn.f16`` here. Needs no GPU: a subprocess
+    without the interpreter compiles it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _HALF_PTX], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    ptx = json.loads(done.stdout)
+    assert "mul.rn.f16" in ptx  # torch's rounded products ...
+    assert "add.rn.f16" in ptx  # ... and rounded sum
+    assert "fma" not in ptx
