@@ -58,3 +58,30 @@ def test_static_cache_has_one_size_for_every_prompt(reference):
     assert reference._previous_max_cache_length == 96
     assert short.tokens == _greedy_by_hand(reference, [5, 6, 7], 4)
     assert long.tokens == _greedy_by_hand(reference, list(range(3, 40)), 4)
+
+
+def test_hf_decodes_with_batched_mm_and_prefills_with_grouped_mm(monkeypatch):
+    # batched_mm copies the expert weights once per routed pair: fine for one token, 68 GiB
+    # for a HumanEval prompt on Phi-3.5-MoE. hf's experts take batched_mm for one-token
+    # forwards only, and the tokens stay greedy.
+    from transformers.integrations import moe
+
+    from specter_bench.hf_baseline import DECODE_BATCHED_MM
+
+    model = build_reference_model("tiny-qwen2-moe", seed=5, device="cpu", dtype=torch.float32)
+    expected = _greedy_by_hand(model, [4, 9, 2, 7, 11], 4)
+    calls = []
+    for name in ("batched_mm_experts_forward", "grouped_mm_experts_forward"):
+        real = getattr(moe, name)
+
+        def spy(module, hidden, ids, weights, _real=real, _name=name):
+            calls.append((_name.split("_mm")[0], hidden.shape[0]))
+            return _real(module, hidden, ids, weights)
+
+        monkeypatch.setattr(moe, name, spy)
+    run = HFRunner(model, "hf", compile=False).generate([4, 9, 2, 7, 11], 4)
+    assert run.settings["experts_implementation"] == DECODE_BATCHED_MM
+    assert run.tokens == expected
+    layers = model.config.num_hidden_layers
+    assert calls[:layers] == [("grouped", 5)] * layers  # the prompt
+    assert calls[layers:] == [("batched", 1)] * (3 * layers)  # three decode steps

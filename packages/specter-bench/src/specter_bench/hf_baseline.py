@@ -1,7 +1,10 @@
 """The transformers baselines: ``hf`` (fastest configuration), ``hf-default`` and ``hf-offload``.
 
 ``hf`` is transformers' own ``generate`` with every weight on the GPU, in the fastest
-configuration BENCHMARK.md found (static KV cache, ``batched_mm`` experts); ``hf-default``
+configuration BENCHMARK.md found (static KV cache, ``batched_mm`` experts for the one-token
+decode steps; the prompt's forward goes through ``grouped_mm``, since ``batched_mm`` gathers
+one copy of the expert weights per routed pair: 68 GiB for a HumanEval prompt on
+Phi-3.5-MoE); ``hf-default``
 is ``generate`` as a user calls it (dynamic cache, the model's default experts
 implementation); ``hf-offload`` dispatches the model with accelerate's ``device_map`` under
 ``max_memory`` at the budget, so whole layers of experts move per token.
@@ -19,14 +22,44 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["HF_CONFIGS", "HFGeneration", "HFRunner", "offload_model"]
+__all__ = ["DECODE_BATCHED_MM", "HF_CONFIGS", "HFGeneration", "HFRunner", "offload_model"]
+
+DECODE_BATCHED_MM = "specter_batched_mm_decode"
+"""The experts implementation ``hf`` registers with transformers: ``batched_mm`` for a forward
+of one token (a decode step), ``grouped_mm`` for more (the prompt)."""
 
 HF_CONFIGS = {
-    "hf": {"cache_implementation": "static", "experts_implementation": "batched_mm"},
+    "hf": {"cache_implementation": "static", "experts_implementation": DECODE_BATCHED_MM},
     "hf-default": {"cache_implementation": None, "experts_implementation": "grouped_mm"},
     "hf-offload": {"cache_implementation": None, "experts_implementation": None},
 }
 """``generate`` settings of each transformers system (None: transformers' default)."""
+
+
+def batched_mm_decode_experts_forward(
+    module: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """transformers' ``batched_mm`` experts for ``hidden_states [1, H]``, ``grouped_mm`` for
+    ``[T > 1, H]``.
+
+    ``batched_mm`` gathers ``T * k`` expert weight copies, cheap for one token and the fastest
+    decode step BENCHMARK.md measured, but ``T * k * expert bytes`` for a prompt. The branch is
+    on a shape, so a compiled decode step keeps ``batched_mm`` alone.
+    """
+    from transformers.integrations import moe
+
+    if hidden_states.shape[0] == 1:
+        return moe.batched_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    return moe.grouped_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+
+
+def _register_decode_experts() -> None:
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(DECODE_BATCHED_MM, batched_mm_decode_experts_forward)
 
 
 class _TimingStreamer:
@@ -108,6 +141,8 @@ class HFRunner:
         impl = self.settings["experts_implementation"]
         if next(model.parameters()).dtype == torch.float64:
             impl = "eager"  # grouped_mm and batched_mm have no float64 kernels (CPU tests)
+        if impl == DECODE_BATCHED_MM:
+            _register_decode_experts()
         if impl is not None:
             model.set_experts_implementation(impl)
         self.settings["experts_implementation"] = model.config._experts_implementation
