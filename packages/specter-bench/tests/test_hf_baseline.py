@@ -100,3 +100,27 @@ def test_compiled_hf_allows_one_compile_per_decoder_layer(reference, monkeypatch
     monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
     HFRunner(reference, "hf", compile=False)  # nothing compiled, nothing raised
     assert dynamo_config.recompile_limit == 8
+
+
+def test_hf_can_decode_with_grouped_mm(reference):
+    model = build_reference_model("tiny-qwen2-moe", seed=5, device="cpu", dtype=torch.float32)
+    runner = HFRunner(model, "hf", compile=False, decode_experts="grouped_mm")
+    assert runner.settings["experts_implementation"] == "grouped_mm"
+    assert runner.generate([4, 9, 2], 3).tokens == _greedy_by_hand(model, [4, 9, 2], 3)
+    with pytest.raises(ValueError, match="decode_experts='bmm' is not one of"):
+        HFRunner(reference, "hf", decode_experts="bmm")
+
+
+def test_bench_cli_passes_hf_decode_experts():
+    from specter_bench.bench_command import bench_config_from_args
+    from specter_bench.cli import build_parser
+
+    parser = build_parser()
+    for argv, expected in (
+        (["bench", "--model", "tiny-qwen2-moe"], "batched_mm"),
+        (["bench", "--model", "tiny-qwen2-moe", "--hf-decode-experts", "grouped_mm"], "grouped_mm"),
+    ):
+        config = bench_config_from_args(parser.parse_args(argv), "cpu")
+        assert config.hf_decode_experts == expected
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--hf-decode-experts", "eager"])

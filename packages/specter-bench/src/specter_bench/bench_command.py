@@ -87,6 +87,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         warmup=args.warmup,
         warmup_tokens=args.warmup_tokens,
         hf_compile=not args.hf_no_compile,
+        hf_decode_experts=args.hf_decode_experts,
         offload_new_tokens=args.offload_new_tokens,
         offload_prompts=args.offload_prompts,
         engine=EngineOptions.from_args(args),

@@ -307,6 +307,7 @@ class BenchRunner:
                     pad_token_id=_pad_id(self.hf_config),
                     compile=cfg.hf_compile,
                     max_cache_len=self.max_seq_len,
+                    decode_experts=cfg.hf_decode_experts,
                 )
 
                 def generate(ids: list[int], n: int, runner: HFRunner = runner) -> SystemRun:

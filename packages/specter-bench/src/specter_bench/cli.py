@@ -284,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop transformers from compiling its static-cache decode step for hf",
     )
     bench.add_argument(
+        "--hf-decode-experts",
+        choices=("batched_mm", "grouped_mm"),
+        default="batched_mm",
+        help="transformers experts implementation of hf's decode steps (default batched_mm, "
+        "fastest on DeepSeek-V2-Lite; large experts may prefer grouped_mm)",
+    )
+    bench.add_argument(
         "--offload-new-tokens",
         type=_positive_int,
         default=8,

@@ -88,6 +88,8 @@ class BenchConfig:
             and the adaptive depth's first estimates need a few iterations, not a full decode).
         hf_compile: let transformers compile its static-cache decode step (its fastest
             configuration; the compilation happens in the warm-up).
+        hf_decode_experts: ``hf``'s experts implementation for decode steps
+            (``batched_mm`` or ``grouped_mm``, see ``HFRunner``).
         offload_new_tokens: tokens per prompt for ``hf-offload``.
         offload_prompts: prompts for ``hf-offload``.
         sweep_prompts: prompts of the depth sweep (the first ones).
@@ -117,6 +119,7 @@ class BenchConfig:
     warmup: int = 1
     warmup_tokens: int = 32
     hf_compile: bool = True
+    hf_decode_experts: str = "batched_mm"
     offload_new_tokens: int = 8
     offload_prompts: int = 1
     sweep_prompts: int = 2

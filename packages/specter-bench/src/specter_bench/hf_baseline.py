@@ -22,11 +22,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DECODE_BATCHED_MM", "HF_CONFIGS", "HFGeneration", "HFRunner", "offload_model"]
+__all__ = [
+    "DECODE_BATCHED_MM",
+    "HF_CONFIGS",
+    "HF_DECODE_EXPERTS",
+    "HFGeneration",
+    "HFRunner",
+    "offload_model",
+]
 
 DECODE_BATCHED_MM = "specter_batched_mm_decode"
 """The experts implementation ``hf`` registers with transformers: ``batched_mm`` for a forward
 of one token (a decode step), ``grouped_mm`` for more (the prompt)."""
+
+HF_DECODE_EXPERTS = ("batched_mm", "grouped_mm")
+"""The experts implementations ``hf`` may decode with (``HFRunner(decode_experts=)``)."""
 
 HF_CONFIGS = {
     "hf": {"cache_implementation": "static", "experts_implementation": DECODE_BATCHED_MM},
@@ -135,9 +145,12 @@ class HFRunner:
             would land inside the timed decode).
         device: where input ids go (default: the input embedding's device). An accelerate-
             dispatched model may keep its embedding offloaded (on ``meta``): give the GPU.
+        decode_experts: ``hf``'s experts implementation for decode steps: ``batched_mm``
+            (default; the prompt goes through ``grouped_mm``) or ``grouped_mm`` (both). The
+            fastest differs by expert size: measure both on a new model.
 
     Raises:
-        ValueError: an unknown system.
+        ValueError: an unknown system or ``decode_experts``.
     """
 
     def __init__(
@@ -149,14 +162,22 @@ class HFRunner:
         compile: bool = True,
         max_cache_len: int | None = None,
         device: torch.device | str | None = None,
+        decode_experts: str = "batched_mm",
     ) -> None:
         if system not in HF_CONFIGS:
             raise ValueError(
                 f"unknown transformers system {system!r}; expected {list(HF_CONFIGS)}."
             )
+        if decode_experts not in HF_DECODE_EXPERTS:
+            raise ValueError(
+                f"decode_experts={decode_experts!r} is not one of {HF_DECODE_EXPERTS}; "
+                "choose batched_mm (small experts) or grouped_mm (large experts)."
+            )
         self.model = model
         self.system = system
         self.settings = dict(HF_CONFIGS[system])
+        if system == "hf" and decode_experts == "grouped_mm":
+            self.settings["experts_implementation"] = "grouped_mm"
         self.pad_token_id = pad_token_id
         self.max_cache_len = max_cache_len
         self._device = torch.device(device) if device is not None else None
