@@ -117,10 +117,30 @@ def test_bench_cli_passes_hf_decode_experts():
 
     parser = build_parser()
     for argv, expected in (
-        (["bench", "--model", "tiny-qwen2-moe"], "batched_mm"),
+        (["bench", "--model", "tiny-qwen2-moe"], "auto"),
         (["bench", "--model", "tiny-qwen2-moe", "--hf-decode-experts", "grouped_mm"], "grouped_mm"),
     ):
         config = bench_config_from_args(parser.parse_args(argv), "cpu")
         assert config.hf_decode_experts == expected
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--hf-decode-experts", "eager"])
+
+
+def test_auto_decode_experts_follow_expert_size(reference, monkeypatch):
+    from specter_bench import hf_baseline
+
+    assert hf_baseline.choose_decode_experts(reference) == "batched_mm"  # tiny experts
+    fp32 = build_reference_model("tiny-qwen2-moe", seed=5, device="cpu", dtype=torch.float32)
+    assert HFRunner(fp32, "hf", compile=False).settings["experts_implementation"] == (
+        hf_baseline.DECODE_BATCHED_MM
+    )
+    experts = next(m for m in reference.modules() if hasattr(m, "gate_up_proj"))
+    per_expert = (experts.gate_up_proj.numel() + experts.down_proj.numel()) // (
+        experts.gate_up_proj.shape[0]
+    )
+    monkeypatch.setattr(hf_baseline, "BATCHED_MM_MAX_EXPERT_PARAMS", per_expert)
+    assert hf_baseline.choose_decode_experts(reference) == "batched_mm"  # at the limit
+    monkeypatch.setattr(hf_baseline, "BATCHED_MM_MAX_EXPERT_PARAMS", per_expert - 1)
+    assert hf_baseline.choose_decode_experts(reference) == "grouped_mm"
+    runner = HFRunner(fp32, "hf", compile=False)
+    assert runner.settings["experts_implementation"] == "grouped_mm"

@@ -285,10 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--hf-decode-experts",
-        choices=("batched_mm", "grouped_mm"),
-        default="batched_mm",
-        help="transformers experts implementation of hf's decode steps (default batched_mm, "
-        "fastest on DeepSeek-V2-Lite; large experts may prefer grouped_mm)",
+        choices=("auto", "batched_mm", "grouped_mm"),
+        default="auto",
+        help="transformers experts implementation of hf's decode steps (default auto: "
+        "batched_mm for experts of at most 32 M weights, as DeepSeek-V2-Lite's, grouped_mm "
+        "for larger ones, as Phi-3.5-MoE's)",
     )
     bench.add_argument(
         "--offload-new-tokens",

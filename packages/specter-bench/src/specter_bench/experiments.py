@@ -89,7 +89,7 @@ class BenchConfig:
         hf_compile: let transformers compile its static-cache decode step (its fastest
             configuration; the compilation happens in the warm-up).
         hf_decode_experts: ``hf``'s experts implementation for decode steps
-            (``batched_mm`` or ``grouped_mm``, see ``HFRunner``).
+            (``auto``, ``batched_mm`` or ``grouped_mm``, see ``HFRunner``).
         offload_new_tokens: tokens per prompt for ``hf-offload``.
         offload_prompts: prompts for ``hf-offload``.
         sweep_prompts: prompts of the depth sweep (the first ones).
@@ -119,7 +119,7 @@ class BenchConfig:
     warmup: int = 1
     warmup_tokens: int = 32
     hf_compile: bool = True
-    hf_decode_experts: str = "batched_mm"
+    hf_decode_experts: str = "auto"
     offload_new_tokens: int = 8
     offload_prompts: int = 1
     sweep_prompts: int = 2
