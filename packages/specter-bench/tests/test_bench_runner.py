@@ -238,6 +238,30 @@ def test_time_limit_stops_cleanly(tmp_path):
     assert {r["kind"] for r in result.records} == {"skipped"}
     assert all("--max-minutes" in r["data"]["reason"] for r in result.records)
     assert len(result.skipped) == len(result.records) == 2  # the hf and engine stages
+    assert [r["data"]["systems"] for r in result.records] == [
+        ["hf", "hf-default"],
+        ["specter", "spec-lru", "lru"],
+    ]
+
+
+def test_report_drops_skips_that_another_run_measured():
+    from specter_bench.report import _measured_elsewhere
+
+    def tpot(system, budget=None):
+        return {"kind": "tpot", "model": "m", "budget_gb": budget, "system": system}
+
+    what = "engine stage at unlimited (specter, lru)"
+    skip = {"kind": "skipped", "model": "m", "budget_gb": None,
+            "data": {"what": what, "systems": ["specter", "lru"]}}  # fmt: skip
+    assert not _measured_elsewhere(skip, [skip, tpot("specter")])  # lru still missing
+    assert not _measured_elsewhere(skip, [skip, tpot("specter"), tpot("lru", 24.0)])
+    assert _measured_elsewhere(skip, [skip, tpot("specter"), tpot("lru")])
+    old = {**skip, "data": {"what": "offload stage at 16 GB (hf-offload)", "reason": "late"},
+           "budget_gb": 16.0}  # fmt: skip
+    assert _measured_elsewhere(old, [old, tpot("hf-offload", 16.0)])  # parsed from "what"
+    assert not _measured_elsewhere(old, [old, tpot("hf-offload")])
+    policy = {**skip, "data": {"what": "policy replay", "reason": "late"}}
+    assert not _measured_elsewhere(policy, [policy, tpot("specter"), tpot("lru")])
 
 
 def test_first_mismatch():

@@ -192,10 +192,18 @@ class BenchRunner:
     def _experiment(self, kind: str, budget: float | None, data: dict, note: str | None = None):
         return ExperimentRecord(kind, self.name, budget, data, dict(self.identity), note)
 
-    def _skip(self, result: BenchResult, what: str, reason: str, budget: float | None) -> None:
+    def _skip(
+        self,
+        result: BenchResult,
+        what: str,
+        reason: str,
+        budget: float | None,
+        systems: tuple[str, ...] = (),
+    ) -> None:
         result.skipped.append(f"{what}: {reason}")
         self.log(f"skipped {what}: {reason}")
-        self._write(result, [self._experiment("skipped", budget, {"what": what, "reason": reason})])
+        data = {"what": what, "reason": reason, "systems": list(systems)}
+        self._write(result, [self._experiment("skipped", budget, data)])
 
     def _count_runs(self) -> int:
         n = len(self.prompts)
@@ -232,7 +240,7 @@ class BenchRunner:
                 reserve = self.config.stage_reserve_minutes * (3 if stage.kind == "offload" else 1)
                 if self._deadline.expired(reserve):
                     reason = f"--max-minutes: less than {reserve:g} min left for this stage"
-                    self._skip(result, label, reason, stage.budget_gb)
+                    self._skip(result, label, reason, stage.budget_gb, stage.systems)
                     continue
                 try:
                     if stage.kind == "hf":
@@ -245,7 +253,8 @@ class BenchRunner:
                     # One stage failing (out of memory, a missing library) must not lose the
                     # others: record why, free what it held, go on.
                     self.log(traceback.format_exc())
-                    self._skip(result, label, f"{type(exc).__name__}: {exc}", stage.budget_gb)
+                    reason = f"{type(exc).__name__}: {exc}"
+                    self._skip(result, label, reason, stage.budget_gb, stage.systems)
                 finally:
                     release_memory()
             if self._replay_routes is not None:

@@ -8,6 +8,7 @@ section is replaced when the markers exist and appended otherwise.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -189,7 +190,9 @@ def build_report(
         parts += ["Commands:", "", "```bash", *all_commands, "```", ""]
     if sources:
         parts += ["Raw records: " + ", ".join(f"`{s}`" for s in sources), ""]
-    skipped = [r for r in records if r.get("kind") == "skipped"]
+    skipped = [
+        r for r in records if r.get("kind") == "skipped" and not _measured_elsewhere(r, records)
+    ]
     for title, kind, table, plot in _SECTIONS:
         if kind not in kinds:
             continue
@@ -207,6 +210,24 @@ def build_report(
             )
         parts.append("")
     return "\n".join(parts)
+
+
+def _measured_elsewhere(skip: dict[str, Any], records: Sequence[dict[str, Any]]) -> bool:
+    """Whether every system of a skipped stage has TPOT records at the stage's model and
+    budget among ``records`` (another run measured what this one skipped)."""
+    data = skip.get("data") or {}
+    systems = data.get("systems")
+    if systems is None:  # records before the field: "<kind> stage at <budget> (<systems>)"
+        listed = re.search(r" stage at .*\(([^()]*)\)$", data.get("what", ""))
+        systems = [s for s in listed.group(1).split(", ") if s] if listed else []
+    measured = {
+        r["system"]
+        for r in records
+        if r.get("kind") == "tpot"
+        and r.get("model") == skip.get("model")
+        and r.get("budget_gb") == skip.get("budget_gb")
+    }
+    return bool(systems) and set(systems) <= measured
 
 
 def update_markdown(existing: str, section: str) -> str:
