@@ -30,7 +30,7 @@ def test_markdown_table_layout():
         markdown_table(["a", "b"], [[1]])
 
 
-def test_summaries_are_means_over_prompts():
+def test_summaries_are_medians_and_means_over_prompts():
     records = tpot_records(seed=11)
     summaries = summarize_tpot(records)
     assert len(summaries) == 2 * (3 * 3 + 1)  # models x (budgets x 3 systems + hf once)
@@ -41,7 +41,8 @@ def test_summaries_are_means_over_prompts():
             if (r["model"], r["budget_gb"], r["system"]) == (s.model, s.budget_gb, s.system)
         ]
         assert s.prompts == len(mine) == 3
-        assert s.tpot_ms == pytest.approx(statistics.fmean(r["tpot_ms"] for r in mine))
+        assert s.tpot_ms == pytest.approx(statistics.median(r["tpot_ms"] for r in mine))
+        assert s.prefill_ms == pytest.approx(statistics.fmean(r["prefill_ms"] for r in mine))
         assert s.mismatches == sum(r["matches_reference"] is False for r in mine)
         assert s.engine_mismatches == sum(r["matches_engine_reference"] is False for r in mine)
         assert s.engine_checked == (0 if s.system in ("hf", "lru") else 3)
@@ -170,3 +171,49 @@ def test_agreement_table_shows_greedy_and_sampled_acceptance():
         "0.69",
     ]
     assert [c.strip() for c in lines[3].strip("|").split("|")][-3:] == ["-", "-", "-"]
+
+
+def _in_run(record, started, commit="abc1234"):
+    return {**record, "identity": {"git_commit": commit, "started_at": started}}
+
+
+def test_runs_stay_apart_and_targets_compare_within_one_run():
+    def rec(system, budget, tpot):
+        return TpotRecord(
+            system, "deepseek-v2-lite", budget, "humaneval", "p", 5, 8, tpot, None, None, None
+        ).as_dict()
+
+    early, late = "2026-11-29T14:24:02+00:00", "2026-11-29T16:05:00+00:00"
+    records = [
+        _in_run(rec("specter", 24.0, 20.0), early),
+        _in_run(rec("lru", 24.0, 50.0), early),
+        _in_run(rec("specter", 24.0, 40.0), late, "def5678"),  # no lru in this run
+    ]
+    summaries = summarize_tpot(records)
+    assert [(s.system, s.tpot_ms, s.run) for s in summaries] == [
+        ("lru", 50.0, "2026-11-29T14:24 abc1234"),
+        ("specter", 20.0, "2026-11-29T14:24 abc1234"),
+        ("specter", 40.0, "2026-11-29T16:05 def5678"),
+    ]
+    first = evaluate_targets(records)[0]
+    assert (first["ratio"], first["same_run"], first["run"]) == (0.4, True, summaries[0].run)
+    table = tpot_table(records)
+    assert table.splitlines()[0].endswith("| run |")
+    assert "2026-11-29T16:05 def5678" in table
+    # No run measured both sides: the latest of each, and the table says so.
+    apart = [records[0], _in_run(rec("lru", 24.0, 50.0), late)]
+    first = evaluate_targets(apart)[0]
+    assert (first["ratio"], first["same_run"]) == (0.4, False)
+    assert "met (two runs)" in targets_table(apart)
+    # One run: no run column.
+    assert "| run |" not in tpot_table(records[:2])
+
+
+def test_tpot_is_the_median_over_prompts():
+    def rec(prompt, tpot):
+        return TpotRecord(
+            "lru", "deepseek-v2-lite", 24.0, "humaneval", prompt, 5, 8, tpot, None, None, None
+        ).as_dict()
+
+    (s,) = summarize_tpot([rec("a", 1.0), rec("b", 2.0), rec("c", 30.0)])
+    assert s.tpot_ms == 2.0

@@ -65,7 +65,9 @@ _CAPTIONS = {
     "Targets": (
         "Issue 7's targets (DeepSeek-V2-Lite, random weights, greedy, HumanEval prompts, one "
         "run): every cell, met or not, with the measured acceptance beside it. Other models "
-        "show the same ratios at their high budget and unlimited (no target)."
+        "show the same ratios at their high budget and unlimited (no target). Both sides of a "
+        "ratio come from one run when some run measured both; `(two runs)` marks a ratio "
+        "across runs, which only compares loosely (host speed differs between machines)."
     ),
     "Latency per phase": (
         "Prefill: the prompt; draft and verify: decode time per generated token spent drafting "
@@ -73,7 +75,9 @@ _CAPTIONS = {
         "the expert cache (see specter-cache's statistics)."
     ),
     "TPOT per system": (
-        "Means over prompts. TPOT is the decode time per generated token (prefill excluded). "
+        "TPOT is the decode time per generated token (prefill excluded), the median over "
+        "prompts; the other columns are means over prompts. Each run (one `specter bench` "
+        "process) has rows of its own, named by a `run` column when there are several. "
         "`= ref`: prompts whose greedy tokens equal the reference's, the first system to "
         "decode the prompt in the run: `hf` (transformers) when it ran, else the first engine "
         "system. Random weights have near-tie argmaxes that another summation order, such as "

@@ -1,8 +1,9 @@
 """Markdown tables of benchmark records: TPOT per system, targets, phases, routing, policies.
 
 Every table is built from the records alone (``read_records``), so the report can be
-regenerated from committed JSON lines. Means are over prompts; a cell with no value is
-``-``.
+regenerated from committed JSON lines. TPOT is the median over prompts, other columns are
+means; records of different runs (processes) stay in separate rows, and a target's ratio
+compares two systems of one run when some run measured both. A cell with no value is ``-``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "memory_table",
     "phase_table",
     "policy_table",
+    "run_label",
     "summarize_tpot",
     "system_order",
     "targets_table",
@@ -88,9 +90,25 @@ def _mean(values: Iterable[Any]) -> float | None:
     return statistics.fmean(kept) if kept else None
 
 
+def _median(values: Iterable[Any]) -> float | None:
+    kept = [float(v) for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def run_label(record: dict[str, Any]) -> str:
+    """The run (one ``specter bench`` process) a record comes from: its start time and
+    commit, ``"2026-11-29T14:24 a05b05e"`` (labels sort by time); empty when the record has
+    no identity."""
+    identity = record.get("identity") or {}
+    started = (identity.get("started_at") or "")[:16]
+    commit = identity.get("git_commit") or ""
+    return f"{started} {commit}".strip()
+
+
 @dataclass(frozen=True)
 class SystemSummary:
-    """Means over the prompts of one (model, budget, system)."""
+    """One (model, budget, system) of one run over its prompts: the median TPOT, the other
+    figures' means."""
 
     model: str
     budget_gb: float | None
@@ -118,21 +136,24 @@ class SystemSummary:
     engine_checked: int
     engine_mismatches: int
     notes: tuple[str, ...]
+    run: str = ""
 
 
 def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
-    """Group ``tpot`` records by (model, budget, system) and average over prompts.
+    """Group ``tpot`` records by (model, budget, system, run) and summarise over prompts:
+    the median TPOT, means of the rest.
 
-    Rows come sorted by model, budget (unlimited last) and the order of
-    :data:`~specter_bench.bench_record.SYSTEM_NAMES`.
+    Rows come sorted by model, budget (unlimited last), the order of
+    :data:`~specter_bench.bench_record.SYSTEM_NAMES` and run.
     """
-    groups: dict[tuple[str, float | None, str], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, float | None, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         if r.get("kind") == "tpot":
-            groups[(r["model"], r["budget_gb"], r["system"])].append(r)
+            groups[(r["model"], r["budget_gb"], r["system"], run_label(r))].append(r)
     out = []
-    for (model, budget, system), rs in sorted(
-        groups.items(), key=lambda kv: (kv[0][0], _budget_key(kv[0][1]), system_order(kv[0][2]))
+    for (model, budget, system, run), rs in sorted(
+        groups.items(),
+        key=lambda kv: (kv[0][0], _budget_key(kv[0][1]), system_order(kv[0][2]), kv[0][3]),
     ):
         h2d = _mean(r.get("h2d_bytes_per_token") for r in rs)
         out.append(
@@ -142,7 +163,7 @@ def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
                 system=system,
                 prompts=len(rs),
                 new_tokens=sum(int(r.get("new_tokens") or 0) for r in rs),
-                tpot_ms=_mean(r.get("tpot_ms") for r in rs),
+                tpot_ms=_median(r.get("tpot_ms") for r in rs),
                 tokens_per_s=_mean(r.get("tokens_per_s") for r in rs),
                 prefill_ms=_mean(r.get("prefill_ms") for r in rs),
                 draft_ms_per_token=_mean(r.get("draft_ms_per_token") for r in rs),
@@ -166,15 +187,18 @@ def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
                 engine_checked=sum(r.get("matches_engine_reference") is not None for r in rs),
                 engine_mismatches=sum(r.get("matches_engine_reference") is False for r in rs),
                 notes=tuple(sorted({r["note"] for r in rs if r.get("note")})),
+                run=run,
             )
         )
     return out
 
 
 def tpot_table(records: Iterable[dict[str, Any]]) -> str:
-    """TPOT per model x budget x system, with acceptance, hit rate and the Belady ratio."""
+    """TPOT per model x budget x system, with acceptance, hit rate and the Belady ratio (and
+    the run, when the records come from more than one)."""
     rows = []
-    for s in summarize_tpot(records):
+    summaries = summarize_tpot(records)
+    for s in summaries:
         checked = f"{s.checked - s.mismatches}/{s.checked}" if s.checked else "-"
         engine = (
             f"{s.engine_checked - s.engine_mismatches}/{s.engine_checked}"
@@ -219,11 +243,21 @@ def tpot_table(records: Iterable[dict[str, Any]]) -> str:
         "= ref",
         "= engine",
     ]
-    return markdown_table(headers, rows)
+    return markdown_table(*_with_runs(headers, rows, summaries))
+
+
+def _with_runs(
+    headers: list[str], rows: list[list[Any]], summaries: Sequence[SystemSummary]
+) -> tuple[list[str], list[list[Any]]]:
+    """Append a ``run`` column when the summaries come from more than one run."""
+    if len({s.run for s in summaries}) < 2:
+        return headers, rows
+    return [*headers, "run"], [[*row, s.run or "-"] for row, s in zip(rows, summaries, strict=True)]
 
 
 def phase_table(records: Iterable[dict[str, Any]]) -> str:
     """Latency per phase: prefill, draft and verify time per token, TPOT."""
+    summaries = summarize_tpot(records)
     rows = [
         [
             s.model,
@@ -236,7 +270,7 @@ def phase_table(records: Iterable[dict[str, Any]]) -> str:
             s.prefetch_precision,
             s.prefetch_recall,
         ]
-        for s in summarize_tpot(records)
+        for s in summaries
     ]
     headers = [
         "model",
@@ -249,7 +283,7 @@ def phase_table(records: Iterable[dict[str, Any]]) -> str:
         "prefetch precision",
         "prefetch recall",
     ]
-    return markdown_table(headers, rows)
+    return markdown_table(*_with_runs(headers, rows, summaries))
 
 
 @dataclass(frozen=True)
@@ -302,27 +336,36 @@ def evaluate_targets(
     Models the targets do not name get the same ratios at their largest finite budget and
     unlimited, marked ``(no target)`` (``met`` None).
 
+    Both sides come from one run (the latest run that measured both) when any did; else
+    from the latest run of each, and ``same_run`` says so.
+
     Returns:
         One dict per target: ``model``, ``budget``, ``target`` (text), ``ratio`` (None when
         a side was not measured), ``met`` (None then, or without a target), ``tpot_ms``,
-        ``versus_tpot_ms``, ``acceptance_rate``.
+        ``versus_tpot_ms``, ``acceptance_rate``, ``run`` (the run of ``tpot_ms``) and
+        ``same_run`` (False when the two sides come from different runs).
     """
     summaries = summarize_tpot(records)
-    index = {(s.model, s.budget_gb, s.system): s for s in summaries}
+    index: dict[tuple[str, float | None, str], dict[str, SystemSummary]] = defaultdict(dict)
+    for s in summaries:
+        index[(s.model, s.budget_gb, s.system)][s.run] = s
     models = sorted({s.model for s in summaries})
     out = []
     for t in [*targets, *_same_ratios_elsewhere(summaries, targets)]:
         for model in [t.model] if t.model is not None else models:
-            mine = index.get((model, t.budget_gb, t.system))
+            mine_runs = index.get((model, t.budget_gb, t.system), {})
+            same_run = True
             if t.versus == "belady":
+                mine = mine_runs[max(mine_runs)] if mine_runs else None
                 other = mine.belady_tpot_ms if mine is not None else None
                 ratio = mine.tpot_over_belady if mine is not None else None
             else:
                 # The hf baseline has no budget: it is measured once, at "unlimited". Any
                 # other system is compared at the target's own budget only.
-                ref = index.get((model, t.budget_gb, t.versus))
-                if ref is None and t.versus == "hf":
-                    ref = index.get((model, None, t.versus))
+                ref_runs = index.get((model, t.budget_gb, t.versus), {})
+                if not ref_runs and t.versus == "hf":
+                    ref_runs = index.get((model, None, t.versus), {})
+                mine, ref, same_run = _pair(mine_runs, ref_runs)
                 other = ref.tpot_ms if ref is not None else None
                 ratio = (
                     mine.tpot_ms / other
@@ -339,9 +382,24 @@ def evaluate_targets(
                     "tpot_ms": mine.tpot_ms if mine is not None else None,
                     "versus_tpot_ms": other,
                     "acceptance_rate": mine.acceptance_rate if mine is not None else None,
+                    "run": mine.run if mine is not None else None,
+                    "same_run": same_run,
                 }
             )
     return out
+
+
+def _pair(
+    mine: dict[str, SystemSummary], ref: dict[str, SystemSummary]
+) -> tuple[SystemSummary | None, SystemSummary | None, bool]:
+    """The two sides of a ratio: from the latest run that measured both, else the latest of
+    each (``same_run`` False when both exist but no run holds both)."""
+    shared = sorted(set(mine) & set(ref))
+    if shared:
+        return mine[shared[-1]], ref[shared[-1]], True
+    first = mine[max(mine)] if mine else None
+    second = ref[max(ref)] if ref else None
+    return first, second, first is None or second is None
 
 
 def targets_table(records: Iterable[dict[str, Any]], targets: Sequence[Target] = TARGETS) -> str:
@@ -366,9 +424,10 @@ def targets_table(records: Iterable[dict[str, Any]], targets: Sequence[Target] =
 def _status(target: dict[str, Any]) -> str:
     if target["ratio"] is None:
         return "not measured"
+    runs = "" if target.get("same_run", True) else " (two runs)"
     if target["met"] is None:
-        return "-"
-    return "met" if target["met"] else "NOT met"
+        return "-" + runs
+    return ("met" if target["met"] else "NOT met") + runs
 
 
 def _experiments(records: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
