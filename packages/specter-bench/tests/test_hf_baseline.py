@@ -90,16 +90,20 @@ def test_hf_decodes_with_batched_mm_and_prefills_with_grouped_mm(monkeypatch):
 def test_compiled_hf_allows_one_compile_per_decoder_layer(reference, monkeypatch):
     # PhiMoE breaks the graph inside each decoder layer, so dynamo compiles one frame per
     # layer; at the default limit of 8 the rest of Phi-3.5-MoE's 32 layers ran eagerly.
+    # (dynamo's config is changed through its own patch(): monkeypatch would delete the
+    # attribute on undo, which hides it from every later test.)
     import torch._dynamo.config as dynamo_config
 
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
+    before = dynamo_config.recompile_limit
     monkeypatch.setattr(reference.config, "num_hidden_layers", 32)
-    runner = HFRunner(reference, "hf")
-    assert dynamo_config.recompile_limit >= 32
-    assert runner.settings["recompile_limit"] == dynamo_config.recompile_limit
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
-    HFRunner(reference, "hf", compile=False)  # nothing compiled, nothing raised
-    assert dynamo_config.recompile_limit == 8
+    with dynamo_config.patch(recompile_limit=8):
+        runner = HFRunner(reference, "hf")
+        assert dynamo_config.recompile_limit >= 32
+        assert runner.settings["recompile_limit"] == dynamo_config.recompile_limit
+    with dynamo_config.patch(recompile_limit=8):
+        HFRunner(reference, "hf", compile=False)  # nothing compiled, nothing raised
+        assert dynamo_config.recompile_limit == 8
+    assert dynamo_config.recompile_limit == before  # patch() restored it
 
 
 def test_hf_can_decode_with_grouped_mm(reference):
