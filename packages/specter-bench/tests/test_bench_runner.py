@@ -181,10 +181,15 @@ def test_routing_experiments(default_run):
     }
     for r in policies:
         rates = r["data"]["policies"]
-        assert set(rates) == {"lru", "lfu", "predictive", "belady"}
+        assert set(rates) == {"lru", "lfu", "predictive", "belady", "pinned"}
         for name in ("lru", "lfu", "predictive"):
             assert rates[name]["loads"] >= rates["belady"]["loads"]
             assert rates[name]["accesses"] == rates["belady"]["accesses"]
+        # The pinned estimate replays the same steps with the slots its INT4 savings buy.
+        assert rates["pinned"]["accesses"] == rates["belady"]["accesses"]
+        conf = r["data"]["pinned"]
+        assert conf["experts_per_layer"] == r["data"]["slots_per_layer"] - 1
+        assert conf["slots_per_layer"] >= r["data"]["slots_per_layer"]
     (sweep,) = by_kind["depth_sweep"]
     points = sweep["data"]["points"]
     assert [p["depth"] for p in points] == list(SWEEP)

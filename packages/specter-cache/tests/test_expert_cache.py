@@ -378,3 +378,37 @@ def test_every_layer_resident_only_without_a_budget(make_store):
     budget.prefetch({0: [0, 1, 2, 3], 1: [0, 1, 2]})
     budget.synchronize()
     assert not budget.every_layer_resident()
+
+
+def test_pinned_experts_stay_resident_until_unpinned(make_store):
+    store, _ = make_store(2, 8, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=3, device="cpu", policy="lru")
+    assert cache.pin(0, [5, 6]) == [5, 6]
+    assert cache.pin(0, [6]) == []  # already pinned
+    assert cache.pinned(0) == [5, 6]
+    assert cache.pinned(1) == []
+    assert_slots_hold(cache, store, 0, [5, 6])
+    assert cache.stats()["total"]["prefetch_loads"] == 2
+    assert cache.expire_prefetches() == 0  # pinned loads are never wasted prefetches
+    for e in range(8):  # every other expert passes through the one evictable slot
+        for wave in cache.acquire(0, [e]):
+            wave.release()
+    assert cache.resident_experts(0).count(5) == cache.resident_experts(0).count(6) == 1
+    assert_slots_hold(cache, store, 0, [5, 6])
+    with pytest.raises(ValueError, match="leaves none of its 3 slots evictable; pin at most 2"):
+        cache.pin(0, [1])
+    assert cache.unpin(0, [5, 7]) == [5]
+    for e in (0, 1):  # unpinned, 5 is the least recently used evictable expert
+        for wave in cache.acquire(0, [e]):
+            wave.release()
+    assert cache.slot_of(0, 5) == -1
+    assert cache.slot_of(0, 6) >= 0
+    assert max(protected(cache, 0)) == 1  # 6's pin, nothing leaked
+
+
+def test_pin_refuses_bad_ids_and_full_layers_may_pin_everything(make_store):
+    store, _ = make_store(1, 4, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=4, device="cpu")
+    assert cache.pin(0, range(4)) == [0, 1, 2, 3]  # a slot per expert: nothing must load later
+    with pytest.raises(ValueError, match="pin"):
+        cache.pin(0, [9])

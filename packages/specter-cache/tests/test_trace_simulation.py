@@ -88,3 +88,17 @@ def test_simulation_rejects_bad_input():
         simulate_policy([], "lru", 2)
     with pytest.raises(ValueError, match="shape"):
         simulate_policy([[{0}]], "predictive", 2, plans=[[[0], [1]]])
+
+
+def test_pinned_experts_are_hits_after_setup():
+    # Expert 0 is needed every step; with it pinned LRU never reloads it even though the
+    # other experts cycle through the one remaining slot.
+    trace = [[[0, 1], [0, 2], [0, 3], [0, 1], [0, 2], [0, 3]]]
+    plain = simulate_policy(trace, "lru", 2)
+    pinned = simulate_policy(trace, "lru", 2, pinned=[[0]])
+    assert pinned.accesses == plain.accesses == 12
+    assert pinned.hits == 6  # every access of 0, none of the cycling ones
+    assert pinned.loads == 6  # the pin's own load is setup, not counted
+    assert plain.loads > pinned.loads
+    with pytest.raises(ValueError, match="one list per layer"):
+        simulate_policy(trace, "lru", 2, pinned=[[0], [1]])

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specter_bench.routing_analysis import draft_plans, routing_trace
-from specter_cache import ExpertStore, belady_layer_loads, compare_policies
+from specter_cache import ExpertStore, belady_layer_loads, compare_policies, simulate_policy
 
 __all__ = [
     "BeladyBound",
@@ -147,6 +147,8 @@ def policy_hit_rates(
     draft_routing: torch.Tensor | None = None,
     window: int = 1,
     num_experts: int | None = None,
+    pinned: Sequence[Sequence[int]] | None = None,
+    pinned_slots: int | Sequence[int] | None = None,
 ) -> dict[str, dict[str, object]]:
     """Hit rate of LRU, LFU, predictive (draft-planned) and Belady on one recorded routing.
 
@@ -161,10 +163,14 @@ def policy_hit_rates(
         draft_routing: ``[T, L, k]`` draft routing of the same tokens, or None.
         window: tokens per step (1: plain decoding; K + 1: one verification of K proposals).
         num_experts: experts per layer (default: the largest id seen + 1).
+        pinned: ``pinned[layer]`` experts kept resident, for a ``pinned`` entry: LRU over
+            the other slots of ``pinned_slots`` (a configuration with its own slot count).
+        pinned_slots: slots per layer of the ``pinned`` configuration (default: ``slots``).
 
     Returns:
         ``policy -> {"hit_rate", "loads", "accesses", ...}`` for ``lru``, ``lfu``,
-        ``predictive`` (with a draft) and ``belady`` (cold start, as the policies).
+        ``predictive`` (with a draft), ``pinned`` (with ``pinned``) and ``belady`` (cold
+        start, as the policies).
 
     Raises:
         ValueError: shapes or slots that do not fit.
@@ -181,7 +187,16 @@ def policy_hit_rates(
             )
         plans = draft_plans(draft_routing, window, top_m=slots)
         policies = (*policies, "predictive")
-    return compare_policies(trace, slots, policies=policies, plans=plans, num_experts=num_experts)
+    out = compare_policies(trace, slots, policies=policies, plans=plans, num_experts=num_experts)
+    if pinned is not None:
+        out["pinned"] = simulate_policy(
+            trace,
+            "lru",
+            slots if pinned_slots is None else pinned_slots,
+            num_experts=num_experts,
+            pinned=pinned,
+        ).as_dict()
+    return out
 
 
 def measure_expert_transfer_s(

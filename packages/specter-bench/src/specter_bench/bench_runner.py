@@ -51,6 +51,7 @@ from specter_bench.model_loading import (
     tokenizer_name,
     weights_description,
 )
+from specter_bench.pinned_draft import pinned_configuration
 from specter_bench.prompt_encoding import encode_prompt
 from specter_bench.prompt_sources import Prompt, load_prompts
 from specter_bench.routing_analysis import routing_agreement, working_set_curve
@@ -534,6 +535,7 @@ class BenchRunner:
                 self.log(f"policy replay at {_budget(budget)} skipped: {exc}")
                 continue
             E = plan.num_experts
+            pinning = pinned_configuration(plan, target_routes)
             for window in (1, depth + 1):
                 totals: dict[str, dict[str, float]] = {}
                 for i, target in enumerate(target_routes):
@@ -541,6 +543,8 @@ class BenchRunner:
                     rates = policy_hit_rates(
                         target, plan.slots_per_layer, draft_routing=draft, window=window,
                         num_experts=E,
+                        pinned=pinning.hot_sets[i] if pinning is not None else None,
+                        pinned_slots=pinning.slots_per_layer if pinning is not None else None,
                     )  # fmt: skip
                     for name, r in rates.items():
                         acc = totals.setdefault(name, {"accesses": 0, "loads": 0})
@@ -559,9 +563,17 @@ class BenchRunner:
                     "prompts": len(target_routes),
                     "policies": policies,
                 }
+                if pinning is not None:
+                    data["pinned"] = {
+                        "experts_per_layer": pinning.experts_per_layer,
+                        "slots_per_layer": pinning.slots_per_layer,
+                    }
                 note = (
                     "replayed through specter-cache on the teacher-forced target routing; "
-                    "predictive = the draft's routing of the same step prefetched"
+                    "predictive = the draft's routing of the same step prefetched; pinned = "
+                    "the draft's memory plan with the most routed experts (counted on the "
+                    "other prompts) pinned in FP16 and no INT4 copy of them, LRU over the "
+                    "slots that frees"
                 )
                 out.append(self._experiment("policy_hit_rate", budget, data, note))
         return out

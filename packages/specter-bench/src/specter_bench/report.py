@@ -113,7 +113,11 @@ _CAPTIONS = {
         "tokens (1: plain decoding; K + 1: one verification). Hit rates count what a step found "
         "resident, so the predictive policy's prefetches (the draft's routing of the step, "
         "loaded before it) count as hits; Belady's is the optimal on-demand schedule. Loads "
-        "compare every policy: none loads fewer experts than Belady."
+        "compare every policy: none loads fewer experts than Belady. `pinned` (when recorded): "
+        "an estimate for a draft that computes its most routed experts from FP16 copies "
+        "pinned in the cache and keeps no INT4 copy of them: that many experts per layer, "
+        "chosen on the other prompts' routing, pinned, LRU over the slots the freed INT4 "
+        "memory adds (`pinned experts / slots`); the pinned draft itself is not built."
     ),
     "Depth sweep": "specter at each fixed depth K on the first prompts; best: lowest mean TPOT.",
     "Routed-expert kernels (one MoE layer)": (

@@ -504,24 +504,27 @@ def policy_table(records: Iterable[dict[str, Any]]) -> str:
     the optimal on-demand schedule. Loads (transfers) compare every policy: none can load
     fewer experts than Belady.
     """
-    policies = ("lru", "lfu", "predictive", "belady")
-    rows = []
     recs = sorted(
         _experiments(records, "policy_hit_rate"),
         key=lambda r: (r["model"], _budget_key(r["budget_gb"]), r["data"].get("window", 1)),
     )
+    pinned = any("pinned" in r["data"]["policies"] for r in recs)
+    policies = ("lru", "lfu", "predictive", "belady", *(("pinned",) if pinned else ()))
+    rows = []
     for r in recs:
         d = r["data"]
-        rows.append(
-            [
-                r["model"],
-                budget_label(r["budget_gb"]),
-                d.get("window", 1),
-                d.get("slots_per_layer"),
-                *[d["policies"].get(p, {}).get("hit_rate") for p in policies],
-                " / ".join(str(d["policies"].get(p, {}).get("loads", "-")) for p in policies),
-            ]
-        )
+        row = [
+            r["model"],
+            budget_label(r["budget_gb"]),
+            d.get("window", 1),
+            d.get("slots_per_layer"),
+            *[d["policies"].get(p, {}).get("hit_rate") for p in policies],
+            " / ".join(str(d["policies"].get(p, {}).get("loads", "-")) for p in policies),
+        ]
+        if pinned:
+            conf = d.get("pinned")
+            row.append(f"{conf['experts_per_layer']} / {conf['slots_per_layer']}" if conf else "-")
+        rows.append(row)
     headers = [
         "model",
         "budget",
@@ -529,6 +532,7 @@ def policy_table(records: Iterable[dict[str, Any]]) -> str:
         "slots",
         *[f"{p} hit rate" for p in policies],
         "loads (" + " / ".join(policies) + ")",
+        *(["pinned experts / slots"] if pinned else []),
     ]
     return markdown_table(headers, rows)
 

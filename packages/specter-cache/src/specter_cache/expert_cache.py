@@ -77,6 +77,7 @@ class _LayerPool:
         self.protect = [0] * slots
         self.empty = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
         self.prefetched: set[int] = set()  # loaded by prefetch, not yet used by an acquire
+        self.pinned: set[int] = set()  # kept resident until unpinned (one protect count each)
         self.needed_window: set[int] = set()  # needed by acquires since take_needed()
 
 
@@ -621,6 +622,65 @@ class ExpertCache:
             if start is not None:
                 self._transfers.append((batch_bytes, start, engine.record(timing=True)))
         return issued
+
+    def pin(self, layer: int, experts: object) -> list[int]:
+        """Keep ``experts`` of ``layer`` resident until :meth:`unpin`.
+
+        Missing ones are loaded as a prefetch is (asynchronously, counted as prefetch loads,
+        but never as wasted); every pinned expert's slot is then excluded from eviction, so
+        the policy chooses among the other slots only.
+
+        Args:
+            layer: the layer.
+            experts: expert ids (already pinned ones are skipped).
+
+        Returns:
+            The experts newly pinned.
+
+        Raises:
+            ValueError: bad ids, or pins that would leave a layer with fewer slots than
+                experts no evictable slot (nothing else could ever be loaded there).
+            RuntimeError: a slot could not be freed because open acquisitions hold every
+                other one (pin between forwards).
+        """
+        layer = self._check_layer(layer)
+        pool = self._pools[layer]
+        ids = _as_expert_list(experts, self.num_experts, f"pin(layer={layer})")
+        new = [e for e in ids if e not in pool.pinned]
+        total = len(pool.pinned) + len(new)
+        if pool.num_slots < self.num_experts and total >= pool.num_slots:
+            raise ValueError(
+                f"pinning {total} experts of layer {layer} leaves none of its "
+                f"{pool.num_slots} slots evictable; pin at most {pool.num_slots - 1}"
+            )
+        missing = [e for e in new if e not in pool.expert_slot]
+        if missing:
+            loaded = self.prefetch({layer: missing}).get(layer, [])
+            pool.prefetched.difference_update(loaded)  # pinned on purpose: never wasted
+            if len(loaded) != len(missing):
+                raise RuntimeError(
+                    f"pin(layer={layer}): only {len(loaded)} of {len(missing)} missing experts "
+                    "found a slot; open acquisitions protect the rest, so pin between forwards"
+                )
+        for e in new:
+            pool.protect[pool.expert_slot[e]] += 1
+            pool.pinned.add(e)
+        return new
+
+    def unpin(self, layer: int, experts: object) -> list[int]:
+        """Make pinned ``experts`` of ``layer`` evictable again; returns those unpinned."""
+        layer = self._check_layer(layer)
+        pool = self._pools[layer]
+        ids = _as_expert_list(experts, self.num_experts, f"unpin(layer={layer})")
+        done = [e for e in ids if e in pool.pinned]
+        for e in done:
+            pool.protect[pool.expert_slot[e]] -= 1
+            pool.pinned.discard(e)
+        return done
+
+    def pinned(self, layer: int) -> list[int]:
+        """The pinned experts of ``layer``, sorted."""
+        return sorted(self._pools[self._check_layer(layer)].pinned)
 
     def acquire(self, layer: int, experts: object) -> Acquisition:
         """Claim ``experts`` of ``layer`` for computation; iterate the result for waves.

@@ -79,12 +79,16 @@ def simulate_policy(
     *,
     num_experts: int | None = None,
     plans: Plans | None = None,
+    pinned: Sequence[Sequence[int]] | None = None,
 ) -> SimulationResult:
     """Replay ``trace`` through an ``ExpertCache`` with ``policy`` and count.
 
     Each step of each layer is one ``acquire`` of the step's experts (waves released as they
     come). With ``plans``, before each step the layer's plan is handed to the policy and
     prefetched, as ``SpeculativePrefetcher`` would; unused prefetches expire after the step.
+    With ``pinned``, each layer's pinned experts are loaded and pinned before the replay
+    (``ExpertCache.pin``; those loads are setup and not counted), and the policy evicts among
+    the other slots.
 
     Args:
         trace: ``trace[layer][step]`` = experts needed.
@@ -92,6 +96,7 @@ def simulate_policy(
         slots_per_layer: one slot count or one per layer.
         num_experts: experts per layer (default: the largest id seen + 1).
         plans: optional ``plans[layer][step]`` (same shape as ``trace``).
+        pinned: optional ``pinned[layer]`` = experts kept resident throughout.
 
     Raises:
         ValueError: mismatched shapes, bad ids or slot counts.
@@ -111,6 +116,12 @@ def simulate_policy(
             store.put(layer, e, {"id": torch.tensor([e], dtype=torch.int32)})
     pol = make_policy(policy)
     cache = ExpertCache(store, slots_per_layer=slots, device="cpu", policy=pol)
+    if pinned is not None:
+        if len(pinned) != num_layers:
+            raise ValueError(f"pinned needs one list per layer ({num_layers}), got {len(pinned)}")
+        for layer, experts in enumerate(pinned):
+            cache.pin(layer, experts)
+        cache.reset_stats()
     accesses = 0
     for t in range(max(len(steps) for steps in trace)):
         for layer, steps in enumerate(trace):
