@@ -11,7 +11,7 @@ Kernels dispatch to Triton on CUDA and to their torch reference elsewhere; set
 ``SPECTER_KERNELS_BACKEND`` to ``auto``, ``triton`` or ``torch`` to override.
 """
 
-from specter_kernels.backend import BACKEND_ENV_VAR, select_backend
+from specter_kernels.backend import BACKEND_ENV_VAR, FLOAT_DTYPES, select_backend
 from specter_kernels.batch_invariant_mode import BatchInvariantMode, batch_invariant
 from specter_kernels.fused_moe_w4a16 import fused_moe_w4a16, fused_moe_w4a16_reference
 from specter_kernels.gptq_import import import_gptq
@@ -62,6 +62,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BACKEND_ENV_VAR",
+    "FLOAT_DTYPES",
     "SUPPORTED_GROUP_SIZES",
     "BatchInvariantMode",
     "Int4Weight",

@@ -21,6 +21,10 @@ from typing import Literal
 
 import torch
 
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+"""The dtypes the elementwise and normalisation kernels (``rms_norm``, the rotary
+embeddings) take."""
+
 BACKEND_ENV_VAR = "SPECTER_KERNELS_BACKEND"
 Backend = Literal["triton", "torch"]
 _CHOICES = ("auto", "triton", "torch")

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specter_kernels.backend import select_backend
-
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from specter_kernels.backend import FLOAT_DTYPES, select_backend
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,8 +54,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     for name, tensor in (("x", x), ("weight", weight)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a tensor, got {type(tensor).__name__}")
-        if tensor.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {tensor.dtype}; rms_norm takes {SUPPORTED_DTYPES}")
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} has dtype {tensor.dtype}; rms_norm takes {FLOAT_DTYPES}")
     N = x.shape[-1] if x.dim() else 0
     if x.dim() < 1 or weight.shape != (N,) or weight.device != x.device:
         raise ValueError(

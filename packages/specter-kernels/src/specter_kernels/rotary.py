@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from specter_kernels.backend import select_backend
-
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from specter_kernels.backend import FLOAT_DTYPES, select_backend
 
 
 def rotary_complex_reference(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
@@ -54,10 +52,8 @@ def rotary_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
         TypeError: an unsupported dtype.
         ValueError: shapes that do not match, or tensors on different devices.
     """
-    if not isinstance(x, torch.Tensor) or x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"x must be a tensor of {SUPPORTED_DTYPES}, got {getattr(x, 'dtype', type(x))}"
-        )
+    if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x must be a tensor of {FLOAT_DTYPES}, got {getattr(x, 'dtype', type(x))}")
     if not isinstance(freqs_cis, torch.Tensor) or freqs_cis.dtype != torch.complex64:
         got = getattr(freqs_cis, "dtype", type(freqs_cis))
         raise TypeError(f"freqs_cis must be a complex64 tensor, got {got}")
@@ -115,9 +111,9 @@ def rotary_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
         ValueError: shapes that do not match, or tensors on different devices.
     """
     for name, tensor in (("x", x), ("cos", cos), ("sin", sin)):
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in SUPPORTED_DTYPES:
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in FLOAT_DTYPES:
             got = getattr(tensor, "dtype", type(tensor))
-            raise TypeError(f"{name} must be a tensor of {SUPPORTED_DTYPES}, got {got}")
+            raise TypeError(f"{name} must be a tensor of {FLOAT_DTYPES}, got {got}")
     if cos.dtype != sin.dtype:
         raise TypeError(f"cos and sin must share a dtype, got {cos.dtype} and {sin.dtype}")
     if x.dim() != 4 or x.shape[-1] % 2:

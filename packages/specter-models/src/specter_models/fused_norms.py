@@ -17,10 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from specter_kernels import FLOAT_DTYPES as FUSED_DTYPES
 from specter_kernels import rms_norm
-
-FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-"""Input and weight dtypes the fused kernel takes."""
 
 
 def is_rms_norm(module: nn.Module) -> bool:

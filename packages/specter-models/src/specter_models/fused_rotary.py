@@ -22,9 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from specter_kernels import FLOAT_DTYPES as FUSED_DTYPES
 from specter_kernels import rotary_complex, rotary_half
-
-FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def rotary_applies(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> bool:

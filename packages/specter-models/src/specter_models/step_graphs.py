@@ -41,8 +41,8 @@ A capture that fails (an operation CUDA graphs cannot record, such as a host syn
 model's code) switches graphs off for that role with the reason kept in ``stats()`` and a
 warning; the step's eager result is still returned.
 
-Piecewise graphs are new and have not run on a GPU yet (see docs/benchmarks.md); they are
-off unless asked for.
+``specter_models.load`` turns piecewise graphs on with CUDA graphs (``piecewise_graphs``);
+a ``StepGraphs`` built directly leaves them off unless asked for.
 """
 
 from __future__ import annotations
@@ -128,14 +128,20 @@ class _PieceRecorder:
         return out
 
 
+def _experts_of_rows(module, hidden, ids, weights, rows: int, out: torch.Tensor) -> torch.Tensor:
+    """The routed experts of the first ``rows`` rows into ``out [T, H]``, zeros for the
+    padding rows after them (which would load experts for nothing)."""
+    out[:rows].copy_(module.target_forward(hidden[:rows], ids[:rows], weights[:rows]))
+    out[rows:].zero_()
+    return out
+
+
 def _eager_expert_split(rows: int) -> Callable[..., torch.Tensor]:
     """``ExpertsRuntime.expert_split`` for an eager window forward with padding rows: the
-    routed experts see the real rows only (padding rows would load experts for nothing)."""
+    routed experts see the real rows only."""
 
     def split(module, hidden, ids, weights) -> torch.Tensor:
-        out = torch.zeros_like(hidden)
-        out[:rows] = module.target_forward(hidden[:rows], ids[:rows], weights[:rows])
-        return out
+        return _experts_of_rows(module, hidden, ids, weights, rows, torch.empty_like(hidden))
 
     return split
 
@@ -449,8 +455,4 @@ class StepGraphs:
                 graph.replay()
                 if call is None:
                     break
-                out = call.module.target_forward(
-                    call.hidden[:rows], call.ids[:rows], call.weights[:rows]
-                )
-                call.out[:rows].copy_(out)
-                call.out[rows:].zero_()
+                _experts_of_rows(call.module, call.hidden, call.ids, call.weights, rows, call.out)

@@ -235,7 +235,7 @@ class AdaptiveDepth:
         if depth > 0:
             # Proposals tested: up to the first rejection, among those the target verified
             # (all of them unless it cut its tail rows: see IterationStats.verified).
-            tested = depth if iteration.verified is None else iteration.verified
+            tested = iteration.verified_proposals
             verified = iteration.accepted + (0 if iteration.accepted == tested else 1)
             self._accepted = cfg.acceptance_decay * self._accepted + iteration.accepted
             self._trials = cfg.acceptance_decay * self._trials + verified

@@ -45,6 +45,11 @@ class IterationStats:
     verified: int | None = None
 
     @property
+    def verified_proposals(self) -> int:
+        """Proposals the target verified: ``verified``, or ``depth`` when it is None."""
+        return self.depth if self.verified is None else self.verified
+
+    @property
     def proposed(self) -> int:
         """Proposals drafted in this iteration (equals ``depth``)."""
         return self.depth
@@ -66,7 +71,7 @@ class IterationStats:
             "draft_time_s": self.draft_time_s,
             "verify_time_s": self.verify_time_s,
             "total_time_s": self.total_time_s,
-            "verified": self.depth if self.verified is None else self.verified,
+            "verified": self.verified_proposals,
         }
 
 
@@ -107,7 +112,7 @@ class GenerationStats:
     @property
     def verified(self) -> int:
         """Proposals the target verified in total (``proposed`` unless rows were cut)."""
-        return sum(it.depth if it.verified is None else it.verified for it in self.iterations)
+        return sum(it.verified_proposals for it in self.iterations)
 
     @property
     def accepted(self) -> int:
