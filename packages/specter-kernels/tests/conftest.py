@@ -39,7 +39,42 @@ def _patch_interpreter_for_numpy_2_4() -> None:
     interpreter._patch_lang_tensor = patched
 
 
+def _patch_interpreter_dot_row_by_row() -> None:
+    """Make the interpreter's float32/float64 ``tl.dot`` give each output row the same bits
+    wherever that row sits in its tile.
+
+    The interpreter multiplies a whole tile with ``np.matmul``, which hands float32/float64
+    to OpenBLAS; its kernels round a row differently by the row's position in the tile on
+    some CPUs (AVX2's Haswell kernels: a query row at tile position 9 against position 1),
+    so the batch-invariance tests failed on such machines although the kernels are row
+    invariant (on the GPU every element of a tile is computed the same way). One BLAS call
+    per row removes the dependence on position. fp16 dots are numpy's own loop and stay.
+    """
+    try:
+        import numpy as np
+        import triton.runtime.interpreter as interpreter
+    except ImportError:
+        return
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+    if getattr(original, "_specter_patched", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.dtype not in (np.float32, np.float64) or a.data.ndim < 2:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        rows = [
+            np.matmul(a.data[..., i : i + 1, :], b.data, dtype=d.data.dtype)
+            for i in range(a.data.shape[-2])
+        ]
+        return interpreter.TensorHandle(np.concatenate(rows, axis=-2) + d.data, d.dtype.scalar)
+
+    create_dot._specter_patched = True
+    builder.create_dot = create_dot
+
+
 _patch_interpreter_for_numpy_2_4()
+_patch_interpreter_dot_row_by_row()
 
 
 @pytest.fixture
