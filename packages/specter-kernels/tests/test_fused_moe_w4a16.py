@@ -85,6 +85,48 @@ def test_tile_splits(seed, poisoned, split):
     assert rel_err(out, sk.fused_moe_w4a16_reference(x, ids, weights, w13, w2)) < TOLERANCE
 
 
+def _skip_some_pairs(ids: torch.Tensor) -> torch.Tensor:
+    """A copy of ``ids`` with about half of the pairs marked skipped (-1), and every pair of
+    token 0 skipped (a token with nothing to add must still get its row: zeros)."""
+    skipped = ids.clone()
+    skipped[torch.rand(ids.shape) < 0.5] = -1
+    skipped[0] = -1
+    return skipped
+
+
+@pytest.mark.parametrize(
+    ("path", "T", "E", "k", "split"),
+    [("gemv", 1, 8, 3, 1), ("gemv", 3, 8, 2, 3), ("tile", 9, 4, 2, 1), ("tile", 20, 8, 2, 2)],
+)
+def test_skipped_pairs_add_nothing(seed, poisoned, path, T, E, k, split):
+    # The same problem with the skipped pairs' weights zeroed instead, through the reference
+    # on their real experts: what the kernel must give when those pairs are left out.
+    x, ids, weights, w13, w2 = problem(T, 256, 128, E, k, 64)
+    skipped = _skip_some_pairs(ids)
+    if path == "gemv":
+        out = w4a16_triton.launch_gemv(
+            x, skipped, weights, w13, w2, GemvConfig(64, 128, split), GemvConfig(128, 128, split)
+        )
+    else:
+        config = TileConfig(16, 64, 128, split)
+        out = w4a16_triton.launch_tile(x, skipped, weights, w13, w2, config, config)
+    kept = sk.fused_moe_w4a16_reference(x, ids, weights * (skipped >= 0), w13, w2)
+    assert rel_err(out, kept) < TOLERANCE
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # every pair of token 0 skipped
+    assert rel_err(out, sk.fused_moe_w4a16_reference(x, skipped, weights, w13, w2)) < TOLERANCE
+
+
+def test_reference_skips_pairs_too(seed):
+    x, ids, weights, w13, w2 = problem(4, 64, 64, 4, 2, 32)
+    skipped = _skip_some_pairs(ids)
+    out = sk.fused_moe_w4a16_reference(x, skipped, weights, w13, w2)
+    kept = sk.fused_moe_w4a16_reference(x, ids, weights * (skipped >= 0), w13, w2)
+    assert rel_err(out, kept) < TOLERANCE  # CPU matmuls of other row counts: not bit-equal
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    none = sk.fused_moe_w4a16_reference(x, torch.full_like(ids, -1), weights, w13, w2)
+    assert torch.equal(none, torch.zeros_like(none))
+
+
 def test_torch_backend_is_the_reference(seed, monkeypatch):
     monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "torch")
     x, ids, weights, w13, w2 = problem(4, 64, 64, 4, 2, 32)

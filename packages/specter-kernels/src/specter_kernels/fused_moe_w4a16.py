@@ -9,6 +9,8 @@ stacked layout), products accumulated in fp32, the intermediate
 ``silu(gate) * up`` rounded to fp16 (as an fp16 model does) and the output
 returned as fp16.
 
+A pair whose expert id is -1 is skipped: it adds nothing to its token's output.
+
 On CUDA this is two Triton launches (see ``w4a16_triton``): all routed experts
 of the batch in one grid per projection, SiLU-and-mul fused into the gate_up
 epilogue, routing weight and the sum over experts fused into the down epilogue.
@@ -93,9 +95,10 @@ def fused_moe_w4a16(
 
     Args:
         x: fp16 ``[T, H]`` hidden states.
-        topk_ids: int ``[T, k]`` expert of each (token, slot), each in ``[0, E)``
-            (not checked on the device: an out-of-range id leaves its token's output
-            unwritten or reads out of bounds).
+        topk_ids: int ``[T, k]`` expert of each (token, slot), each in ``[0, E)``, or
+            ``-1``: a skipped pair, which adds nothing (a draft whose pinned experts are
+            computed elsewhere, see specter-models). Not checked on the device: an id
+            ``>= E`` reads out of bounds.
         topk_weights: float ``[T, k]`` routing weights.
         w13: gate_up ``[E, 2I, H]`` (gate rows first).
         w2: down ``[E, H, I]``.
@@ -142,6 +145,9 @@ def fused_moe_w4a16_reference(
     I = w2.in_features
     out = torch.zeros(T, H, dtype=torch.float32, device=x.device)
     used = torch.unique(topk_ids)
+    used = used[used >= 0]  # -1: skipped pairs
+    if used.numel() == 0:
+        return out.half()
     gate_up = dequantize_int4(w13.experts(used), torch.float32)
     down = dequantize_int4(w2.experts(used), torch.float32)
     for i, expert in enumerate(used.tolist()):

@@ -186,6 +186,8 @@ def _gemv_gate_up_kernel(
         )
     token = pair // top_k
     expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
+    skipped = expert < 0  # a pair with no expert: no loop below, h row of zeros
+    expert = tl.maximum(expert, 0)
     R: tl.constexpr = BLOCK_K // 8
     offs_r = tl.arange(0, R)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -195,7 +197,7 @@ def _gemv_gate_up_kernel(
     zeros = zeros_ptr + expert * stride_se
     x_row = x_ptr + token * stride_xt
     k_begin = pid_k * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, K)
+    k_end = tl.where(skipped, k_begin, tl.minimum(k_begin + k_per_split, K))
     if MATH == 2:
         acc_gate = tl.zeros([16, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
@@ -281,6 +283,8 @@ def _gemv_down_kernel(
     pid_k = tl.program_id(2)
     token = pair // top_k
     expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
+    skipped = expert < 0  # still arrives (its tile counts every pair), adding zeros
+    expert = tl.maximum(expert, 0)
     routing_weight = tl.load(topk_weights_ptr + pair).to(tl.float32)
     R: tl.constexpr = BLOCK_K // 8
     offs_r = tl.arange(0, R)
@@ -291,7 +295,7 @@ def _gemv_down_kernel(
     zeros = zeros_ptr + expert * stride_se
     h_row = h_ptr + pair * stride_ht
     k_begin = pid_k * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, K)
+    k_end = tl.where(skipped, k_begin, tl.minimum(k_begin + k_per_split, K))
     if MATH == 2:
         acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     else:
@@ -340,6 +344,7 @@ def _tile_step(acc, words, scales, zeros, act_rows, act_mask, rows):
 @triton.jit
 def _tile_gate_up_kernel(
     x_ptr,
+    topk_ids_ptr,
     sorted_ids_ptr,
     expert_ids_ptr,
     num_post_padded_ptr,
@@ -392,6 +397,8 @@ def _tile_gate_up_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pairs = tl.load(sorted_ids_ptr + offs_m)
     row_mask = pairs < num_pairs
+    # Skipped pairs (id -1) were aligned as expert 0's: their activations read as zeros.
+    computed = row_mask & (tl.load(topk_ids_ptr + pairs, mask=row_mask, other=-1) >= 0)
     tokens = pairs // top_k
     R: tl.constexpr = BLOCK_K // 8
     offs_r = tl.arange(0, R)
@@ -428,7 +435,7 @@ def _tile_gate_up_kernel(
             BLOCK_K,
             HAS_ZEROS,
         )
-        x_mask = row_mask[:, None] & r_mask[None, :]
+        x_mask = computed[:, None] & r_mask[None, :]
         acc_gate = _tile_step(acc_gate, w_gate, s_gate, z_gate, x_rows, x_mask, rows)
         acc_up = _tile_step(acc_up, w_up, s_up, z_up, x_rows, x_mask, rows)
     finish_gate_up(
@@ -650,7 +657,10 @@ def launch_tile(
     E = w13.num_experts
     pairs = T * top_k
     device = x.device
-    sorted_ids, expert_ids, num_post_padded = moe_align_block_size(topk_ids, E, cu.block_m)
+    # Skipped pairs (-1) go into expert 0's blocks so that they still arrive; the gate_up
+    # kernel zeroes their activations (a row of zeros in h, nothing added to out).
+    aligned = topk_ids.clamp_min(0)
+    sorted_ids, expert_ids, num_post_padded = moe_align_block_size(aligned, E, cu.block_m)
     max_blocks = max_aligned_blocks(pairs, E, cu.block_m)
     gu_per_split, gu_splits = _k_per_split(H, cu.block_k, cu.split_k)
     dn_per_split, dn_splits = _k_per_split(I, cd.block_k, cd.split_k)
@@ -659,7 +669,7 @@ def launch_tile(
     h = torch.empty(pairs, I, dtype=torch.float16, device=device)
     out = torch.empty(T, H, dtype=torch.float16, device=device)
     _tile_gate_up_kernel[(max_blocks, nb_gu, gu_splits)](
-        x, sorted_ids, expert_ids, num_post_padded,
+        x, topk_ids.reshape(-1), sorted_ids, expert_ids, num_post_padded,
         w13.qweight, w13.scales, _zeros_arg(w13), h, ws.gate_up, ws.gate_up_counters,
         ws.down, ws.down_counters, ws.down.numel(), ws.down_counters.numel(),
         H, I, top_k, pairs, gu_per_split, gu_splits,
