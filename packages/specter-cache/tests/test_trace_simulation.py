@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,3 +103,18 @@ def test_pinned_experts_are_hits_after_setup():
     assert plain.loads > pinned.loads
     with pytest.raises(ValueError, match="one list per layer"):
         simulate_policy(trace, "lru", 2, pinned=[[0], [1]])
+
+
+def test_windowed_trace_groups_tokens_per_step():
+    from specter_cache import windowed_trace
+
+    routing = torch.tensor([[[0, 1], [2, 3]], [[1, 4], [3, 3]], [[5, 0], [2, 2]]])  # [T=3, L=2, k]
+    assert windowed_trace(routing, 1) == [
+        [{0, 1}, {1, 4}, {0, 5}],
+        [{2, 3}, {3}, {2}],
+    ]
+    assert windowed_trace(routing, 2) == [[{0, 1, 4}, {0, 5}], [{2, 3}, {2}]]  # partial tail
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        windowed_trace(routing, 0)
+    with pytest.raises(ValueError, match=r"\[T, L, k\]"):
+        windowed_trace(routing[0], 1)

@@ -38,7 +38,12 @@ from specter_cache.replacement_policy import (
 from specter_cache.routing_counter import PendingSnapshot, RoutingCounter
 from specter_cache.safetensors_file import SafetensorsFile
 from specter_cache.speculative_prefetcher import SpeculativePrefetcher
-from specter_cache.trace_simulation import SimulationResult, compare_policies, simulate_policy
+from specter_cache.trace_simulation import (
+    SimulationResult,
+    compare_policies,
+    simulate_policy,
+    windowed_trace,
+)
 
 __version__ = "0.1.0"
 
@@ -78,4 +83,5 @@ __all__ = [
     "default_copy_engine",
     "make_policy",
     "simulate_policy",
+    "windowed_trace",
 ]

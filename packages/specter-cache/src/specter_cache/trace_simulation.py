@@ -60,6 +60,30 @@ class SimulationResult:
         return {**asdict(self), "loads": self.loads, "hit_rate": self.hit_rate}
 
 
+def windowed_trace(routing: torch.Tensor, window: int = 1) -> list[list[frozenset[int]]]:
+    """``trace[layer][step]``: the experts a ``[T, L, k]`` routing needs per step of
+    ``window`` tokens (a trailing partial window is kept).
+
+    ``window=1`` is token-by-token decoding; ``window=K+1`` approximates verifying K
+    proposals at once.
+
+    Raises:
+        ValueError: ``routing`` is not ``[T, L, k]`` or ``window`` < 1.
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}.")
+    if not isinstance(routing, torch.Tensor) or routing.dim() != 3:
+        shape = tuple(routing.shape) if isinstance(routing, torch.Tensor) else type(routing)
+        raise ValueError(f"routing must be a [T, L, k] tensor of expert ids, got {shape}")
+    T, L, _ = routing.shape
+    per_layer = routing.permute(1, 0, 2).tolist()  # [L][T][k]
+    return [
+        [frozenset(e for row in per_layer[layer][s : s + window] for e in row)
+         for s in range(0, T, window)]
+        for layer in range(L)
+    ]  # fmt: skip
+
+
 def _num_experts(trace: Trace, plans: Plans | None) -> int:
     top = -1
     for steps in trace:
