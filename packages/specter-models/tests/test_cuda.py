@@ -258,3 +258,36 @@ def test_cuda_fused_rotary_computes_transformers_rotary(name):
     a = fused.target.forward(prompt, 0).float()
     b = plain.target.forward(prompt, 0).float()
     assert (a - b).abs().max() <= 0.02 * b.abs().max()
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_hot_set_draft_is_graphed_sync_free_and_speculation_exact(name):
+    # A pinned hot set at a budget: the draft's steps (skip-pairs INT4 kernel plus the
+    # grouped FP16 kernel on the pinned slots) replay as graphs with no host sync, give the
+    # eager window forward's logits, and greedy speculation keeps plain decoding's tokens.
+    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=4, seed=6)
+    hot = [[1, 6]] * lm.cache.num_layers
+    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=4, seed=6, hot_experts=hot)
+    assert lm.hot_experts == hot
+    generator = torch.Generator("cuda").manual_seed(8)
+    prompt = torch.randint(0, lm.config.vocab_size, (1, 6), device="cuda", generator=generator)
+    lm.target.forward(prompt, 0)
+    token = prompt[:, -1:]
+    eager = load(name, device="cuda", dtype=torch.float16, slots_per_layer=4, seed=6,
+                 hot_experts=hot, cuda_graphs=False)  # fmt: skip
+    eager.target.forward(prompt, 0)
+    for _ in range(2):  # warm-up: kernels compiled, the step's graph captured
+        lm.draft.forward(token, 6)
+        lm.draft.truncate(6)
+    lm.draft.graphs.stats.reset_counts()
+    with _host_sync_forbidden():
+        graphed = lm.draft.forward(token, 6)
+    assert lm.graph_stats()["draft"]["replays"] == 1
+    expected = eager.draft.forward(token, 6)
+    assert (graphed.float() - expected.float()).abs().max() < 0.01 * expected.float().abs().max()
+    lm.reset()
+    plain = SpecController(None, lm.target, depth=0).generate(prompt[0].tolist(), 32)
+    lm.reset()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
+    assert spec.generate(prompt[0].tolist(), 32).tokens == plain.tokens
+    assert lm.hot_experts == hot

@@ -96,13 +96,15 @@ def _assert_draft_equals(lm, reference: dict) -> None:
     for module in lm.experts:
         gate_up = dequantize_int4(module.draft_gate_up, torch.float32)
         down = dequantize_int4(module.draft_down, torch.float32)
-        for e in range(module.num_experts):
+        cold = [e for e in range(module.num_experts) if e not in module.hot_experts]
+        assert gate_up.shape[0] == len(cold)  # INT4 entries of the experts that are not hot
+        for i, e in enumerate(cold):
             expected_gate_up = torch.cat(
                 [reference[(module.layer, e, "gate")], reference[(module.layer, e, "up")]]
             )
-            torch.testing.assert_close(gate_up[e], expected_gate_up.float(), rtol=0, atol=0)
+            torch.testing.assert_close(gate_up[i], expected_gate_up.float(), rtol=0, atol=0)
             torch.testing.assert_close(
-                down[e], reference[(module.layer, e, "down")].float(), rtol=0, atol=0
+                down[i], reference[(module.layer, e, "down")].float(), rtol=0, atol=0
             )
 
 
@@ -115,6 +117,19 @@ def test_gptq_draft_equals_the_dequantized_reference(tmp_path, checkpoints, arch
     assert all((m.draft_gate_up.zeros is None) == sym for m in lm.experts)
     lm.target.forward(torch.tensor([[1, 2, 3]]), 0)
     assert torch.isfinite(lm.draft.forward(torch.tensor([[4, 5]]), 3)).all()
+
+
+def test_gptq_draft_with_a_hot_set_keeps_the_other_experts(tmp_path, checkpoints):
+    folder = checkpoints["tiny-deepseek-v2"]
+    reference = _write_gptq(tmp_path / "gptq", folder, np.random.default_rng(3), sym=True, v1=True)
+    layers = len(find_moe_layers(load(folder, device="cpu", draft=None).model))
+    lm = load(
+        folder, device="cpu", dtype=torch.float32, draft=tmp_path / "gptq", slots_per_layer=4,
+        hot_experts=[[2, 5]] * layers,
+    )  # fmt: skip
+    assert all(m.hot_experts == (2, 5) for m in lm.experts)
+    _assert_draft_equals(lm, reference)
+    assert torch.isfinite(lm.draft.forward(torch.tensor([[4, 5]]), 0)).all()
 
 
 def test_gptq_of_rtn_ints_reproduces_the_rtn_draft(tmp_path, checkpoints):

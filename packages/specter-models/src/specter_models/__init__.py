@@ -7,6 +7,12 @@ FP16 experts and a shared-weight INT4 draft: ``load`` a checkpoint or preset and
 
 from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, architecture_for
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
+from specter_models.hot_experts import (
+    HotExpertChoice,
+    choose_hot_experts,
+    hottest_experts,
+    routing_counts,
+)
 from specter_models.kv_cache import StaticKVCache
 from specter_models.loader import load
 from specter_models.memory_meter import MemoryPeaks
@@ -39,6 +45,7 @@ __all__ = [
     "DraftModel",
     "ExpertsMode",
     "ExpertsRuntime",
+    "HotExpertChoice",
     "MemoryBudgetError",
     "MemoryPeaks",
     "MemoryPlan",
@@ -54,10 +61,13 @@ __all__ = [
     "architecture_for",
     "build_reference_model",
     "choose_cutoff",
+    "choose_hot_experts",
     "demo_model_path",
     "get_preset",
+    "hottest_experts",
     "load",
     "plan_memory",
     "preset_config",
     "reference_model_from",
+    "routing_counts",
 ]

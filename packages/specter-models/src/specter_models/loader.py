@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -73,6 +74,7 @@ def load(
     fused_norms: bool = True,
     fused_rotary: bool = True,
     row_truncation: bool | RowTruncation = False,
+    hot_experts: Sequence[Sequence[int]] | None = None,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -116,6 +118,12 @@ def load(
         row_truncation: miss-aware truncation of greedy expert-wise verification
             (``row_truncation``): True for the default policy, or a ``RowTruncation``;
             False (default) verifies every row. Greedy output is unchanged either way.
+        hot_experts: a pinned hot set, ``hot_experts[layer]`` = the experts of each MoE
+            layer (the same number in every layer) to keep in FP16 slots for good: the
+            draft computes them from those slots and holds INT4 copies of the others only,
+            and the memory that frees buys more slots (``plan_memory``'s
+            ``hot_experts_per_layer``). ``choose_hot_experts`` picks them from a calibration
+            routing. None (default): no pins, every expert has an INT4 copy.
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -151,6 +159,7 @@ def load(
     config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
     arch = architecture_for(config)
     arch.check_config(config, max_seq_len)
+    hot = _check_hot_experts(hot_experts)
     if draft is not None and draft != "rtn":
         draft = Path(draft)
         if not draft.is_dir():
@@ -166,6 +175,7 @@ def load(
         max_verify_rows=max_verify_rows,
         draft_group_size=draft_group_size,
         with_draft=draft is not None,
+        hot_experts_per_layer=len(hot[0]) if hot else 0,
     )
 
     meter = MemoryMeter(device)
@@ -187,6 +197,11 @@ def load(
     install_batch_invariance(model, runtime)  # inert until a batch-invariant target forward
     tied = materialize(model, device, sync_free_rotary=True)
     layers = find_moe_layers(model)
+    if hot and len(hot) != len(layers):
+        raise ValueError(
+            f"hot_experts needs one list per MoE layer ({len(layers)} in this "
+            f"{arch.model_type} model), got {len(hot)}"
+        )
     files = CheckpointFiles(folder) if folder is not None else None
     std = float(getattr(config, "initializer_range", 0.02))
     if files is not None:
@@ -222,6 +237,7 @@ def load(
         arch,
         generate_seed=seed if files is None else None,
         std=std,
+        hot=hot or [() for _ in layers],
     )
     store.close()
     if files is not None:
@@ -245,6 +261,11 @@ def load(
         cache.prefetch({layer: list(range(E)) for layer in range(len(layers))})
         cache.synchronize()
         cache.expire_prefetches()
+        cache.reset_stats()
+    if hot:
+        for layer, experts_of_layer in enumerate(hot):
+            cache.pin(layer, experts_of_layer)
+        cache.synchronize()  # the draft reads the hot slots from its first step on
         cache.reset_stats()
     clock.lap("cache")
     peaks = meter.stop()
@@ -288,17 +309,20 @@ def _fill_store_and_draft(
     *,
     generate_seed: int | None,
     std: float,
+    hot: Sequence[Sequence[int]],
 ) -> None:
     """Stream every routed expert through the host store, quantizing it for the draft.
 
     With ``generate_seed`` (a preset) each expert is generated on the device and copied into
     the (pinned) store; otherwise it is read from the checkpoint's memory map into the store.
-    With an RTN draft each expert is then quantized on the device before the next one.
+    With an RTN draft each expert that is not hot (``hot[layer]``) is then quantized on the
+    device before the next one, into the layer's INT4 entries in ascending id order.
     """
-    for layer, module in zip(layers, experts, strict=True):
+    for layer, module, hot_of_layer in zip(layers, experts, hot, strict=True):
+        entry = _int4_entries(layer.num_experts, hot_of_layer)
         builder = (
             Int4LayerBuilder(
-                layer.num_experts, layer.hidden_size, layer.intermediate_size, device, group_size
+                len(entry), layer.hidden_size, layer.intermediate_size, device, group_size
             )
             if draft == "rtn"
             else None
@@ -311,15 +335,52 @@ def _fill_store_and_draft(
                 store.put(layer.index, e, tensors)
             else:
                 tensors = store.get(layer.index, e)  # mmap -> pinned record, pages dropped
-            if builder is not None:
-                builder.quantize(e, tensors["gate_up"], tensors["down"])
+            if builder is not None and e in entry:
+                builder.quantize(entry[e], tensors["gate_up"], tensors["down"])
         if builder is not None:
-            module.set_draft_weights(*builder.finish())
+            module.set_draft_weights(*builder.finish(), hot_experts=hot_of_layer)
     if isinstance(draft, Path):
-        for module, (gate_up, down) in zip(
-            experts, load_gptq_draft(draft, arch, layers, device), strict=True
+        for module, hot_of_layer, (gate_up, down) in zip(
+            experts, hot, load_gptq_draft(draft, arch, layers, device), strict=True
         ):
-            module.set_draft_weights(gate_up, down)
+            if hot_of_layer:
+                cold = list(_int4_entries(module.num_experts, hot_of_layer))
+                index = torch.tensor(cold, device=gate_up.qweight.device)
+                gate_up, down = gate_up.experts(index), down.experts(index)
+            module.set_draft_weights(gate_up, down, hot_experts=hot_of_layer)
+
+
+def _int4_entries(num_experts: int, hot: Sequence[int]) -> dict[int, int]:
+    """expert -> its INT4 entry: the experts that are not hot, in ascending id order."""
+    skip = set(hot)
+    return {e: i for i, e in enumerate(e for e in range(num_experts) if e not in skip)}
+
+
+def _check_hot_experts(hot_experts: Sequence[Sequence[int]] | None) -> list[tuple[int, ...]]:
+    """``hot_experts`` as tuples, checked for shape (ids are checked per layer later).
+
+    Raises:
+        ValueError: not one sequence of distinct ints per layer, or layers of different sizes.
+    """
+    if hot_experts is None:
+        return []
+    try:
+        hot = [tuple(int(e) for e in layer) for layer in hot_experts]
+    except TypeError as error:
+        raise ValueError(
+            "hot_experts must be one sequence of expert ids per MoE layer "
+            f"(hot_experts[layer] = [ids]), got {hot_experts!r}"
+        ) from error
+    sizes = {len(layer) for layer in hot}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"hot_experts must pin the same number of experts in every layer, got sizes "
+            f"{sorted(sizes)}"
+        )
+    for i, layer in enumerate(hot):
+        if len(set(layer)) != len(layer) or any(e < 0 for e in layer):
+            raise ValueError(f"hot_experts[{i}] must be distinct expert ids >= 0, got {layer}")
+    return hot
 
 
 class _PhaseTimer:

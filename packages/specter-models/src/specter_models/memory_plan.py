@@ -4,6 +4,10 @@ The budget is the GPU memory the whole process may allocate (what
 ``torch.cuda.max_memory_allocated`` reports). The fixed state is every non-expert weight, the
 INT4 draft experts of every layer, the KV cache at ``max_seq_len`` and an activation
 workspace; whatever remains buys FP16 expert slots, the same number in every MoE layer.
+
+With ``hot_experts_per_layer = h`` (a pinned hot set, see ``hot_experts``) the draft holds
+INT4 copies of only ``E - h`` experts per layer: the ``h`` pinned ones it computes from their
+FP16 slots, which stay in the cache for good. The INT4 memory that frees buys more slots.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ class MemoryPlan:
         num_moe_layers: MoE layers ``L``.
         num_experts: routed experts per layer ``E``.
         expert_bytes: one FP16 routed expert (gate_up and down).
-        slots_per_layer: FP16 expert slots per MoE layer.
+        slots_per_layer: FP16 expert slots per MoE layer (pinned hot experts included).
+        hot_experts_per_layer: pinned hot experts per MoE layer, which the draft computes
+            in FP16 and holds no INT4 copy of (0: none).
     """
 
     model_type: str
@@ -59,6 +65,7 @@ class MemoryPlan:
     num_experts: int
     expert_bytes: int
     slots_per_layer: int
+    hot_experts_per_layer: int = 0
 
     @property
     def fixed_bytes(self) -> int:
@@ -101,7 +108,11 @@ class MemoryPlan:
         rows = [
             ("budget", budget),
             ("non-expert weights", _gb(self.non_expert_bytes)),
-            ("INT4 draft experts", _gb(self.draft_int4_bytes)),
+            (
+                f"INT4 draft experts ({self.num_experts - self.hot_experts_per_layer}/"
+                f"{self.num_experts} per layer)",
+                _gb(self.draft_int4_bytes),
+            ),
             (f"KV cache ({self.max_seq_len} positions)", _gb(self.kv_cache_bytes)),
             ("activation buffers (estimate)", _gb(self.buffer_bytes)),
             (
@@ -109,6 +120,7 @@ class MemoryPlan:
                 f"{self.num_moe_layers} layers)",
                 _gb(self.slot_bytes),
             ),
+            ("pinned hot experts (of the slots, per layer)", str(self.hot_experts_per_layer)),
             ("expected peak", _gb(self.expected_peak_bytes)),
             ("host store (pinned, all FP16 experts)", _gb(self.all_experts_bytes)),
         ]
@@ -130,6 +142,7 @@ def plan_memory(
     max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
     draft_group_size: int | None = None,
     with_draft: bool = True,
+    hot_experts_per_layer: int = 0,
 ) -> MemoryPlan:
     """Plan GPU memory for a model under a budget (or a fixed slot count).
 
@@ -143,15 +156,19 @@ def plan_memory(
         max_verify_rows: most rows one forward processes in decoding (sizes the workspace).
         draft_group_size: force the INT4 group size.
         with_draft: whether INT4 draft experts are resident (False: target-only engine).
+        hot_experts_per_layer: experts per layer pinned in FP16 slots, with no INT4 copy
+            (the draft computes them from the slots); they count among the slots, and one
+            slot per layer beyond them must stay evictable.
 
     Returns:
         The plan.
 
     Raises:
-        ValueError: both a budget and a slot count, a slot count outside ``[1, E]``, or an
-            unsupported model type.
-        MemoryBudgetError: the budget cannot hold the fixed state plus one slot per layer;
-            the message says how many GB are needed and what fills them.
+        ValueError: both a budget and a slot count, a slot count outside ``[1, E]``, a hot
+            count outside ``[0, E)``, or an unsupported model type.
+        MemoryBudgetError: the budget cannot hold the fixed state plus one slot per layer
+            beyond the pinned hot experts; the message says how many GB are needed and what
+            fills them.
     """
     if gpu_memory_gb is not None and slots_per_layer is not None:
         raise ValueError("give gpu_memory_gb or slots_per_layer, not both")
@@ -164,8 +181,15 @@ def plan_memory(
     first = layers[0]
     E, H, I = first.num_experts, first.hidden_size, first.intermediate_size
     L = len(layers)
+    hot = hot_experts_per_layer
+    if isinstance(hot, bool) or not isinstance(hot, int) or not 0 <= hot < E:
+        raise ValueError(
+            f"hot_experts_per_layer must be an int in [0, {E}) (pinned experts of {E} per "
+            f"layer; at least one stays INT4 for the draft), got {hot!r}"
+        )
     expert_bytes = 3 * H * I * itemsize
-    draft_bytes = L * E * int4_expert_bytes(H, I, draft_group_size) if with_draft else 0
+    int4_bytes = int4_expert_bytes(H, I, draft_group_size)
+    draft_bytes = L * (E - hot) * int4_bytes if with_draft else 0
     (hk, dk), (hv, dv) = arch.kv_row_shapes(config)
     kv_bytes = len(model.model.layers) * max_seq_len * (hk * dk + hv * dv) * itemsize
     buffers = _workspace_bytes(config, arch.mla, itemsize, max_seq_len, max_verify_rows, H, I)
@@ -180,24 +204,32 @@ def plan_memory(
         "num_moe_layers": L,
         "num_experts": E,
         "expert_bytes": expert_bytes,
+        "hot_experts_per_layer": hot,
     }
+    least = min(E, hot + 1)  # the pinned experts plus one evictable slot
     if slots_per_layer is not None:
-        if not isinstance(slots_per_layer, int) or not 1 <= slots_per_layer <= E:
-            raise ValueError(f"slots_per_layer must be an int in [1, {E}], got {slots_per_layer!r}")
+        if not isinstance(slots_per_layer, int) or not least <= slots_per_layer <= E:
+            raise ValueError(
+                f"slots_per_layer must be an int in [{least}, {E}]"
+                + (f" ({hot} pinned hot experts plus one evictable slot)" if hot else "")
+                + f", got {slots_per_layer!r}"
+            )
         return MemoryPlan(budget_bytes=None, slots_per_layer=slots_per_layer, **plan_args)
     if gpu_memory_gb is None:
         return MemoryPlan(budget_bytes=None, slots_per_layer=E, **plan_args)
     budget = int(gpu_memory_gb * GB)
     fixed = non_expert + draft_bytes + kv_bytes + buffers
     slots = min(E, (budget - fixed) // (L * expert_bytes)) if budget > fixed else 0
-    if slots < 1:
-        needed = fixed + L * expert_bytes
+    if slots < least:
+        needed = fixed + L * least * expert_bytes
+        pinned = f" ({hot} pinned hot experts plus one evictable)" if hot else ""
         raise MemoryBudgetError(
             f"gpu_memory_gb={gpu_memory_gb} is too small for this {arch.model_type} model: it "
             f"needs at least {needed / GB:.3f} GB: non-expert weights {_gb(non_expert)}, "
             f"INT4 draft experts {_gb(draft_bytes)}, KV cache at max_seq_len={max_seq_len} "
-            f"{_gb(kv_bytes)}, buffers {_gb(buffers)}, and one FP16 expert slot per layer "
-            f"{_gb(L * expert_bytes)}. Give a larger budget or a smaller max_seq_len."
+            f"{_gb(kv_bytes)}, buffers {_gb(buffers)}, and {least} FP16 expert slot(s) per "
+            f"layer{pinned} {_gb(L * least * expert_bytes)}. Give a larger budget, fewer "
+            "pinned hot experts or a smaller max_seq_len."
         )
     return MemoryPlan(budget_bytes=budget, slots_per_layer=int(slots), **plan_args)
 

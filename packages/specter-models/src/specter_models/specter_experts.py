@@ -7,7 +7,10 @@ routing rule (DeepSeek's greedy/group-limited top-k with routed scaling, Qwen's
 its own; it runs one of two paths, chosen by the shared ``ExpertsRuntime``:
 
 * draft: INT4 routed experts resident on the device, ``fused_moe_w4a16``; the router's
-  choices are counted with ``RoutingCounter.observe`` (no host sync);
+  choices are counted with ``RoutingCounter.observe`` (no host sync). With a pinned hot set
+  (``hot_experts``) the draft holds INT4 copies of the other experts only and computes the
+  hot ones exactly as the target does, from their FP16 slots (pinned in the cache, so the
+  slots never change under a captured draft graph);
 * target: FP16 experts from specter-cache's slots, in waves (``ExpertCache.acquire``):
   resident experts first, missing ones as their copies land, each wave through
   ``grouped_moe_fp16`` into one fp32 accumulator, cast back at the end. Token-wise
@@ -23,6 +26,8 @@ Non-fp16 models (float32/float64 CPU tests) use the plain-torch arithmetic of
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -69,37 +74,67 @@ class SpecterExperts(nn.Module):
         self.intermediate_dim = intermediate_dim
         self.draft_gate_up: Int4Weight | None = None
         self.draft_down: Int4Weight | None = None
+        self.hot_experts: tuple[int, ...] = ()
+        self._hot_mask: torch.Tensor | None = None  # bool [E]: pinned hot experts
+        self._int4_index: torch.Tensor | None = None  # int32 [E]: INT4 entry, -1 if hot
+        self._hot_checked = False
         self._all_mask: torch.Tensor | None = None
 
     def extra_repr(self) -> str:
         return (
             f"layer={self.layer}, num_experts={self.num_experts}, hidden={self.hidden_dim}, "
-            f"intermediate={self.intermediate_dim}, draft_int4={self.draft_gate_up is not None}"
+            f"intermediate={self.intermediate_dim}, draft_int4={self.draft_gate_up is not None}, "
+            f"hot_experts={len(self.hot_experts)}"
         )
 
     # ------------------------------------------------------------------------------ setup
-    def set_draft_weights(self, gate_up: Int4Weight, down: Int4Weight) -> None:
+    def set_draft_weights(
+        self, gate_up: Int4Weight, down: Int4Weight, hot_experts: Sequence[int] = ()
+    ) -> None:
         """Install the draft's INT4 experts.
 
         Args:
-            gate_up: ``[E, 2I, H]`` (gate rows first).
-            down: ``[E, H, I]``.
+            gate_up: ``[E', 2I, H]`` (gate rows first), ``E' = E - len(hot_experts)``: the
+                experts that are not hot, in ascending id order.
+            down: ``[E', H, I]``.
+            hot_experts: experts the draft computes from their FP16 cache slots instead
+                (they must be pinned in the cache, ``ExpertCache.pin``, before the draft
+                runs).
 
         Raises:
-            ValueError: shapes that do not match this layer.
+            ValueError: shapes that do not match this layer, or bad hot expert ids.
         """
         E, H, I = self.num_experts, self.hidden_dim, self.intermediate_dim
+        hot = tuple(sorted({int(e) for e in hot_experts}))
+        if len(hot) != len(hot_experts) or any(not 0 <= e < E for e in hot) or len(hot) >= E:
+            raise ValueError(
+                f"MoE layer {self.layer}: hot_experts must be distinct ids in [0, {E}), fewer "
+                f"than {E}, got {list(hot_experts)}"
+            )
+        cold = E - len(hot)
         got = (
             (gate_up.num_experts, gate_up.out_features, gate_up.in_features),
             (down.num_experts, down.out_features, down.in_features),
         )
-        if got != ((E, 2 * I, H), (E, H, I)):
+        if got != ((cold, 2 * I, H), (cold, H, I)):
             raise ValueError(
                 f"MoE layer {self.layer}: INT4 draft experts are gate_up {list(got[0])} and down "
-                f"{list(got[1])} [E, N, K]; the model needs gate_up [{E}, {2 * I}, {H}] and "
-                f"down [{E}, {H}, {I}]"
+                f"{list(got[1])} [E, N, K]; the model needs gate_up [{cold}, {2 * I}, {H}] and "
+                f"down [{cold}, {H}, {I}]"
+                + (f" ({E} experts less {len(hot)} hot ones)" if hot else "")
             )
         self.draft_gate_up, self.draft_down = gate_up, down
+        self.hot_experts = hot
+        self._hot_checked = False
+        if hot:
+            device = gate_up.qweight.device
+            mask = torch.zeros(E, dtype=torch.bool)
+            mask[list(hot)] = True
+            index = torch.full((E,), -1, dtype=torch.int32)
+            index[~mask] = torch.arange(cold, dtype=torch.int32)
+            self._hot_mask, self._int4_index = mask.to(device), index.to(device)
+        else:
+            self._hot_mask = self._int4_index = None
 
     def draft_tensors(self) -> dict[str, torch.Tensor]:
         """The INT4 draft's tensors of this layer, by name (for byte accounting)."""
@@ -157,6 +192,8 @@ class SpecterExperts(nn.Module):
         counter = self.runtime.counter
         if counter is not None:
             counter.observe(self.layer, ids)  # device-side index_add_, no host sync
+        if self.hot_experts:
+            return self._draft_with_hot(x, ids, weights)
         if x.dtype == torch.float16:
             return fused_moe_w4a16(x, ids, weights, self.draft_gate_up, self.draft_down)
         # Reference path for float32/float64 models: dequantize the routed experts only.
@@ -164,6 +201,46 @@ class SpecterExperts(nn.Module):
         gate_up = dequantize_int4(self.draft_gate_up.experts(used), x.dtype)
         down = dequantize_int4(self.draft_down.experts(used), x.dtype)
         experts = ((e, gate_up[i], down[i]) for i, e in enumerate(used.tolist()))
+        return accumulate_experts(x, ids, weights, experts, torch.zeros_like(x))
+
+    def _draft_with_hot(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """The draft with a pinned hot set: INT4 for the other experts (their pairs only),
+        the hot ones from their FP16 slots, summed in fp32 and rounded once."""
+        cache = self.runtime.cache
+        if not self._hot_checked:
+            # Host-side, once: the FP16 path reads the hot experts' slots without a wave.
+            missing = set(self.hot_experts) - set(cache.pinned(self.layer))
+            if missing:
+                raise RuntimeError(
+                    f"MoE layer {self.layer}: hot experts {sorted(missing)} are not pinned in "
+                    "the expert cache; pin them (ExpertCache.pin) before drafting"
+                )
+            self._hot_checked = True
+        slots = cache.slot_tensors(self.layer)
+        if x.dtype == torch.float16:
+            cold_ids = self._int4_index[ids.long()]  # -1 for hot pairs: skipped by the kernel
+            out = fused_moe_w4a16(x, cold_ids, weights, self.draft_gate_up, self.draft_down)
+            out = out.float()
+            grouped_moe_fp16(
+                x, ids, weights, slots["gate_up"], slots["down"],
+                cache.expert_to_slot(self.layer), self._hot_mask, out,
+            )  # fmt: skip
+            return out.half()
+        # float32/float64 reference: dequantized INT4 for cold experts, slots for hot ones.
+        used = torch.unique(ids).tolist()
+        cold = [e for e in used if e not in self.hot_experts]
+        experts = []
+        if cold:
+            index = torch.tensor([int(self._int4_index[e]) for e in cold], dtype=torch.long)
+            gate_up = dequantize_int4(self.draft_gate_up.experts(index), x.dtype)
+            down = dequantize_int4(self.draft_down.experts(index), x.dtype)
+            experts = [(e, gate_up[i], down[i]) for i, e in enumerate(cold)]
+        for e in used:
+            if e in self.hot_experts:
+                slot = cache.slot_of(self.layer, e)
+                experts.append((e, slots["gate_up"][slot], slots["down"][slot]))
         return accumulate_experts(x, ids, weights, experts, torch.zeros_like(x))
 
     def _needed(self, ids: torch.Tensor) -> list[list[int]]:

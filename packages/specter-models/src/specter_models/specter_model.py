@@ -107,13 +107,21 @@ class SpecterModel:
         return (
             f"SpecterModel({self.architecture.model_type}, source={self.source!r}, "
             f"device={self.device}, dtype={plan.dtype}, slots_per_layer={plan.slots_per_layer}"
-            f"/{plan.num_experts}, draft={'int4' if self.draft else None})"
+            f"/{plan.num_experts}, draft={'int4' if self.draft else None}"
+            + (f", hot_experts={plan.hot_experts_per_layer}" if plan.hot_experts_per_layer else "")
+            + ")"
         )
 
     @property
     def device(self) -> torch.device:
         """The model's device."""
         return self.target.device
+
+    @property
+    def hot_experts(self) -> list[list[int]]:
+        """The pinned hot set per MoE layer (``load(hot_experts=)``), empty lists when none:
+        kept in FP16 slots for good; the draft computes them from those slots."""
+        return [list(self.cache.pinned(layer)) for layer in range(self.cache.num_layers)]
 
     @property
     def verification(self) -> str:

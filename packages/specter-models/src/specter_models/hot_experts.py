@@ -1,0 +1,202 @@
+"""A pinned hot set of experts: which experts to keep in FP16 for good, and how many.
+
+Under a budget the INT4 draft's experts take memory that would otherwise hold FP16 slots
+(on DeepSeek-V2-Lite at 24 GB, 16 of the 46 slots per layer plain decoding gets). Pinning a
+layer's ``h`` most routed experts in FP16 slots lets the draft compute them from those slots
+(exactly as the target does) and drop their INT4 copies; each dropped copy buys
+``int4 / fp16`` (about a quarter) of a slot more. The cost: the pinned slots no longer
+follow the routing, so the other experts share fewer evictable slots. Where that trade pays
+depends on how concentrated the routing is, so ``choose_hot_experts`` measures it: it
+replays a calibration routing through specter-cache with each candidate ``h`` (the memory
+plan gives each its slots), choosing every fold's hot set on the *other* folds' routing so
+that a hot set is never scored on the tokens it was picked from, and keeps the ``h`` with
+the fewest expert loads.
+
+Example:
+    >>> routes = [torch.randint(0, 8, (32, 2, 2)) for _ in range(2)]  # [T, L, k] per prompt
+    >>> hottest_experts(routing_counts(routes, num_experts=8), 3)[0]  # doctest: +SKIP
+    [1, 4, 6]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PretrainedConfig
+
+from specter_cache import simulate_policy, windowed_trace
+from specter_models.memory_plan import (
+    DEFAULT_MAX_SEQ_LEN,
+    DEFAULT_MAX_VERIFY_ROWS,
+    MemoryBudgetError,
+    plan_memory,
+)
+
+__all__ = ["HotExpertChoice", "choose_hot_experts", "hottest_experts", "routing_counts"]
+
+
+def routing_counts(routes: Sequence[torch.Tensor], num_experts: int) -> torch.Tensor:
+    """``[L, E]`` int64: how often each expert of each MoE layer was routed to.
+
+    Args:
+        routes: ``[T, L, k]`` routings (expert ids), e.g. one per calibration prompt.
+        num_experts: ``E``.
+
+    Raises:
+        ValueError: no routing, routings of different layer counts, or ids outside ``[0, E)``.
+    """
+    if not routes:
+        raise ValueError("routing_counts needs at least one [T, L, k] routing")
+    layers = {int(r.shape[1]) if r.dim() == 3 else -1 for r in routes}
+    if len(layers) != 1 or -1 in layers:
+        raise ValueError(
+            f"routings must all be [T, L, k] with one L, got {[tuple(r.shape) for r in routes]}"
+        )
+    (L,) = layers
+    counts = torch.zeros(L, num_experts, dtype=torch.long)
+    for routing in routes:
+        ids = routing.detach().to("cpu", torch.long)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
+            raise ValueError(f"routing holds expert ids outside [0, {num_experts})")
+        per_layer = ids.permute(1, 0, 2).reshape(L, -1)
+        counts.scatter_add_(1, per_layer, torch.ones_like(per_layer))
+    return counts
+
+
+def hottest_experts(counts: torch.Tensor, per_layer: int) -> list[list[int]]:
+    """The ``per_layer`` most routed experts of each layer, sorted by id.
+
+    Args:
+        counts: ``[L, E]`` routing counts.
+        per_layer: ``h``, in ``[0, E)``.
+
+    Ties go to the lower id.
+
+    Raises:
+        ValueError: ``per_layer`` outside ``[0, E)``.
+    """
+    E = counts.shape[1]
+    if isinstance(per_layer, bool) or not isinstance(per_layer, int) or not 0 <= per_layer < E:
+        raise ValueError(f"per_layer must be an int in [0, {E}), got {per_layer!r}")
+    order = torch.sort(-counts, dim=1, stable=True).indices[:, :per_layer]
+    return [sorted(row.tolist()) for row in order]
+
+
+@dataclass(frozen=True)
+class HotExpertChoice:
+    """A hot set chosen for one budget.
+
+    Attributes:
+        per_layer: pinned experts per layer ``h`` (0: pinning does not pay here).
+        hot_experts: ``hot_experts[layer]`` for ``load(hot_experts=)`` (empty lists when 0),
+            chosen on the whole calibration routing.
+        slots_per_layer: the FP16 slots per layer the budget gives with ``h`` pinned.
+        loads: candidate ``h`` -> expert loads of the cross-validated replay (the choice
+            has the fewest; a candidate the budget cannot hold is absent).
+        window: tokens per replayed step.
+    """
+
+    per_layer: int
+    hot_experts: list[list[int]]
+    slots_per_layer: int
+    loads: dict[int, int] = field(default_factory=dict)
+    window: int = 1
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "per_layer": self.per_layer,
+            "slots_per_layer": self.slots_per_layer,
+            "loads": {str(h): n for h, n in self.loads.items()},
+            "window": self.window,
+            "hot_experts": self.hot_experts,
+        }
+
+
+def choose_hot_experts(
+    config: PretrainedConfig,
+    gpu_memory_gb: float | None,
+    calibration_routes: Sequence[torch.Tensor],
+    *,
+    window: int = 5,
+    candidates: Sequence[int] | None = None,
+    dtype: torch.dtype = torch.float16,
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+    max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
+    draft_group_size: int | None = None,
+) -> HotExpertChoice:
+    """Pick ``h`` and the hot sets for ``load(..., hot_experts=)`` at a budget.
+
+    Each candidate ``h`` gets its memory plan (``plan_memory(hot_experts_per_layer=h)``);
+    the calibration routing, in steps of ``window`` tokens (a verification of ``window - 1``
+    proposals), is replayed through an LRU ``ExpertCache`` with that plan's slots and the
+    hot set pinned. Fold ``i`` (calibration routing ``i``; a single routing is split into
+    halves) is replayed with the hot set counted on the other folds. The ``h`` with the
+    fewest loads wins (ties: the smaller ``h``), and its hot set is then counted on every
+    fold.
+
+    Args:
+        config: the model's transformers config.
+        gpu_memory_gb: the budget (None: no budget; every expert is resident and nothing is
+            pinned).
+        calibration_routes: ``[T, L, k]`` target routings of calibration text (not the text
+            that will be measured).
+        window: tokens per replayed step.
+        candidates: the ``h`` to try (default: 0 and every ``E // 16``-th count, all counts
+            for ``E < 32``; those the budget cannot hold are skipped).
+        dtype, max_seq_len, max_verify_rows, draft_group_size: as ``plan_memory``.
+
+    Raises:
+        ValueError: no calibration routing, or one of fewer than two tokens alone.
+        MemoryBudgetError: the budget cannot hold the model even without pinning.
+    """
+    if not calibration_routes:
+        raise ValueError("choose_hot_experts needs at least one calibration routing [T, L, k]")
+
+    def plan(h: int):
+        return plan_memory(
+            config, gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
+            max_verify_rows=max_verify_rows, draft_group_size=draft_group_size,
+            hot_experts_per_layer=h,
+        )  # fmt: skip
+
+    base = plan(0)
+    E, L = base.num_experts, base.num_moe_layers
+    if gpu_memory_gb is None or base.slots_per_layer >= E:
+        return HotExpertChoice(0, [[] for _ in range(L)], base.slots_per_layer, {0: 0}, window)
+    folds = _folds(calibration_routes)
+    counts = [routing_counts([f], E) for f in folds]
+    traces = [windowed_trace(f.to("cpu", torch.long), window) for f in folds]
+    if candidates is None:
+        candidates = range(0, E, max(1, E // 16))  # at most 16 replays per fold
+    loads: dict[int, int] = {}
+    slots_of: dict[int, int] = {}
+    for h in sorted(set(candidates)):
+        try:
+            slots = plan(h).slots_per_layer
+        except (MemoryBudgetError, ValueError):
+            continue  # this many pins do not fit (or are no valid count)
+        total = 0
+        for i, trace in enumerate(traces):
+            others = sum(c for j, c in enumerate(counts) if j != i)
+            hot = hottest_experts(others, h) if h else None
+            total += simulate_policy(trace, "lru", slots, num_experts=E, pinned=hot).loads
+        loads[h], slots_of[h] = total, slots
+    best = min(loads, key=lambda h: (loads[h], h))
+    hot_sets = hottest_experts(sum(counts), best) if best else [[] for _ in range(L)]
+    return HotExpertChoice(best, hot_sets, slots_of[best], loads, window)
+
+
+def _folds(routes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The calibration routings as folds: as given, or one routing split in halves."""
+    if len(routes) > 1:
+        return list(routes)
+    (only,) = routes
+    if only.dim() != 3 or only.shape[0] < 2:
+        raise ValueError(
+            "a single calibration routing must be [T, L, k] with T >= 2 (it is split into "
+            f"two folds), got {tuple(only.shape)}; give more calibration text"
+        )
+    half = only.shape[0] // 2
+    return [only[:half], only[half:]]
