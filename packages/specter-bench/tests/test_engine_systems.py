@@ -27,17 +27,25 @@ def test_every_engine_system_matches_transformers_greedy(arch):
     # float64 keeps near-tie argmaxes from flipping between summation orders.
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
     spec_load = specter_models.load(arch, slots_per_layer=3, policy="predictive", **kwargs)
+    layers = spec_load.cache.num_layers
+    hot_load = specter_models.load(
+        arch, slots_per_layer=3, policy="predictive", hot_experts=[[0, 5]] * layers, **kwargs
+    )
     lru_load = specter_models.load(arch, slots_per_layer=3, policy="lru", draft=None, **kwargs)
     reference = build_reference_model(arch, seed=3, device="cpu", dtype=torch.float64)
     prompt = _prompt(1, spec_load.config.vocab_size)
     expected = HFRunner(reference, "hf-default").generate(prompt, 14).tokens
     for name, system in ENGINE_SYSTEMS.items():
-        loaded = spec_load if system.needs_draft else lru_load
+        if not system.needs_draft:
+            loaded = lru_load
+        else:
+            loaded = hot_load if system.hot_experts else spec_load
         run = EngineSystemRunner(loaded, system, depth=3).generate(prompt, 14)
         assert run.tokens == expected, name
         assert run.system == name
         assert run.decode_tokens == 14
         assert run.slots_per_layer == [3] * len(run.slots_per_layer)
+        assert run.settings["hot_experts_per_layer"] == (2 if loaded is hot_load else 0)
         if system.speculate:
             assert run.generation["proposed"] > 0
             assert run.draft_s is not None

@@ -12,20 +12,28 @@ def _stages(**kw):
 
 def test_default_plan_covers_every_system_budget_and_experiment():
     stages = _stages()
-    described = [(s.kind, s.budget_gb, s.with_draft, s.systems) for s in stages]
-    assert described[0] == ("hf", None, True, ("hf", "hf-default"))
-    # Unlimited first (lru shares the all-resident load), then 24 GB, then 16 GB; the
-    # ablations and the depth sweep last, at the high budget.
-    assert described[1] == ("engine", None, True, ("specter", "spec-lru", "lru"))
-    assert described[2] == ("engine", 24.0, True, ("specter", "spec-lru"))
-    assert described[3] == ("engine", 24.0, False, ("lru",))
-    assert described[4] == ("engine", 16.0, True, ("specter", "spec-lru"))
-    assert described[5] == ("engine", 16.0, False, ("lru",))
-    assert described[6] == ("engine", 24.0, True, ABLATIONS)
-    assert len(stages) == 7  # hf-offload only in "all" / "offload"
-    assert [s.routing for s in stages] == [False, True, False, False, False, False, False]
-    assert [s.depth_sweep for s in stages] == [False] * 6 + [True]
-    assert stages[3].policy == "lru"
+    described = [(s.kind, s.budget_gb, s.with_draft, s.hot_experts, s.systems) for s in stages]
+    assert described[0] == ("hf", None, True, False, ("hf", "hf-default"))
+    # Unlimited first (every system shares the all-resident load: nothing to pin), then
+    # 24 GB, then 16 GB, each with its hot-set load (specter) before the plain draft's and
+    # lru's; the ablations and the depth sweep last, at the high budget, split the same way.
+    assert described[1] == ("engine", None, True, False, ("specter", "spec-lru", "lru"))
+    assert described[2] == ("engine", 24.0, True, True, ("specter",))
+    assert described[3] == ("engine", 24.0, True, False, ("spec-lru",))
+    assert described[4] == ("engine", 24.0, False, False, ("lru",))
+    assert described[5] == ("engine", 16.0, True, True, ("specter",))
+    assert described[6] == ("engine", 16.0, True, False, ("spec-lru",))
+    assert described[7] == ("engine", 16.0, False, False, ("lru",))
+    hot_ablations = ("specter-no-prefetch", "specter-token-verify", "specter-row-cut")
+    assert described[8] == ("engine", 24.0, True, True, hot_ablations)
+    assert described[9] == (
+        "engine", 24.0, True, False, ("specter-no-hot", "specter-unfused-draft")
+    )  # fmt: skip
+    assert set(hot_ablations) | set(described[9][4]) == set(ABLATIONS)
+    assert len(stages) == 10  # hf-offload only in "all" / "offload"
+    assert [s.routing for s in stages] == [False, True] + [False] * 8
+    assert [s.depth_sweep for s in stages] == [False] * 8 + [True, False]  # specter's load
+    assert stages[4].policy == "lru"
     assert stages[2].policy == "predictive"
 
 
@@ -35,11 +43,19 @@ def test_other_experiments():
     routing = _stages(experiment="routing")
     assert [(s.kind, s.routing, s.systems) for s in routing] == [("engine", True, ())]
     sweep = _stages(experiment="depth-sweep")
-    assert [(s.budget_gb, s.depth_sweep, s.systems) for s in sweep] == [(24.0, True, ())]
+    assert [(s.budget_gb, s.depth_sweep, s.hot_experts, s.systems) for s in sweep] == [
+        (24.0, True, True, ())
+    ]
     chosen = _stages(experiment="tpot", systems=("lru", "specter"), budgets=(20.0,))
-    assert [(s.budget_gb, s.with_draft, s.systems) for s in chosen] == [
-        (20.0, True, ("specter",)),
-        (20.0, False, ("lru",)),
+    assert [(s.budget_gb, s.with_draft, s.hot_experts, s.systems) for s in chosen] == [
+        (20.0, True, True, ("specter",)),
+        (20.0, False, False, ("lru",)),
+    ]
+    # The first draft load records the routing, a hot-set one included.
+    only = _stages(experiment="default", systems=("specter", "spec-lru"), budgets=(24.0,))
+    assert [(s.hot_experts, s.routing, s.systems) for s in only][:2] == [
+        (True, True, ("specter",)),
+        (False, False, ("spec-lru",)),
     ]
 
 

@@ -61,8 +61,6 @@ _EXPORTS = {
     "draft_plans": "routing_analysis",
     "belady_bound": "belady",
     "policy_hit_rates": "belady",
-    "PinnedConfiguration": "pinned_draft",
-    "pinned_configuration": "pinned_draft",
     "measure_expert_transfer_s": "belady",
     "run_kernel_bench": "kernel_bench",
     "KernelShape": "kernel_bench",

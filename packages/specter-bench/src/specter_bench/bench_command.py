@@ -90,6 +90,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         hf_decode_experts=args.hf_decode_experts,
         offload_new_tokens=args.offload_new_tokens,
         offload_prompts=args.offload_prompts,
+        calibration_prompts=args.calibration_prompts,
         engine=EngineOptions.from_args(args),
         command=getattr(args, "invocation", None),
         **kwargs,  # type: ignore[arg-type]

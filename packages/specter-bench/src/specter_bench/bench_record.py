@@ -43,6 +43,7 @@ SYSTEM_NAMES = (
     "lru",
     "spec-lru",
     "specter",
+    "specter-no-hot",
     "specter-no-prefetch",
     "specter-token-verify",
     "specter-unfused-draft",
@@ -50,7 +51,8 @@ SYSTEM_NAMES = (
 )
 """Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
-Specter, and Specter minus prefetch / expert-wise verification / the fused draft kernel."""
+Specter, and Specter minus its hot set / prefetch / expert-wise verification / the fused draft
+kernel, and with row truncation."""
 
 EXPERIMENT_KINDS = (
     "working_set",
@@ -58,6 +60,7 @@ EXPERIMENT_KINDS = (
     "policy_hit_rate",
     "depth_sweep",
     "memory",
+    "hot_experts",
     "kernel",
     "skipped",
 )

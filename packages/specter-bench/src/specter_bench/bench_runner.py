@@ -23,6 +23,7 @@ finished is written, and a ``skipped`` record lists what was not measured.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import statistics
 import sys
@@ -51,7 +52,6 @@ from specter_bench.model_loading import (
     tokenizer_name,
     weights_description,
 )
-from specter_bench.pinned_draft import pinned_configuration
 from specter_bench.prompt_encoding import encode_prompt
 from specter_bench.prompt_sources import Prompt, load_prompts
 from specter_bench.routing_analysis import routing_agreement, working_set_curve
@@ -126,11 +126,18 @@ class BenchRunner:
         vocab = int(self.hf_config.vocab_size)
         self.tokenizer = load_tokenizer(config.model, vocab)
         budget = config.max_prompt_tokens
-        self.prompts = [
+        source, extra = config.prompts, config.calibration_prompts
+        if source.limit is not None and extra:
+            # Calibration text follows the measured prompts in the same source.
+            source = dataclasses.replace(source, limit=source.limit + extra)
+        encoded = [
             EncodedPrompt(p, encode_prompt(p.text, self.tokenizer, budget, vocab_size=vocab))
-            for p in load_prompts(config.prompts)
+            for p in load_prompts(source)
         ]
-        longest = max(len(p.ids) for p in self.prompts)
+        measured = config.prompts.limit if config.prompts.limit is not None else len(encoded)
+        self.prompts = encoded[:measured]
+        self.calibration = encoded[measured : measured + extra]
+        longest = max(len(p.ids) for p in encoded)
         # KV positions: the longest prompt, the new tokens and one verification of max depth.
         need = longest + config.max_new_tokens + config.max_depth + 2
         self.max_seq_len = -(-need // 64) * 64
@@ -157,6 +164,8 @@ class BenchRunner:
         self.routing: dict[str, dict[str, torch.Tensor]] = {}
         self.transfer_s: float | None = None
         self._replay_routes: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._calibration_routes: list[torch.Tensor] | None = None
+        self.hot_choices: dict[float, Any] = {}  # budget -> specter_models.HotExpertChoice
         self._deadline = _Deadline(config.max_minutes)
 
     # ---------------------------------------------------------------------------- helpers
@@ -338,6 +347,10 @@ class BenchRunner:
     # --------------------------------------------------------------------- engine stage
     def _engine_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
         cfg = self.config
+        hot = None
+        if stage.hot_experts and stage.budget_gb is not None:
+            choice = self._hot_choice(stage.budget_gb, result)
+            hot = choice.hot_experts if choice is not None and choice.per_layer else None
         started = time.perf_counter()
         loaded = load_engine(
             cfg.model,
@@ -349,6 +362,7 @@ class BenchRunner:
             seed=cfg.seed,
             max_seq_len=self.max_seq_len,
             options=cfg.engine,
+            hot_experts=hot,
         )
         load_s = time.perf_counter() - started
         self.log(f"loaded {loaded!r} in {load_s:.1f} s")
@@ -394,6 +408,7 @@ class BenchRunner:
                     {
                         "with_draft": stage.with_draft,
                         "policy": stage.policy,
+                        "hot_experts_per_layer": plan["hot_experts_per_layer"],
                         "non_expert_gb": plan["non_expert_bytes"] / GB,
                         "draft_gb": plan["draft_int4_bytes"] / GB,
                         "kv_gb": plan["kv_cache_bytes"] / GB,
@@ -414,6 +429,73 @@ class BenchRunner:
             records = [self._tpot(run, prompt, stage.budget_gb) for prompt, run in runs]
             del loaded
             self._write(result, [*records, *experiments])
+
+    # ----------------------------------------------------------------------- hot sets
+    def _hot_choice(self, budget: float, result: BenchResult) -> Any | None:
+        """The pinned hot set at ``budget`` (``specter_models.choose_hot_experts`` on the
+        calibration prompts' target routing), recorded once per budget; None when the run
+        has no calibration prompts."""
+        if budget in self.hot_choices:
+            return self.hot_choices[budget]
+        if not self.calibration:
+            self.log(
+                f"no hot set at {_budget(budget)}: no calibration prompts (the prompt source "
+                "has none after the measured ones, or --calibration-prompts 0)"
+            )
+            return None
+        from specter_models import choose_hot_experts
+
+        routes = self._calibration_routing(budget)
+        depth = self.config.depth
+        choice = choose_hot_experts(
+            self.hf_config, budget, routes, window=depth + 1 if isinstance(depth, int) else 5,
+            dtype=self.config.dtype, max_seq_len=self.max_seq_len,
+        )  # fmt: skip
+        self.hot_choices[budget] = choice
+        self.log(
+            f"hot set at {_budget(budget)}: {choice.per_layer} pinned experts per layer, "
+            f"{choice.slots_per_layer} slots (replayed loads per candidate: {choice.loads})"
+        )
+        data = {
+            **choice.as_dict(),
+            "calibration_prompts": [p.prompt.id for p in self.calibration],
+            "calibration_tokens": [int(r.shape[0]) for r in routes],
+        }
+        note = (
+            "chosen by replaying the calibration prompts' target routing (greedy decode, "
+            "teacher-forced) through LRU with each candidate's slots and hot set pinned, the "
+            "hot set counted on the other prompts; loads = that replay's expert loads"
+        )
+        self._write(result, [self._experiment("hot_experts", budget, data, note)])
+        return choice
+
+    def _calibration_routing(self, budget: float) -> list[torch.Tensor]:
+        """``[T, L, k]`` target routing of each calibration prompt's greedy continuation
+        (the same at every budget: greedy decoding is exact), from a target-only load."""
+        if self._calibration_routes is not None:
+            return self._calibration_routes
+        cfg = self.config
+        loaded = load_engine(
+            cfg.model, budget_gb=budget, with_draft=False, policy="lru", device=cfg.device,
+            dtype=cfg.dtype, seed=cfg.seed, max_seq_len=self.max_seq_len, options=cfg.engine,
+        )  # fmt: skip
+        recorder = RoutingRecorder(loaded.model)
+        routes = []
+        try:
+            for prompt in self.calibration:
+                decode = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"], 0).generate
+                tokens = decode(prompt.ids, cfg.max_new_tokens).tokens
+                sequence = prompt.ids + tokens[:-1]
+                start = len(prompt.ids) - 1
+                forced = teacher_forced_pass(recorder, loaded.target, sequence, start, loaded.reset)
+                routes.append(forced.routing)
+                del decode, forced
+        finally:
+            recorder.remove()
+            del loaded, recorder
+            release_memory()
+        self._calibration_routes = routes
+        return routes
 
     def _safe_routing(
         self,
@@ -535,7 +617,9 @@ class BenchRunner:
                 self.log(f"policy replay at {_budget(budget)} skipped: {exc}")
                 continue
             E = plan.num_experts
-            pinning = pinned_configuration(plan, target_routes)
+            pinning = self.hot_choices.get(budget)
+            if pinning is not None and not pinning.per_layer:
+                pinning = None
             for window in (1, depth + 1):
                 totals: dict[str, dict[str, float]] = {}
                 for i, target in enumerate(target_routes):
@@ -543,7 +627,7 @@ class BenchRunner:
                     rates = policy_hit_rates(
                         target, plan.slots_per_layer, draft_routing=draft, window=window,
                         num_experts=E,
-                        pinned=pinning.hot_sets[i] if pinning is not None else None,
+                        pinned=pinning.hot_experts if pinning is not None else None,
                         pinned_slots=pinning.slots_per_layer if pinning is not None else None,
                     )  # fmt: skip
                     for name, r in rates.items():
@@ -565,15 +649,14 @@ class BenchRunner:
                 }
                 if pinning is not None:
                     data["pinned"] = {
-                        "experts_per_layer": pinning.experts_per_layer,
+                        "experts_per_layer": pinning.per_layer,
                         "slots_per_layer": pinning.slots_per_layer,
                     }
                 note = (
                     "replayed through specter-cache on the teacher-forced target routing; "
                     "predictive = the draft's routing of the same step prefetched; pinned = "
-                    "the draft's memory plan with the most routed experts (counted on the "
-                    "other prompts) pinned in FP16 and no INT4 copy of them, LRU over the "
-                    "slots that frees"
+                    "specter's hot set at this budget (chosen on the calibration prompts) "
+                    "pinned, LRU over the other slots of its plan"
                 )
                 out.append(self._experiment("policy_hit_rate", budget, data, note))
         return out

@@ -82,6 +82,16 @@ def parse_int_list(text: str) -> list[int]:
     return values
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -299,6 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--offload-prompts", type=_positive_int, default=1, help="prompts for hf-offload"
+    )
+    bench.add_argument(
+        "--calibration-prompts",
+        type=_non_negative_int,
+        default=2,
+        help="prompts after the measured ones whose routing picks each budget's pinned hot "
+        "set (default 2; 0: no hot sets)",
     )
     bench.add_argument(
         "--dtype", default=None, help="default: float16 on a GPU, float32 on a CPU (float64 too)"

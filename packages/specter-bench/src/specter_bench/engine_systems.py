@@ -4,18 +4,24 @@ All of them decode through a ``specter_models.SpecterModel`` (the same FP16 targ
 and expert cache machinery) and specter-spec's ``SpecController``; they differ in what is
 switched on:
 
-=======================  ===========  ================  ============  ===========  ===========
-system                   speculation  draft prefetch    verification  draft        policy
-=======================  ===========  ================  ============  ===========  ===========
-lru                      no           no                (one row)     none         LRU
-spec-lru                 yes          no                token-wise    fused INT4   LRU
-specter                  yes          yes               expert-wise   fused INT4   predictive
-specter-no-prefetch      yes          no                expert-wise   fused INT4   predictive*
-specter-token-verify     yes          yes               token-wise    fused INT4   predictive
-specter-unfused-draft    yes          yes               expert-wise   per-expert   predictive
-specter-row-cut          yes          yes               expert-wise   fused INT4   predictive
-=======================  ===========  ================  ============  ===========  ===========
+=======================  ===========  ================  ============  ============  ==========
+system                   speculation  draft prefetch    verification  draft         policy
+=======================  ===========  ================  ============  ============  ==========
+lru                      no           no                (one row)     none          LRU
+spec-lru                 yes          no                token-wise    fused INT4    LRU
+specter                  yes          yes               expert-wise   INT4 + hot    predictive
+specter-no-hot           yes          yes               expert-wise   fused INT4    predictive
+specter-no-prefetch      yes          no                expert-wise   INT4 + hot    predictive*
+specter-token-verify     yes          yes               token-wise    INT4 + hot    predictive
+specter-unfused-draft    yes          yes               expert-wise   per-expert    predictive
+specter-row-cut          yes          yes               expert-wise   INT4 + hot    predictive
+=======================  ===========  ================  ============  ============  ==========
 
+"INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
+``hot_experts``): the experts ``choose_hot_experts`` picks from a calibration routing stay
+in FP16 slots for good, the draft computes them from there and holds INT4 copies of the
+others only, and the memory that frees buys slots (none are pinned where that does not pay,
+or with no budget). ``specter-no-hot`` is ``specter`` with an INT4 copy of every expert.
 ``specter-row-cut`` is ``specter`` plus miss-aware row truncation (specter-models'
 ``row_truncation``: greedy verification stops computing tail rows whose missing experts cost
 more than their expected tokens); a variant measured beside the ablations.
@@ -64,6 +70,7 @@ class EngineSystem:
         policy: the replacement policy of the cache it is loaded with.
         fused_draft: the draft's routed experts in one fused launch (else per expert).
         row_truncation: miss-aware row truncation of greedy verification.
+        hot_experts: under a budget, load with the pinned hot set chosen for it.
     """
 
     name: str
@@ -74,6 +81,7 @@ class EngineSystem:
     policy: str
     fused_draft: bool = True
     row_truncation: bool = False
+    hot_experts: bool = False
 
 
 ENGINE_SYSTEMS: dict[str, EngineSystem] = {
@@ -81,12 +89,24 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
     for s in (
         EngineSystem("lru", False, False, "expert", False, "lru"),
         EngineSystem("spec-lru", True, False, "token", True, "predictive"),
-        EngineSystem("specter", True, True, "expert", True, "predictive"),
-        EngineSystem("specter-no-prefetch", True, False, "expert", True, "predictive"),
-        EngineSystem("specter-token-verify", True, True, "token", True, "predictive"),
+        EngineSystem("specter", True, True, "expert", True, "predictive", hot_experts=True),
+        EngineSystem("specter-no-hot", True, True, "expert", True, "predictive"),
+        EngineSystem(
+            "specter-no-prefetch", True, False, "expert", True, "predictive", hot_experts=True
+        ),
+        EngineSystem(
+            "specter-token-verify", True, True, "token", True, "predictive", hot_experts=True
+        ),
         EngineSystem("specter-unfused-draft", True, True, "expert", True, "predictive", False),
         EngineSystem(
-            "specter-row-cut", True, True, "expert", True, "predictive", row_truncation=True
+            "specter-row-cut",
+            True,
+            True,
+            "expert",
+            True,
+            "predictive",
+            row_truncation=True,
+            hot_experts=True,
         ),
     )
 }
@@ -274,6 +294,7 @@ class EngineSystemRunner:
                 "row_truncation": self.system.row_truncation,
                 "policy": policy,
                 "draft": "int4" if self.loaded.draft is not None else None,
+                "hot_experts_per_layer": self.loaded.memory.plan.hot_experts_per_layer,
                 "batch_invariant": bool(getattr(self.loaded, "batch_invariant", False)),
                 "cuda_graphs": bool(getattr(self.loaded, "cuda_graphs", False)),
                 "graphs": _graph_stats(self.loaded),

@@ -37,6 +37,7 @@ __all__ = [
 
 TPOT_SYSTEMS = ("hf", "hf-default", "lru", "spec-lru", "specter")
 ABLATIONS = (
+    "specter-no-hot",
     "specter-no-prefetch",
     "specter-token-verify",
     "specter-unfused-draft",
@@ -48,7 +49,7 @@ DEFAULT_SWEEP_DEPTHS = (0, 2, 4, 8, 16, 32)
 EXPERIMENTS = {
     "default": "TPOT of every system at low/high/unlimited, ablations, depth sweep, routing",
     "tpot": "TPOT of hf, hf-default, lru, spec-lru and specter at each budget",
-    "ablations": "specter and its three ablations at the high budget",
+    "ablations": "specter and its ablations at the high budget",
     "routing": "working set against K, draft/target agreement, hit rate per policy",
     "depth-sweep": "specter's TPOT against depth K at the high budget",
     "offload": "hf-offload at the low budget (very slow: few tokens and prompts)",
@@ -92,6 +93,8 @@ class BenchConfig:
             (``auto``, ``batched_mm`` or ``grouped_mm``, see ``HFRunner``).
         offload_new_tokens: tokens per prompt for ``hf-offload``.
         offload_prompts: prompts for ``hf-offload``.
+        calibration_prompts: prompts after the measured ones (same source) whose target
+            routing chooses each budget's pinned hot set; 0: no hot sets.
         sweep_prompts: prompts of the depth sweep (the first ones).
         engine: the ``specter_models.load`` switches of the engine systems (batch
             invariance, CUDA graphs).
@@ -122,6 +125,7 @@ class BenchConfig:
     hf_decode_experts: str = "auto"
     offload_new_tokens: int = 8
     offload_prompts: int = 1
+    calibration_prompts: int = 2
     sweep_prompts: int = 2
     engine: EngineOptions = field(default_factory=EngineOptions)
     command: str | None = None
@@ -162,6 +166,8 @@ class Stage:
         routing: record teacher-forced target/draft routing here (the first engine stage
             with a draft).
         depth_sweep: run the depth sweep on this build.
+        hot_experts: load with the budget's pinned hot set (specter-models'
+            ``choose_hot_experts`` on the run's calibration routing).
     """
 
     kind: str
@@ -171,6 +177,7 @@ class Stage:
     policy: str = "predictive"
     routing: bool = False
     depth_sweep: bool = False
+    hot_experts: bool = False
 
 
 def resolve_budgets(
@@ -200,6 +207,36 @@ def resolve_budgets(
 def _order(budgets: tuple[float | None, ...]) -> list[float | None]:
     """Unlimited first, then from the largest budget to the smallest."""
     return sorted(budgets, key=lambda b: (b is not None, -(b or 0.0)))
+
+
+def _draft_stages(
+    budget: float | None, systems: list[str], *, routing: bool, depth_sweep: bool = False
+) -> list[Stage]:
+    """The draft loads of ``systems`` at ``budget``: under a budget, the systems with a hot
+    set (and the depth sweep, which is ``specter``'s) get a load of their own, first."""
+    if budget is None:
+        hot: list[str] = []
+        plain = systems
+    else:
+        hot = [s for s in systems if ENGINE_SYSTEMS[s].hot_experts]
+        plain = [s for s in systems if not ENGINE_SYSTEMS[s].hot_experts]
+    stages = []
+    if hot or (depth_sweep and budget is not None):
+        stages.append(
+            Stage(
+                "engine", budget, tuple(hot), with_draft=True, policy="predictive",
+                routing=routing, depth_sweep=depth_sweep, hot_experts=True,
+            )
+        )  # fmt: skip
+        routing = depth_sweep = False
+    if plain or routing or depth_sweep:
+        stages.append(
+            Stage(
+                "engine", budget, tuple(plain), with_draft=True, policy="predictive",
+                routing=routing, depth_sweep=depth_sweep,
+            )
+        )  # fmt: skip
+    return stages
 
 
 def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[Stage]:
@@ -251,23 +288,15 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
             on_draft.append("lru")  # unlimited: every expert resident, the draft costs no slot
         do_routing = routing and first_draft_stage
         if on_draft or do_routing:
-            stages.append(
-                Stage(
-                    "engine", budget, tuple(on_draft), with_draft=True, policy="predictive",
-                    routing=do_routing,
-                )
-            )  # fmt: skip
+            stages += _draft_stages(budget, on_draft, routing=do_routing)
             first_draft_stage = False
         if budget is not None and wants_lru:
             stages.append(Stage("engine", budget, ("lru",), with_draft=False, policy="lru"))
     extras = [s for s in ablations if s not in engine_spec]
     if extras or sweep:
-        stages.append(
-            Stage(
-                "engine", extras_budget, tuple(extras), with_draft=True, policy="predictive",
-                routing=routing and first_draft_stage, depth_sweep=sweep,
-            )
-        )  # fmt: skip
+        stages += _draft_stages(
+            extras_budget, extras, routing=routing and first_draft_stage, depth_sweep=sweep
+        )
     if offload and low is not None:
         stages.append(Stage("offload", low, ("hf-offload",)))
     return stages

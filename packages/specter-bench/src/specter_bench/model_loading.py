@@ -144,11 +144,13 @@ def load_engine(
     max_seq_len: int,
     slots_per_layer: int | None = None,
     options: EngineOptions = EngineOptions(),
+    hot_experts: list[list[int]] | None = None,
 ) -> Any:
     """``specter_models.load`` of the benchmark's model at one budget.
 
     ``slots_per_layer`` replaces the budget when given (the two are exclusive); ``options``
-    are the shared switches (batch invariance, CUDA graphs).
+    are the shared switches (batch invariance, CUDA graphs); ``hot_experts`` a pinned hot
+    set (``specter_models.choose_hot_experts``).
 
     Raises:
         ValueError, MemoryBudgetError, FileNotFoundError: from ``specter_models.load``.
@@ -165,6 +167,7 @@ def load_engine(
         policy=policy,
         seed=seed,
         max_seq_len=max_seq_len,
+        hot_experts=hot_experts,
         **options.load_kwargs(),
     )
 

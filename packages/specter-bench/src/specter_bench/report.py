@@ -26,6 +26,7 @@ from specter_bench.plots import (
 from specter_bench.tables import (
     agreement_table,
     depth_sweep_table,
+    hot_experts_table,
     kernel_table,
     memory_table,
     phase_table,
@@ -54,6 +55,7 @@ _SECTIONS: tuple[_Section, ...] = (
     ("TPOT per system", "tpot", tpot_table, plot_tpot_per_system),
     ("Latency per phase", "tpot", phase_table, None),
     ("Memory accounting", "memory", memory_table, None),
+    ("Hot sets", "hot_experts", hot_experts_table, None),
     ("Expert working set against depth K", "working_set", working_set_table, plot_working_set),
     ("Draft/target routing agreement", "routing_agreement", agreement_table, None),
     ("Cache hit rate per policy", "policy_hit_rate", policy_table, plot_policy_hit_rate),
@@ -96,6 +98,14 @@ _CAPTIONS = {
         "its slots take that memory); measured peak: `torch.cuda.max_memory_allocated` during "
         "the decodes."
     ),
+    "Hot sets": (
+        "Each budget's pinned hot set (specter-models' `choose_hot_experts`): the calibration "
+        "prompts (after the measured ones) decoded greedily, their target routing replayed "
+        "through LRU in steps of `window` tokens with each candidate count pinned (the hot "
+        "set counted on the other calibration prompts) and the budget's slots for it; the "
+        "count with the fewest loads is pinned, and the draft holds no INT4 copy of those "
+        "experts."
+    ),
     "Expert working set against depth K": (
         "Distinct experts per MoE layer over every window of K consecutive generated tokens "
         "(teacher-forced routing): what one verification of K proposals needs resident."
@@ -114,10 +124,8 @@ _CAPTIONS = {
         "resident, so the predictive policy's prefetches (the draft's routing of the step, "
         "loaded before it) count as hits; Belady's is the optimal on-demand schedule. Loads "
         "compare every policy: none loads fewer experts than Belady. `pinned` (when recorded): "
-        "an estimate for a draft that computes its most routed experts from FP16 copies "
-        "pinned in the cache and keeps no INT4 copy of them: that many experts per layer, "
-        "chosen on the other prompts' routing, pinned, LRU over the slots the freed INT4 "
-        "memory adds (`pinned experts / slots`); the pinned draft itself is not built."
+        "specter's hot set at that budget (chosen on the calibration prompts, see Hot sets) "
+        "pinned, LRU over the other slots of its plan (`pinned experts / slots`)."
     ),
     "Depth sweep": "specter at each fixed depth K on the first prompts; best: lowest mean TPOT.",
     "Routed-expert kernels (one MoE layer)": (

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from specter_cache import windowed_trace
+
 __all__ = [
     "DEFAULT_DEPTHS",
     "RoutingAgreement",
@@ -213,7 +215,8 @@ def routing_agreement(draft: torch.Tensor, target: torch.Tensor) -> RoutingAgree
 
 
 def routing_trace(routing: torch.Tensor, window: int = 1) -> list[list[frozenset[int]]]:
-    """``trace[layer][step]``: experts needed by each step of ``window`` tokens.
+    """``trace[layer][step]``: experts needed by each step of ``window`` tokens
+    (specter-cache's ``windowed_trace`` of a checked routing).
 
     ``window=1`` is token-by-token decoding; ``window=K+1`` approximates verifying K
     proposals at once (a trailing partial window is kept).
@@ -221,16 +224,7 @@ def routing_trace(routing: torch.Tensor, window: int = 1) -> list[list[frozenset
     Raises:
         ValueError: ``window`` < 1.
     """
-    routing = check_routing(routing)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an int >= 1, got {window!r}.")
-    T, L, _ = routing.shape
-    per_layer = routing.permute(1, 0, 2).tolist()  # [L][T][k]
-    return [
-        [frozenset(e for row in per_layer[layer][s : s + window] for e in row)
-         for s in range(0, T, window)]
-        for layer in range(L)
-    ]  # fmt: skip
+    return windowed_trace(check_routing(routing), window)
 
 
 def draft_plans(

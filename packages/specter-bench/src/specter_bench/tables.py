@@ -24,6 +24,7 @@ __all__ = [
     "depth_sweep_table",
     "evaluate_targets",
     "format_value",
+    "hot_experts_table",
     "kernel_table",
     "markdown_table",
     "memory_table",
@@ -582,12 +583,47 @@ def memory_table(records: Iterable[dict[str, Any]]) -> str:
         [
             r["model"],
             budget_label(r["budget_gb"]),
-            "int4" if r["data"].get("with_draft", True) else "none",
+            _draft_label(r["data"]),
             *[get(r["data"]) for _, get in columns],
         ]
         for r in recs
     ]
     return markdown_table(["model", "budget", "draft", *[name for name, _ in columns]], rows)
+
+
+def _draft_label(data: dict[str, Any]) -> str:
+    """``int4``, ``int4 + h hot`` (a pinned hot set) or ``none`` (a target-only load)."""
+    if not data.get("with_draft", True):
+        return "none"
+    hot = data.get("hot_experts_per_layer") or 0
+    return f"int4 + {hot} hot" if hot else "int4"
+
+
+def hot_experts_table(records: Iterable[dict[str, Any]]) -> str:
+    """The pinned hot set chosen per model and budget, with the replayed loads behind it."""
+    recs = sorted(
+        _experiments(records, "hot_experts"),
+        key=lambda r: (r["model"], _budget_key(r["budget_gb"])),
+    )
+    rows = []
+    for r in recs:
+        d = r["data"]
+        counts = sorted(d["loads"].items(), key=lambda item: int(item[0]))
+        loads = ", ".join(f"{h}: {n}" for h, n in counts)
+        rows.append(
+            [
+                r["model"],
+                budget_label(r["budget_gb"]),
+                d["per_layer"],
+                d["slots_per_layer"],
+                d.get("window"),
+                ", ".join(d.get("calibration_prompts", [])),
+                loads,
+            ]
+        )
+    headers = ["model", "budget", "pinned/layer", "slots/layer", "window", "calibration",
+               "replayed loads (pinned: loads)"]  # fmt: skip
+    return markdown_table(headers, rows)
 
 
 def kernel_table(records: Iterable[dict[str, Any]]) -> str:
