@@ -62,7 +62,7 @@ def test_every_record_kind_is_written_and_readable(default_run):
     kinds = {r["kind"] for r in result.records}
     assert kinds == {
         "tpot", "memory", "working_set", "routing_agreement", "policy_hit_rate", "depth_sweep",
-        "hot_experts",
+        "hot_experts", "hot_sweep",
     }  # fmt: skip
     assert {r["prompt_id"] for r in result.records if r["kind"] == "tpot"} == {"a", "b"}
     low, high = runner.budgets[:2]
@@ -243,6 +243,33 @@ def test_each_budget_pins_the_hot_set_its_calibration_chose(default_run):
             assert pinned == 0
 
 
+def test_the_hot_count_sweep_loads_each_count_and_keeps_greedy_tokens(default_run):
+    runner, result = default_run
+    (sweep,) = [r for r in result.records if r["kind"] == "hot_sweep"]
+    high = runner.budgets[1]
+    assert sweep["budget_gb"] == high
+    chosen = runner.hot_choices[high]
+    points = sweep["data"]["points"]
+    counts = [p["hot_experts_per_layer"] for p in points]
+    assert counts == sorted(set(counts))
+    assert 0 in counts
+    assert sweep["data"]["chosen"] == chosen.per_layer
+    assert chosen.per_layer in counts
+    assert len(counts) >= 2
+    for p in points:
+        assert p["tpot_ms"] > 0
+        assert p["prompts"] == 2
+        assert p["matches_engine"] == [True, True]  # pinning never changes a greedy token
+        assert p["replayed_loads"] == chosen.loads.get(p["hot_experts_per_layer"])
+    by_count = {p["hot_experts_per_layer"]: p for p in points}
+    assert by_count[chosen.per_layer]["slots_per_layer"] == chosen.slots_per_layer
+    # More pins free more INT4 memory: never fewer slots.
+    slots = [p["slots_per_layer"] for p in points]
+    assert slots == sorted(slots)
+    memory_loads = [r for r in result.records if r["kind"] == "memory"]
+    assert len(memory_loads) == 9  # the sweep's loads record no memory accounting
+
+
 def test_report_from_the_records(default_run, tmp_path):
     _, result = default_run
     page = tmp_path / "docs" / "benchmarks.md"
@@ -254,7 +281,7 @@ def test_report_from_the_records(default_run, tmp_path):
     for title in (
         "### Targets", "### TPOT per system", "### Latency per phase", "### Memory accounting",
         "### Expert working set against depth K", "### Draft/target routing agreement",
-        "### Cache hit rate per policy", "### Depth sweep", "### Hot sets",
+        "### Cache hit rate per policy", "### Depth sweep", "### Hot sets", "### Hot-count sweep",
     ):  # fmt: skip
         assert title in text
     assert "specter bench --model tiny-deepseek-v2" in text

@@ -137,6 +137,8 @@ def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_pa
         (["bench", "--model", "tiny-qwen2-moe", "--systems", "vllm"], "unknown system 'vllm'"),
         (["bench", "--model", "tiny-qwen2-moe", "--budgets", "x"], "GPU memory budget must be"),
         (["kernel-bench", "--tokens", "a,b"], "comma-separated list of ints"),
+        (["bench", "--model", "tiny-qwen2-moe", "--hot-experts", "-1"], "expected an int >= 0"),
+        (["bench", "--model", "tiny-qwen2-moe", "--calibration-prompts", "x"], "an int >= 0"),
         (["generate", "--batch-invariant", "maybe", "x"], "expected auto, on or off"),
         (["report", "/no/such.jsonl"], "does not exist"),
     ],
@@ -268,3 +270,38 @@ def test_python_dash_m_runs_the_cli():
     assert done.returncode == 0
     for command in ("generate", "bench", "profile-depth", "kernel-bench", "info", "report"):
         assert command in done.stdout
+
+
+@pytest.mark.parametrize("count", ["auto", "1"])
+def test_bench_pins_the_chosen_or_the_given_hot_count(capsys, tmp_path, count):
+    # Three prompts: one measured, two calibrating; a budget of 4 slots per layer.
+    prompts = tmp_path / "p.jsonl"
+    texts = ("def f(x):", "import sys\n", "class A:\n    pass\n")
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    plan = specter_models.plan_memory(
+        config,
+        slots_per_layer=4,
+        dtype=torch.float32,
+        max_seq_len=64,  # the bench's KV here
+    )
+    budget = (plan.expected_peak_bytes + plan.expert_bytes) / 1e9
+    code, _, err = _run(
+        capsys, "bench", "--model", "tiny-deepseek-v2", "--experiment", "tpot", "--systems",
+        "specter", "--budgets", str(budget), "--prompts", "jsonl", "--prompts-path",
+        str(prompts), "--num-prompts", "1", "--max-new-tokens", "3", "--depth", "2",
+        "--dtype", "float32", "--warmup", "0", "--out", str(tmp_path), "--tag", "hot",
+        "--hot-experts", count,
+    )  # fmt: skip
+    assert code == 0, err
+    lines = (tmp_path / "bench-tiny-deepseek-v2-hot.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    (hot,) = [r["data"] for r in records if r["kind"] == "hot_experts"]
+    (tpot,) = [r for r in records if r["kind"] == "tpot"]
+    assert hot["forced"] is (count != "auto")
+    assert set(hot["loads"]) == ({"1"} if count == "1" else {str(h) for h in hot["loads"]})
+    if count == "1":
+        assert hot["per_layer"] == 1
+    assert tpot["extra"]["settings"]["hot_experts_per_layer"] == hot["per_layer"]
+    assert len(hot["calibration_prompts"]) == 2
+    assert tpot["prompt_id"] not in hot["calibration_prompts"]

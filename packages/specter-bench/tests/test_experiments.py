@@ -30,9 +30,10 @@ def test_default_plan_covers_every_system_budget_and_experiment():
         "engine", 24.0, True, False, ("specter-no-hot", "specter-unfused-draft")
     )  # fmt: skip
     assert set(hot_ablations) | set(described[9][4]) == set(ABLATIONS)
-    assert len(stages) == 10  # hf-offload only in "all" / "offload"
-    assert [s.routing for s in stages] == [False, True] + [False] * 8
-    assert [s.depth_sweep for s in stages] == [False] * 8 + [True, False]  # specter's load
+    assert described[10] == ("hot-sweep", 24.0, True, False, ())
+    assert len(stages) == 11  # hf-offload only in "all" / "offload"
+    assert [s.routing for s in stages] == [False, True] + [False] * 9
+    assert [s.depth_sweep for s in stages] == [False] * 8 + [True, False, False]
     assert stages[4].policy == "lru"
     assert stages[2].policy == "predictive"
 
@@ -42,6 +43,8 @@ def test_other_experiments():
     assert (offload.kind, offload.budget_gb, offload.systems) == ("offload", 16.0, ("hf-offload",))
     routing = _stages(experiment="routing")
     assert [(s.kind, s.routing, s.systems) for s in routing] == [("engine", True, ())]
+    assert [(s.kind, s.budget_gb) for s in _stages(experiment="hot-sweep")] == [("hot-sweep", 24.0)]
+    assert _stages(experiment="hot-sweep", budgets=(None,)) == []  # no budget: nothing to pin
     sweep = _stages(experiment="depth-sweep")
     assert [(s.budget_gb, s.depth_sweep, s.hot_experts, s.systems) for s in sweep] == [
         (24.0, True, True, ())

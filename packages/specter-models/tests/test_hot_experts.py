@@ -256,3 +256,5 @@ def test_a_hot_set_is_scored_on_other_folds_than_it_was_counted_on():
         choose_hot_experts(config, 24, [a[:1]])
     with pytest.raises(ValueError, match="at least one calibration routing"):
         choose_hot_experts(config, 24, [])
+    with pytest.raises(MemoryBudgetError, match=r"none of the pinned counts \[50\] fits"):
+        choose_hot_experts(config, 24, [a, b], candidates=[50])

@@ -91,6 +91,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         offload_new_tokens=args.offload_new_tokens,
         offload_prompts=args.offload_prompts,
         calibration_prompts=args.calibration_prompts,
+        hot_experts_per_layer=None if args.hot_experts == "auto" else args.hot_experts,
         engine=EngineOptions.from_args(args),
         command=getattr(args, "invocation", None),
         **kwargs,  # type: ignore[arg-type]

@@ -61,6 +61,7 @@ EXPERIMENT_KINDS = (
     "depth_sweep",
     "memory",
     "hot_experts",
+    "hot_sweep",
     "kernel",
     "skipped",
 )

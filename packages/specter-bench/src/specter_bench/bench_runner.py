@@ -226,6 +226,8 @@ class BenchRunner:
                     total += n
             if stage.depth_sweep:
                 total += len(self.config.sweep_depths) * min(self.config.sweep_prompts, n)
+            if stage.kind == "hot-sweep":
+                total += 5 * min(self.config.sweep_prompts, n)  # about: counts vary
         return total
 
     # -------------------------------------------------------------------------------- run
@@ -257,6 +259,8 @@ class BenchRunner:
                         self._hf_stage(stage, result, bar)
                     elif stage.kind == "engine":
                         self._engine_stage(stage, result, bar)
+                    elif stage.kind == "hot-sweep":
+                        self._hot_sweep_stage(stage, result, bar)
                     else:
                         self._offload_stage(stage, result, bar)
                 except (RuntimeError, ValueError, ImportError, MemoryError) as exc:
@@ -446,10 +450,11 @@ class BenchRunner:
         from specter_models import choose_hot_experts
 
         routes = self._calibration_routing(budget)
-        depth = self.config.depth
+        depth, forced = self.config.depth, self.config.hot_experts_per_layer
         choice = choose_hot_experts(
             self.hf_config, budget, routes, window=depth + 1 if isinstance(depth, int) else 5,
-            dtype=self.config.dtype, max_seq_len=self.max_seq_len,
+            candidates=None if forced is None else [forced], dtype=self.config.dtype,
+            max_seq_len=self.max_seq_len,
         )  # fmt: skip
         self.hot_choices[budget] = choice
         self.log(
@@ -458,6 +463,7 @@ class BenchRunner:
         )
         data = {
             **choice.as_dict(),
+            "forced": forced is not None,
             "calibration_prompts": [p.prompt.id for p in self.calibration],
             "calibration_tokens": [int(r.shape[0]) for r in routes],
         }
@@ -468,6 +474,94 @@ class BenchRunner:
         )
         self._write(result, [self._experiment("hot_experts", budget, data, note)])
         return choice
+
+    def _hot_sweep_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
+        """specter at its high budget with each pinned hot count, one load per count."""
+        from specter_models import choose_hot_experts, hottest_experts, plan_memory, routing_counts
+
+        cfg, budget = self.config, stage.budget_gb
+        assert budget is not None
+        chosen = self._hot_choice(budget, result)
+        if chosen is None:
+            self._skip(result, "hot-count sweep", "no calibration prompts", budget)
+            return
+        routes = self._calibration_routing(budget)
+        counts = cfg.hot_sweep_counts
+        if counts is None:
+            fits = sorted(
+                choose_hot_experts(
+                    self.hf_config, budget, routes, dtype=cfg.dtype, max_seq_len=self.max_seq_len
+                ).loads
+            )  # every candidate the budget holds, at E // 16 steps
+            spread = {fits[round(q * (len(fits) - 1))] for q in (0.25, 0.5, 0.75, 1.0)}
+            counts = tuple(sorted({0, chosen.per_layer, *spread}))
+        experts = plan_memory(self.hf_config, dtype=cfg.dtype, max_seq_len=self.max_seq_len)
+        routed = routing_counts(routes, experts.num_experts)
+        prompts = self.prompts[: cfg.sweep_prompts]
+        points = []
+        for h in counts:
+            if self._deadline.expired():
+                self._skip(result, f"hot-count sweep at {h} pinned", "--max-minutes", budget)
+                continue
+            loaded = load_engine(
+                cfg.model, budget_gb=budget, with_draft=True, policy="predictive",
+                device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, max_seq_len=self.max_seq_len,
+                options=cfg.engine, hot_experts=hottest_experts(routed, h) if h else None,
+            )  # fmt: skip
+            try:
+                if getattr(loaded, "cuda_graphs", False):
+                    loaded.capture_step_graphs(self.max_seq_len)
+                runner = EngineSystemRunner(
+                    loaded, ENGINE_SYSTEMS["specter"], cfg.depth, max_depth=cfg.max_depth
+                )
+                runs = self._decode_all(
+                    f"specter hot={h}", runner.generate, cfg.max_new_tokens, prompts, bar,
+                    result, budget,
+                )  # fmt: skip
+                del runner
+            finally:
+                slots = loaded.memory.plan.slots_per_layer
+                del loaded
+                release_memory()
+            if not runs:
+                continue
+            gens = [r.generation or {} for _, r in runs]
+            caches = [r.cache or {} for _, r in runs]
+            reference = [self.engine_reference.get(p.prompt.id) for p, _ in runs]
+            points.append(
+                {
+                    "hot_experts_per_layer": h,
+                    "slots_per_layer": slots,
+                    "tpot_ms": statistics.median(1e3 * r.tpot_s for _, r in runs if r.tpot_s),
+                    "acceptance_rate": _mean(g.get("acceptance_rate") for g in gens),
+                    "accepted_per_iteration": _mean(
+                        g.get("mean_accepted_per_iteration") for g in gens
+                    ),
+                    "hit_rate": _mean(c.get("hit_rate") for c in caches),
+                    "h2d_mb_per_token": _mean(
+                        c.get("bytes_moved", 0) / 1e6 / r.decode_tokens
+                        for c, (_, r) in zip(caches, runs, strict=True)
+                    ),
+                    "replayed_loads": chosen.loads.get(h),
+                    "matches_engine": [
+                        None if ref is None else ref[1] == r.tokens
+                        for ref, (_, r) in zip(reference, runs, strict=True)
+                    ],
+                    "prompts": len(runs),
+                }
+            )
+        self._write(
+            result,
+            [
+                self._experiment(
+                    "hot_sweep",
+                    budget,
+                    {"points": points, "chosen": chosen.per_layer},
+                    "specter (adaptive depth) with each pinned count's hot set, counted on the "
+                    "calibration prompts; TPOT the median over the first prompts",
+                )
+            ],
+        )
 
     def _calibration_routing(self, budget: float) -> list[torch.Tensor]:
         """``[T, L, k]`` target routing of each calibration prompt's greedy continuation

@@ -82,6 +82,10 @@ def parse_int_list(text: str) -> list[int]:
     return values
 
 
+def _auto_or_non_negative_int(text: str) -> int | str:
+    return "auto" if text == "auto" else _non_negative_int(text)
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -316,6 +320,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="prompts after the measured ones whose routing picks each budget's pinned hot "
         "set (default 2; 0: no hot sets)",
+    )
+    bench.add_argument(
+        "--hot-experts",
+        type=_auto_or_non_negative_int,
+        default="auto",
+        help="experts per layer specter pins at every budget (default auto: the count the "
+        "calibration replay chooses per budget)",
     )
     bench.add_argument(
         "--dtype", default=None, help="default: float16 on a GPU, float32 on a CPU (float64 too)"

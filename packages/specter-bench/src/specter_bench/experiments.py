@@ -52,6 +52,7 @@ EXPERIMENTS = {
     "ablations": "specter and its ablations at the high budget",
     "routing": "working set against K, draft/target agreement, hit rate per policy",
     "depth-sweep": "specter's TPOT against depth K at the high budget",
+    "hot-sweep": "specter's TPOT against the pinned hot count at the high budget",
     "offload": "hf-offload at the low budget (very slow: few tokens and prompts)",
     "all": "default plus hf-offload",
 }
@@ -95,7 +96,12 @@ class BenchConfig:
         offload_prompts: prompts for ``hf-offload``.
         calibration_prompts: prompts after the measured ones (same source) whose target
             routing chooses each budget's pinned hot set; 0: no hot sets.
-        sweep_prompts: prompts of the depth sweep (the first ones).
+        hot_experts_per_layer: pin this many experts per layer at every budget instead of
+            the count the calibration replay chooses (None); the set is still the
+            calibration prompts' most routed experts.
+        sweep_prompts: prompts of the depth and hot-count sweeps (the first ones).
+        hot_sweep_counts: pinned experts per layer of the hot-count sweep (None: 0, the
+            chosen count and four counts spread over those the budget holds).
         engine: the ``specter_models.load`` switches of the engine systems (batch
             invariance, CUDA graphs).
         command: the command line, recorded with the results.
@@ -126,7 +132,9 @@ class BenchConfig:
     offload_new_tokens: int = 8
     offload_prompts: int = 1
     calibration_prompts: int = 2
+    hot_experts_per_layer: int | None = None
     sweep_prompts: int = 2
+    hot_sweep_counts: tuple[int, ...] | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
     command: str | None = None
 
@@ -158,7 +166,8 @@ class Stage:
 
     Attributes:
         kind: ``"hf"`` (transformers, every weight on the device), ``"engine"`` (a Specter
-            load) or ``"offload"`` (transformers with accelerate offload).
+            load), ``"hot-sweep"`` (one Specter load per pinned hot count) or ``"offload"``
+            (transformers with accelerate offload).
         budget_gb: the budget (None: unlimited).
         with_draft: an engine load with the INT4 draft (``lru`` alone loads none).
         policy: the engine cache's replacement policy.
@@ -262,6 +271,7 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
         else tuple(s for s in (config.systems or ()) if s in ABLATIONS)
     )  # fmt: skip
     sweep = exp in ("default", "all", "depth-sweep")
+    hot_sweep = exp in ("default", "all", "hot-sweep") and high is not None
     routing = exp in ("default", "all", "routing")
     offload = exp in ("all", "offload") or "hf-offload" in (config.systems or ())
 
@@ -297,6 +307,8 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
         stages += _draft_stages(
             extras_budget, extras, routing=routing and first_draft_stage, depth_sweep=sweep
         )
+    if hot_sweep:
+        stages.append(Stage("hot-sweep", high, ()))
     if offload and low is not None:
         stages.append(Stage("offload", low, ("hf-offload",)))
     return stages

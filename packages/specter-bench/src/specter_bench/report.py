@@ -27,6 +27,7 @@ from specter_bench.tables import (
     agreement_table,
     depth_sweep_table,
     hot_experts_table,
+    hot_sweep_table,
     kernel_table,
     memory_table,
     phase_table,
@@ -60,6 +61,7 @@ _SECTIONS: tuple[_Section, ...] = (
     ("Draft/target routing agreement", "routing_agreement", agreement_table, None),
     ("Cache hit rate per policy", "policy_hit_rate", policy_table, plot_policy_hit_rate),
     ("Depth sweep", "depth_sweep", depth_sweep_table, plot_depth_sweep),
+    ("Hot-count sweep", "hot_sweep", hot_sweep_table, None),
     ("Routed-expert kernels (one MoE layer)", "kernel", kernel_table, None),
 )
 
@@ -128,6 +130,13 @@ _CAPTIONS = {
         "pinned, LRU over the other slots of its plan (`pinned experts / slots`)."
     ),
     "Depth sweep": "specter at each fixed depth K on the first prompts; best: lowest mean TPOT.",
+    "Hot-count sweep": (
+        "specter (adaptive depth) at the high budget with each count of pinned hot experts per "
+        "layer (the calibration prompts' most routed), one load each, on the first prompts: "
+        "slots, TPOT (median), acceptance, hit rate, bytes moved, the calibration replay's "
+        "loads for that count, and whether the greedy tokens equal the first engine system's; "
+        "chosen: the count the replay picked."
+    ),
     "Routed-expert kernels (one MoE layer)": (
         "One MoE layer of the model's routed-expert shape: the fused INT4 kernel (one launch), "
         "per-expert INT4 (one launch per expert) and dequantized FP16 through the grouped "

@@ -25,6 +25,7 @@ __all__ = [
     "evaluate_targets",
     "format_value",
     "hot_experts_table",
+    "hot_sweep_table",
     "kernel_table",
     "markdown_table",
     "memory_table",
@@ -623,6 +624,38 @@ def hot_experts_table(records: Iterable[dict[str, Any]]) -> str:
         )
     headers = ["model", "budget", "pinned/layer", "slots/layer", "window", "calibration",
                "replayed loads (pinned: loads)"]  # fmt: skip
+    return markdown_table(headers, rows)
+
+
+def hot_sweep_table(records: Iterable[dict[str, Any]]) -> str:
+    """specter's TPOT against the pinned hot count, per model and budget (the chosen count
+    marked)."""
+    rows = []
+    recs = sorted(
+        _experiments(records, "hot_sweep"),
+        key=lambda r: (r["model"], _budget_key(r["budget_gb"])),
+    )
+    for r in recs:
+        d = r["data"]
+        for point in d["points"]:
+            matches = [m for m in point.get("matches_engine", []) if m is not None]
+            rows.append(
+                [
+                    r["model"],
+                    budget_label(r["budget_gb"]),
+                    point["hot_experts_per_layer"],
+                    point["slots_per_layer"],
+                    point["tpot_ms"],
+                    point.get("acceptance_rate"),
+                    point.get("hit_rate"),
+                    point.get("h2d_mb_per_token"),
+                    point.get("replayed_loads"),
+                    f"{sum(matches)}/{len(matches)}" if matches else "-",
+                    "chosen" if point["hot_experts_per_layer"] == d.get("chosen") else "",
+                ]
+            )
+    headers = ["model", "budget", "pinned/layer", "slots/layer", "TPOT ms", "acceptance",
+               "hit rate", "H2D MB/tok", "replayed loads", "= engine", ""]  # fmt: skip
     return markdown_table(headers, rows)
 
 

@@ -149,7 +149,8 @@ def choose_hot_experts(
 
     Raises:
         ValueError: no calibration routing, or one of fewer than two tokens alone.
-        MemoryBudgetError: the budget cannot hold the model even without pinning.
+        MemoryBudgetError: the budget cannot hold the model even without pinning, or none
+            of ``candidates`` fits it.
     """
     if not calibration_routes:
         raise ValueError("choose_hot_experts needs at least one calibration routing [T, L, k]")
@@ -183,6 +184,12 @@ def choose_hot_experts(
             hot = hottest_experts(others, h) if h else None
             total += simulate_policy(trace, "lru", slots, num_experts=E, pinned=hot).loads
         loads[h], slots_of[h] = total, slots
+    if not loads:
+        raise MemoryBudgetError(
+            f"none of the pinned counts {sorted(set(candidates))} fits gpu_memory_gb="
+            f"{gpu_memory_gb} (each needs its hot experts plus one evictable slot per layer); "
+            "give fewer pinned experts or a larger budget"
+        )
     best = min(loads, key=lambda h: (loads[h], h))
     hot_sets = hottest_experts(sum(counts), best) if best else [[] for _ in range(L)]
     return HotExpertChoice(best, hot_sets, slots_of[best], loads, window)
