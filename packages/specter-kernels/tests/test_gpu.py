@@ -34,6 +34,25 @@ def test_fused_w4a16_on_the_gpu(seed, monkeypatch, H, I, E, k, T):
         assert _rel_err(sk.fused_moe_w4a16(x, ids, weights, w13, w2, path=path), ref) < 2e-3
 
 
+@pytest.mark.parametrize("T", [1, 5, 300])
+def test_fused_w4a16_skips_pairs_on_the_gpu(seed, monkeypatch, T):
+    # A hot-set draft: pairs of pinned experts are -1 and must add nothing, on both paths.
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    H, I, E, k = 2048, 1408, 64, 6
+    x = torch.randn(T, H, device="cuda").half()
+    ids = torch.topk(torch.randn(T, E, device="cuda"), k).indices
+    weights = torch.rand(T, k, device="cuda")
+    w13 = sk.quantize_int4(torch.randn(E, 2 * I, H, device="cuda") * 0.02, 128)
+    w2 = sk.quantize_int4(torch.randn(E, H, I, device="cuda") * 0.02, 128)
+    skipped = torch.where(torch.rand(T, k, device="cuda") < 0.5, -1, ids)
+    skipped[0] = -1
+    ref = sk.fused_moe_w4a16_reference(x, ids, weights * (skipped >= 0), w13, w2)
+    for path in ("gemv", "tile"):
+        out = sk.fused_moe_w4a16(x, skipped, weights, w13, w2, path=path)
+        assert _rel_err(out, ref) < 2e-3
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+
+
 @pytest.mark.parametrize("T", [1, 17])
 def test_grouped_fp16_waves_on_the_gpu(seed, T):
     H, I, E, k, S = 2048, 1408, 64, 6, 64
