@@ -322,6 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
         "set (default 2; 0: no hot sets)",
     )
     bench.add_argument(
+        "--hot-counts",
+        type=parse_int_list,
+        default=None,
+        help="pinned counts of the hot-count sweep (default: 0, the chosen count and four "
+        "spread over what the high budget holds)",
+    )
+    bench.add_argument(
         "--hot-experts",
         type=_auto_or_non_negative_int,
         default="auto",
