@@ -45,12 +45,15 @@ def test_fused_w4a16_skips_pairs_on_the_gpu(seed, monkeypatch, T):
     w13 = sk.quantize_int4(torch.randn(E, 2 * I, H, device="cuda") * 0.02, 128)
     w2 = sk.quantize_int4(torch.randn(E, H, I, device="cuda") * 0.02, 128)
     skipped = torch.where(torch.rand(T, k, device="cuda") < 0.5, -1, ids)
-    skipped[0] = -1
+    skipped[-1, 0] = ids[-1, 0]  # some pair is computed (a zero reference has no rel. error)
+    if T > 1:
+        skipped[0] = -1  # a token with every pair skipped gets a row of zeros
     ref = sk.fused_moe_w4a16_reference(x, ids, weights * (skipped >= 0), w13, w2)
     for path in ("gemv", "tile"):
         out = sk.fused_moe_w4a16(x, skipped, weights, w13, w2, path=path)
         assert _rel_err(out, ref) < 2e-3
-        assert torch.equal(out[0], torch.zeros_like(out[0]))
+        if T > 1:
+            assert torch.equal(out[0], torch.zeros_like(out[0]))
 
 
 @pytest.mark.parametrize("T", [1, 17])
