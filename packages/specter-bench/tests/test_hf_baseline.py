@@ -113,6 +113,9 @@ def test_hf_can_decode_with_grouped_mm(reference):
     assert runner.generate([4, 9, 2], 3).tokens == _greedy_by_hand(model, [4, 9, 2], 3)
     with pytest.raises(ValueError, match="decode_experts='bmm' is not one of"):
         HFRunner(reference, "hf", decode_experts="bmm")
+    both = HFRunner(model, "hf", compile=False, decode_experts="batched_mm_prompt_too")
+    assert both.settings["experts_implementation"] == "batched_mm"  # transformers' own
+    assert both.generate([4, 9, 2], 3).tokens == _greedy_by_hand(model, [4, 9, 2], 3)
 
 
 def test_bench_cli_passes_hf_decode_experts():

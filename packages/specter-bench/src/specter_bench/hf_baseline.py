@@ -36,8 +36,11 @@ DECODE_BATCHED_MM = "specter_batched_mm_decode"
 """The experts implementation ``hf`` registers with transformers: ``batched_mm`` for a forward
 of one token (a decode step), ``grouped_mm`` for more (the prompt)."""
 
-HF_DECODE_EXPERTS = ("auto", "batched_mm", "grouped_mm")
-"""The experts implementations ``hf`` may decode with (``HFRunner(decode_experts=)``)."""
+HF_DECODE_EXPERTS = ("auto", "batched_mm", "grouped_mm", "batched_mm_prompt_too")
+"""The experts implementations ``hf`` may decode with (``HFRunner(decode_experts=)``):
+``batched_mm`` decodes with it and prefills through ``grouped_mm``; ``batched_mm_prompt_too``
+is transformers' own ``batched_mm`` for both (the configuration BENCHMARK.md measured at
+7.0 ms/token on DeepSeek-V2-Lite; its prompt gathers one expert copy per routed pair)."""
 
 BATCHED_MM_MAX_EXPERT_PARAMS = 32_000_000
 """``auto``'s rule: ``batched_mm`` decodes while one expert has at most this many weights.
@@ -165,7 +168,8 @@ class HFRunner:
         device: where input ids go (default: the input embedding's device). An accelerate-
             dispatched model may keep its embedding offloaded (on ``meta``): give the GPU.
         decode_experts: ``hf``'s experts implementation for decode steps: ``batched_mm``
-            (the prompt goes through ``grouped_mm``), ``grouped_mm`` (both), or ``auto``
+            (the prompt goes through ``grouped_mm``), ``grouped_mm`` (both),
+            ``batched_mm_prompt_too`` (transformers' ``batched_mm`` for both), or ``auto``
             (default: by expert size, :func:`choose_decode_experts`).
 
     Raises:
@@ -199,6 +203,8 @@ class HFRunner:
             decode_experts = choose_decode_experts(model)
         if system == "hf" and decode_experts == "grouped_mm":
             self.settings["experts_implementation"] = "grouped_mm"
+        if system == "hf" and decode_experts == "batched_mm_prompt_too":
+            self.settings["experts_implementation"] = "batched_mm"
         self.pad_token_id = pad_token_id
         self.max_cache_len = max_cache_len
         self._device = torch.device(device) if device is not None else None
