@@ -301,10 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--hf-decode-experts",
         choices=("auto", "batched_mm", "grouped_mm", "batched_mm_prompt_too"),
         default="auto",
-        help="transformers experts implementation of hf's decode steps (default auto: "
-        "batched_mm for experts of at most 32 M weights, as DeepSeek-V2-Lite's, grouped_mm "
-        "for larger ones, as Phi-3.5-MoE's; the prompt goes through grouped_mm, or with "
-        "batched_mm_prompt_too through batched_mm as well)",
+        help="transformers experts implementation of hf (default auto: batched_mm_prompt_too, "
+        "transformers' batched_mm for prompt and decode, for experts of at most 32 M weights "
+        "as DeepSeek-V2-Lite's; grouped_mm for larger ones, as Phi-3.5-MoE's; batched_mm: "
+        "batched_mm decode steps with a grouped_mm prompt)",
     )
     bench.add_argument(
         "--offload-new-tokens",

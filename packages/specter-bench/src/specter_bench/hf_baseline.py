@@ -1,10 +1,11 @@
 """The transformers baselines: ``hf`` (fastest configuration), ``hf-default`` and ``hf-offload``.
 
 ``hf`` is transformers' own ``generate`` with every weight on the GPU, in the fastest
-configuration BENCHMARK.md found (static KV cache, ``batched_mm`` experts for the one-token
-decode steps; the prompt's forward goes through ``grouped_mm``, since ``batched_mm`` gathers
-one copy of the expert weights per routed pair: 68 GiB for a HumanEval prompt on
-Phi-3.5-MoE); ``hf-default``
+configuration found on the H200 (static KV cache, compiled; ``batched_mm`` experts for models
+with small experts, prompt included; ``grouped_mm`` for large ones, since ``batched_mm``
+gathers one copy of the expert weights per routed pair: 68 GiB for a HumanEval prompt on
+Phi-3.5-MoE; ``batched_mm`` decode steps with a ``grouped_mm`` prompt is a third choice,
+measured 2.2x slower on DeepSeek-V2-Lite); ``hf-default``
 is ``generate`` as a user calls it (dynamic cache, the model's default experts
 implementation); ``hf-offload`` dispatches the model with accelerate's ``device_map`` under
 ``max_memory`` at the budget, so whole layers of experts move per token.
@@ -57,15 +58,21 @@ HF_CONFIGS = {
 
 
 def choose_decode_experts(model: torch.nn.Module) -> str:
-    """``batched_mm`` or ``grouped_mm`` for ``hf``'s decode steps, by the weights of one
-    routed expert (see :data:`BATCHED_MM_MAX_EXPERT_PARAMS`); ``batched_mm`` for a model
-    without transformers' stacked experts."""
+    """``batched_mm_prompt_too`` or ``grouped_mm`` for ``hf``, by the weights of one routed
+    expert (see :data:`BATCHED_MM_MAX_EXPERT_PARAMS`); ``batched_mm_prompt_too`` for a model
+    without transformers' stacked experts.
+
+    Small experts take transformers' own ``batched_mm`` for the prompt as well: on
+    DeepSeek-V2-Lite the split (``batched_mm``, the prompt through ``grouped_mm``) decoded at
+    20.4 ms/token against 9.1 ms on one H200 (31.7 ms on another), so only large experts,
+    whose gathered prompt copies do not fit (Phi-3.5-MoE), leave it."""
     for module in model.modules():
         gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
         if isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor):
             per_expert = (gate_up.numel() + down.numel()) // gate_up.shape[0]
-            return "batched_mm" if per_expert <= BATCHED_MM_MAX_EXPERT_PARAMS else "grouped_mm"
-    return "batched_mm"
+            small = per_expert <= BATCHED_MM_MAX_EXPERT_PARAMS
+            return "batched_mm_prompt_too" if small else "grouped_mm"
+    return "batched_mm_prompt_too"
 
 
 def batched_mm_decode_experts_forward(
