@@ -6,14 +6,8 @@
 #
 # 1. --hf-decode-experts batched_mm_prompt_too (transformers' batched_mm, prompt included)
 # 2. --hf-decode-experts batched_mm (batched_mm decode steps, grouped_mm prompt)
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-export TRITON_INTERPRET=0
-# shellcheck source=/dev/null
-source scripts/gpu-env.sh
-out="${OUT:-/tmp/specter-out}"
-mkdir -p "$out"
+# shellcheck source=scripts/gpu-call.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 for experts in batched_mm_prompt_too batched_mm; do
     timeout 200 python3 -m specter_bench bench --model deepseek-v2-lite --experiment tpot \
         --systems hf,specter,lru --budgets unlimited --num-prompts 2 --max-new-tokens 64 \

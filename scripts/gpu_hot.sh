@@ -10,14 +10,8 @@
 #    and lru side by side, the routing experiments (Belady bound), one fixed depth, and the
 #    hot-count sweep                                              -> $OUT/bench-*.jsonl
 # Extra arguments go to `specter bench`.
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-export TRITON_INTERPRET=0
-# shellcheck source=/dev/null
-source scripts/gpu-env.sh
-out="${OUT:-/tmp/specter-out}"
-mkdir -p "$out"
+# shellcheck source=scripts/gpu-call.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 
 timeout 90 python3 -m pytest -q packages/specter-kernels/tests/test_gpu.py -k "w4a16" 2>&1 \
     | tail -4 >"$out/gpu-tests.txt"

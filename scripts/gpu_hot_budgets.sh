@@ -10,14 +10,8 @@
 #    specter-no-hot, spec-lru and lru side by side              -> $OUT/bench-*.jsonl
 # Each run has its own time limit, so a slow one leaves the others their time; logs go to
 # $OUT/log-*.txt. The baseline cells still missing are scripts/gpu_remaining.sh.
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-export TRITON_INTERPRET=0
-# shellcheck source=/dev/null
-source scripts/gpu-env.sh
-out="${OUT:-/tmp/specter-out}"
-mkdir -p "$out"
+# shellcheck source=scripts/gpu-call.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 systems=specter,specter-no-hot,spec-lru,lru
 
 bench() {  # seconds, --max-minutes, tag, specter bench arguments...

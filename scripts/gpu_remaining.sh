@@ -9,14 +9,8 @@
 # 3. Phi-3.5-MoE `hf-offload` at 32 GB (4 tokens) -> $OUT/bench-phi-3.5-moe-offload.jsonl
 # Each part has its own time limit, so a slow part leaves the others their time; logs go to
 # $OUT/log-remaining.txt.
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-export TRITON_INTERPRET=0
-# shellcheck source=/dev/null
-source scripts/gpu-env.sh
-out="${OUT:-/tmp/specter-out}"
-mkdir -p "$out"
+# shellcheck source=scripts/gpu-call.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 log="$out/log-remaining.txt"
 
 timeout 170 python3 -m specter_bench bench --model phi-3.5-moe --experiment tpot \

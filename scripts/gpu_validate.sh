@@ -11,14 +11,8 @@
 # 3. DeepSeek-V2-Lite at 24 GB: specter, specter-row-cut and lru side by side
 #                                                                    -> $OUT/bench-*.jsonl
 # Each part has its own time limit, so a failing or slow part leaves the others their time.
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-export TRITON_INTERPRET=0
-# shellcheck source=/dev/null
-source scripts/gpu-env.sh
-out="${OUT:-/tmp/specter-out}"
-mkdir -p "$out"
+# shellcheck source=scripts/gpu-call.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 
 timeout 150 python3 -m pytest -q packages/specter-models/tests/test_cuda.py \
     packages/specter-cache/tests/test_expert_cache_cuda.py 2>&1 | tail -25 >"$out/gpu-tests.txt"
