@@ -236,7 +236,8 @@ def test_pinning_pays_more_on_concentrated_routing_and_even_on_uniform_routing()
     gain = choice.loads[choice.per_layer] / choice.loads[0]
     assert gain < spread.loads[spread.per_layer] / spread.loads[0] < 1
     # No budget: every expert is resident, nothing to pin.
-    assert choose_hot_experts(config, None, skewed).per_layer == 0
+    unlimited = choose_hot_experts(config, None, skewed)
+    assert (unlimited.per_layer, unlimited.loads, unlimited.slots_per_layer) == (0, {}, 64)
 
 
 def test_a_hot_set_is_scored_on_other_folds_than_it_was_counted_on():

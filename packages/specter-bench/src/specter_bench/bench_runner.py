@@ -492,8 +492,8 @@ class BenchRunner:
                 choose_hot_experts(
                     self.hf_config, budget, routes, dtype=cfg.dtype, max_seq_len=self.max_seq_len
                 ).loads
-            )  # every candidate the budget holds, at E // 16 steps
-            spread = {fits[round(q * (len(fits) - 1))] for q in (0.25, 0.5, 0.75, 1.0)}
+            )  # every candidate the budget holds, at E // 16 steps (none: all resident)
+            spread = {fits[round(q * (len(fits) - 1))] for q in (0.25, 0.5, 0.75, 1.0) if fits}
             counts = tuple(sorted({0, chosen.per_layer, *spread}))
         experts = plan_memory(self.hf_config, dtype=cfg.dtype, max_seq_len=self.max_seq_len)
         routed = routing_counts(routes, experts.num_experts)

@@ -94,7 +94,8 @@ class HotExpertChoice:
             chosen on the whole calibration routing.
         slots_per_layer: the FP16 slots per layer the budget gives with ``h`` pinned.
         loads: candidate ``h`` -> expert loads of the cross-validated replay (the choice
-            has the fewest; a candidate the budget cannot hold is absent).
+            has the fewest; a candidate the budget cannot hold is absent; empty when every
+            expert is resident and nothing was replayed).
         window: tokens per replayed step.
     """
 
@@ -165,7 +166,7 @@ def choose_hot_experts(
     base = plan(0)
     E, L = base.num_experts, base.num_moe_layers
     if gpu_memory_gb is None or base.slots_per_layer >= E:
-        return HotExpertChoice(0, [[] for _ in range(L)], base.slots_per_layer, {0: 0}, window)
+        return HotExpertChoice(0, [[] for _ in range(L)], base.slots_per_layer, {}, window)
     folds = _folds(calibration_routes)
     counts = [routing_counts([f], E) for f in folds]
     traces = [windowed_trace(f.to("cpu", torch.long), window) for f in folds]
