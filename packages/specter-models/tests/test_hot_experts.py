@@ -33,14 +33,19 @@ def _moe_layers(folder) -> int:
     return len(find_moe_layers(load(folder, device="cpu", draft=None, slots_per_layer=8).model))
 
 
+def _hot_load(folder, dtype: torch.dtype, slots: int):
+    """The tiny checkpoint on the CPU with ``HOT`` pinned in every MoE layer."""
+    return load(
+        folder, device="cpu", dtype=dtype, slots_per_layer=slots,
+        hot_experts=_hot(_moe_layers(folder)),
+    )  # fmt: skip
+
+
 def test_hot_draft_is_the_target_with_only_the_cold_experts_dequantized(checkpoints, arch_name):
     # transformers' model with the cold experts replaced by their dequantized INT4 copies and
     # the hot ones left exact computes the draft's logits: hot experts come from FP16 slots.
     folder = checkpoints[arch_name]
-    lm = load(
-        folder, device="cpu", dtype=torch.float64, slots_per_layer=4,
-        hot_experts=_hot(_moe_layers(folder)),
-    )  # fmt: skip
+    lm = _hot_load(folder, torch.float64, 4)
     reference = reference_from_checkpoint(folder)
     exact = reference_from_checkpoint(folder)
     cold = [e for e in range(8) if e not in HOT]
@@ -68,10 +73,7 @@ def test_greedy_speculation_with_a_hot_set_equals_transformers_generate(
     checkpoints, arch_name, depth
 ):
     folder = checkpoints[arch_name]
-    lm = load(
-        folder, device="cpu", dtype=torch.float64, slots_per_layer=3,
-        hot_experts=_hot(_moe_layers(folder)),
-    )  # fmt: skip
+    lm = _hot_load(folder, torch.float64, 3)
     reference = reference_from_checkpoint(folder)
     prompt = random_prompt(6, lm.config.vocab_size, seed=depth + 7)
     reference.generation_config.eos_token_id = None
@@ -89,10 +91,7 @@ def test_greedy_speculation_with_a_hot_set_equals_transformers_generate(
 def test_the_hot_set_frees_int4_memory_and_the_plan_counts_it(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
     plain = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=4)
-    lm = load(
-        folder, device="cpu", dtype=torch.float32, slots_per_layer=4,
-        hot_experts=_hot(_moe_layers(folder)),
-    )  # fmt: skip
+    lm = _hot_load(folder, torch.float32, 4)
     plan = lm.memory.plan
     assert plan.hot_experts_per_layer == 2
     assert plan.draft_int4_bytes == plain.memory.plan.draft_int4_bytes * 6 // 8
@@ -127,10 +126,7 @@ def test_fp16_hot_draft_runs_the_kernels_like_the_float64_experts(checkpoints, a
     # float16 runs the skip-pairs INT4 kernel and the grouped FP16 kernel over the slots (their
     # torch references on the CPU); one layer's experts on fixed routing, against float64.
     folder = checkpoints[arch_name]
-    lm = load(
-        folder, device="cpu", dtype=torch.float16, slots_per_layer=4,
-        hot_experts=_hot(_moe_layers(folder)),
-    )  # fmt: skip
+    lm = _hot_load(folder, torch.float16, 4)
     module = lm.experts[0]
     H, k = module.hidden_dim, lm.config.num_experts_per_tok
     x = torch.randn(5, H).half()
