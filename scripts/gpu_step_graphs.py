@@ -50,7 +50,15 @@ def main() -> int:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--budget-gb", type=float, default=24.0)
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: fused,rotary,budget")
+    p.add_argument(
+        "--skip", default="", help="comma-separated parts to skip: eager,fused,rotary,budget"
+    )
+    p.add_argument(
+        "--invariant-draft-linears",
+        action="store_true",
+        help="the draft's linears through the invariant GEMM (load(invariant_draft_linears=))",
+    )
+    p.add_argument("--tag", default=None, help="a label added to every record")
     p.add_argument("--out", default="step-graphs.jsonl")
     args = p.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -58,6 +66,8 @@ def main() -> int:
 
     def emit(**record) -> None:
         record["model"] = args.model
+        if args.tag:
+            record["tag"] = args.tag
         records.append(record)
         print(json.dumps(record), flush=True)
         with open(args.out, "w") as f:  # rewritten each time: a cut run keeps what it has
@@ -65,7 +75,13 @@ def main() -> int:
 
     def load(**kwargs):
         t = time.perf_counter()
-        lm = specter_models.load(args.model, device="cuda", max_seq_len=1024, **kwargs)
+        lm = specter_models.load(
+            args.model,
+            device="cuda",
+            max_seq_len=1024,
+            invariant_draft_linears=args.invariant_draft_linears,
+            **kwargs,
+        )
         print(f"built {lm!r} {kwargs} in {time.perf_counter() - t:.1f} s", flush=True)
         return lm
 
@@ -102,7 +118,7 @@ def main() -> int:
 
     all_roles = [("draft", token), ("target", token), ("target", rows)]
     lm = load()
-    for graphs in (False, True):
+    for graphs in (False, True) if "eager" not in skip else (True,):
         lm.cuda_graphs = graphs
         time_steps(lm, {"budget_gb": None, "cuda_graphs": graphs, "fused_norms": True}, all_roles)
     lm.cuda_graphs = True

@@ -131,9 +131,14 @@ class PoisonedTorch:
 @pytest.fixture
 def poisoned(monkeypatch, triton_backend):
     """Triton backend with poisoned intermediate and output buffers."""
-    from specter_kernels import grouped_fp16_triton, moe_align_triton, w4a16_triton
+    from specter_kernels import (
+        grouped_fp16_triton,
+        invariant_matmul_triton,
+        moe_align_triton,
+        w4a16_triton,
+    )
 
-    for module in (w4a16_triton, grouped_fp16_triton, moe_align_triton):
+    for module in (w4a16_triton, grouped_fp16_triton, moe_align_triton, invariant_matmul_triton):
         monkeypatch.setattr(module, "torch", PoisonedTorch())
 
 

@@ -47,6 +47,28 @@ def test_linear_fp16_is_invariant_and_close_to_cublas(seed, N, K):
     assert _rel_err(full, F.linear(x.float(), w.float())) < 2e-3
 
 
+@pytest.mark.parametrize("split", [2, 4, 8])
+@pytest.mark.parametrize(
+    ("N", "K", "dtype"), [(576, 2048, torch.float16), (64, 2048, torch.float32)]
+)
+def test_split_k_linear_is_invariant_and_close_to_torch(seed, N, K, dtype, split):
+    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+    from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
+
+    config = MatmulConfig(BLOCK_M, 16, 64 if dtype == torch.float32 else 256, split_k=split)
+    x = torch.randn(PREFILL, K, device="cuda").to(dtype)
+    w = (torch.randn(N, K, device="cuda") * 0.02).to(dtype)
+    bias = torch.randn(N, device="cuda").to(dtype)
+
+    def linear(rows):
+        out = torch.empty(1, rows.shape[0], N, device="cuda", dtype=dtype)
+        return launch_invariant_bmm(rows[None], w.T[None], out, bias, config)[0]
+
+    full = _assert_prefix_invariant(linear, x)
+    expected = x.double() @ w.double().T + bias.double()
+    assert _rel_err(full, expected) < (2e-3 if dtype == torch.float16 else 1e-6)
+
+
 def test_fp32_router_linear_is_ieee_and_invariant(seed):
     x = torch.randn(PREFILL, 2048, device="cuda")
     w = torch.randn(64, 2048, device="cuda") * 0.02

@@ -136,3 +136,60 @@ def test_the_shipped_h200_tiles_load_and_keep_the_fixed_row_tile(monkeypatch):
         cfg.matmul_config(2048, 2048, torch.float16, "NVIDIA H200")
         == table[(2048, 2048, "float16")]
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize(("K", "split"), [(70, 3), (40, 4), (33, 2)])
+def test_split_k_is_close_to_torch_and_bitwise_independent_of_the_row_count(
+    seed, poisoned, dtype, K, split
+):
+    # (40, 4): stretches of 16 columns, the last one empty; (70, 3): a short last one.
+    from specter_kernels import invariant_matmul_triton as kernel
+    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+
+    # ``poisoned``: the split-K workspace and the outputs start as NaN.
+    config = MatmulConfig(BLOCK_M, 16, 16, split_k=split)
+    M, N = 19, 40
+    x, weight = torch.randn(M, K).to(dtype), torch.randn(N, K).to(dtype)
+    bias = torch.randn(N).to(dtype)
+
+    def linear(rows: torch.Tensor, use_bias: bool = True) -> torch.Tensor:
+        out = torch.full((1, rows.shape[0], N), float("nan"), dtype=dtype)
+        return kernel.launch_invariant_bmm(
+            rows[None], weight.T[None], out, bias if use_bias else None, config
+        )[0]
+
+    full = linear(x)
+    expected = x.double() @ weight.double().T + bias.double()
+    assert rel_err(full, expected) < TOLERANCE[dtype]
+    assert rel_err(linear(x, use_bias=False), x.double() @ weight.double().T) < TOLERANCE[dtype]
+    for m in (1, 5, 17):
+        assert torch.equal(full[:m], linear(x[:m]))
+    unsplit = kernel.launch_invariant_bmm(
+        x[None], weight.T[None], torch.full((1, M, N), float("nan"), dtype=dtype), bias,
+        MatmulConfig(BLOCK_M, 16, 16),
+    )[0]  # fmt: skip
+    assert rel_err(unsplit, full.double()) < TOLERANCE[dtype]
+
+
+def test_a_split_below_one_is_refused():
+    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+
+    with pytest.raises(ValueError, match="split_k must be at least 1, got 0"):
+        MatmulConfig(BLOCK_M, 16, 16, split_k=0)
+
+
+def test_tuned_tiles_may_split_k(tmp_path, monkeypatch):
+    from specter_kernels import invariant_matmul_config as cfg
+
+    table = {
+        "configs": [
+            {"N": 576, "K": 2048, "dtype": "float16", "block_n": 16, "block_k": 256,
+             "num_warps": 4, "num_stages": 3, "split_k": 4}
+        ]
+    }  # fmt: skip
+    path = tmp_path / "tiles.json"
+    path.write_text(__import__("json").dumps(table))
+    monkeypatch.setenv(cfg.TUNED_CONFIGS_ENV, str(path))
+    assert cfg.matmul_config(576, 2048, torch.float16, "Some GPU").split_k == 4
+    assert cfg.matmul_config(576, 2048, torch.float16).split_k == 1

@@ -1,10 +1,12 @@
 """Tile shapes of the batch-invariant matmul, a function of (N, K, dtype) only.
 
 The config must never look at M or the batch size: a different tile along K, or
-a split of K across programs, changes the order in which a row's products are
-summed, and so its rounding. BLOCK_M is fixed at 16 (the smallest tensor-core
-tile): at decode and verification sizes (M <= 64) the matmul is bound by
-reading the weight, so a larger BLOCK_M would only waste lanes.
+a different split of K across programs, changes the order in which a row's products
+are summed, and so its rounding. A split fixed by (N, K, dtype) is fine: its partial
+sums are added in a fixed order (see :mod:`specter_kernels.invariant_matmul_triton`).
+BLOCK_M is fixed at 16 (the smallest tensor-core tile): at decode and verification sizes
+(M <= 64) the matmul is bound by reading the weight, so a larger BLOCK_M would only waste
+lanes.
 
 Tiles measured best on a GPU model (``scripts/sweep_invariant_matmul.py``) are kept in
 ``tuned/invariant_matmul_<gpu>.json`` beside this module, keyed by (N, K, dtype); the
@@ -40,6 +42,8 @@ class MatmulConfig:
         block_k: reduction step, >= 16; fixes the summation order of each row.
         num_warps: warps per program.
         num_stages: software-pipelining depth (loads in flight).
+        split_k: stretches K is cut into, each a program of its own, summed by a second
+            kernel in a fixed order (1: one pass, no workspace).
     """
 
     block_m: int
@@ -47,6 +51,11 @@ class MatmulConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1
+
+    def __post_init__(self) -> None:
+        if self.split_k < 1:
+            raise ValueError(f"split_k must be at least 1, got {self.split_k}")
 
 
 def _pow2_at_least(value: int, floor: int) -> int:
@@ -77,13 +86,15 @@ def _tuned_table(path: Path) -> dict[tuple[int, int, str], MatmulConfig]:
         table = {}
         for e in entries:
             tile = (int(e["block_n"]), int(e["block_k"]), int(e["num_warps"]), int(e["num_stages"]))
-            table[(int(e["N"]), int(e["K"]), str(e["dtype"]))] = MatmulConfig(BLOCK_M, *tile)
+            split = int(e.get("split_k", 1))
+            key = (int(e["N"]), int(e["K"]), str(e["dtype"]))
+            table[key] = MatmulConfig(BLOCK_M, *tile, split_k=split)
         return table
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(
             f"{path} is not a tuned invariant-matmul file ({type(error).__name__}: {error}); "
             "expected {'configs': [{'N', 'K', 'dtype', 'block_n', 'block_k', 'num_warps', "
-            f"'num_stages'}}, ...]}}; fix it, delete it or unset {TUNED_CONFIGS_ENV}"
+            f"'num_stages'[, 'split_k']}}, ...]}}; fix it, delete it or unset {TUNED_CONFIGS_ENV}"
         ) from error
 
 

@@ -42,6 +42,10 @@ class ExpertsRuntime:
             whatever the number of rows verified together (specter-kernels'
             ``BatchInvariantMode``, and routed pairs summed in a fixed order). Speculative
             greedy output then equals plain greedy output exactly, in fp16 too.
+        invariant_draft_linears: run the draft's plain linears through the same
+            batch-invariant GEMM kernel as the target's (tuned per shape on the GPU, it
+            beats cuBLAS at one row) instead of torch's. The draft's results are never
+            compared bit for bit, so this is a speed choice only.
 
     Raises:
         ValueError: an unknown verification kind.
@@ -53,9 +57,11 @@ class ExpertsRuntime:
         counter: RoutingCounter | None = None,
         verification: str = "expert",
         batch_invariant: bool = False,
+        invariant_draft_linears: bool = False,
     ):
         self.cache = cache
         self.batch_invariant = batch_invariant
+        self.invariant_draft_linears = invariant_draft_linears
         self.counter = counter
         self.mode: ExpertsMode | None = None
         self.verification = verification
@@ -102,6 +108,14 @@ class ExpertsRuntime:
         """True while a target forward of a batch-invariant model runs (the switch of the
         wrappers in ``invariant_scopes``)."""
         return self.mode is ExpertsMode.TARGET and self.batch_invariant
+
+    @property
+    def invariant_linears_active(self) -> bool:
+        """True while plain linears run the invariant GEMM kernel: in a batch-invariant
+        target forward, and in draft forwards with ``invariant_draft_linears``."""
+        if self.mode is ExpertsMode.DRAFT:
+            return self.invariant_draft_linears
+        return self.invariant_active
 
     @contextlib.contextmanager
     def running(self, mode: ExpertsMode) -> Iterator[None]:

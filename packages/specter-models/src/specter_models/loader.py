@@ -69,6 +69,7 @@ def load(
     max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
     pin_memory: bool | None = None,
     batch_invariant: bool | None = None,
+    invariant_draft_linears: bool = False,
     cuda_graphs: bool | None = None,
     piecewise_graphs: bool | None = None,
     fused_norms: bool = True,
@@ -105,6 +106,9 @@ def load(
             equals plain greedy output bit for bit (default: on for float16/bfloat16 on
             CUDA, where kernels pick tiles and reduction orders by row count; float32/64
             CPU models run the plain-torch path, where it is off unless asked for).
+        invariant_draft_linears: run the draft's plain linears through the batch-invariant
+            GEMM kernel too, instead of torch's (``ExpertsRuntime.invariant_draft_linears``;
+            a speed choice).
         cuda_graphs: capture decode steps as CUDA graphs: the draft's one-row steps, and
             the target's steps while every expert is resident (default: on for CUDA; see
             ``SpecterModel.enable_step_graphs``).
@@ -188,6 +192,7 @@ def load(
         cache=None,  # type: ignore[arg-type]
         verification=verification,
         batch_invariant=bool(batch_invariant),
+        invariant_draft_linears=invariant_draft_linears,
     )
     experts = swap_routed_experts(model, runtime)
     if fused_norms:
