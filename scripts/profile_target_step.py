@@ -52,6 +52,13 @@ def main() -> int:
                 lm.target.truncate(start)
                 lm.target.forward(ids, start)
             torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        total_us = sum(e.time_range.elapsed_us() for e in kernels) / 3
+        print(
+            f"eager target step (batch_invariant={invariant}, T=1): {len(kernels) / 3:.0f} "
+            f"kernels, {total_us / 1e3:.3f} ms summed device time",
+            flush=True,
+        )
         table = prof.key_averages()
         print(f"--- batch_invariant={invariant}, 3 forwards of T=1: by host time", flush=True)
         print(table.table(sort_by="self_cpu_time_total", row_limit=args.top), flush=True)

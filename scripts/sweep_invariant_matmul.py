@@ -63,12 +63,15 @@ def candidates(N: int, K: int, dtype: torch.dtype) -> list[MatmulConfig]:
     found = []
     block_ns = (16, 32) if dtype == torch.float32 else (16, 32, 64)
     block_ks = (32, 64) if dtype == torch.float32 else (128, 256, 512)
-    for bn, bk, stages, split in itertools.product(block_ns, block_ks, (3,), (1, 2, 4, 8, 16)):
+    # Narrow outputs (routers, Qwen's one-column shared-expert gate) give a handful of
+    # column tiles: only deep splits of K fill the GPU there.
+    splits = (1, 2, 4, 8, 16) if N >= 256 else (1, 4, 16, 32, 64)
+    for bn, bk, stages, split in itertools.product(block_ns, block_ks, (3,), splits):
         warps = 8 if bn * bk >= 64 * 256 else 4
         programs = triton.cdiv(N, bn) * split
         if split > 1 and (programs > 2048 or K // split < bk):
             continue
-        if split == 1 or programs >= 64:
+        if split == 1 or programs >= min(64, 16 * split):
             found.append(MatmulConfig(BLOCK_M, bn, bk, warps, stages, split))
     return found
 
