@@ -305,3 +305,43 @@ def test_bench_pins_the_chosen_or_the_given_hot_count(capsys, tmp_path, count):
     assert tpot["extra"]["settings"]["hot_experts_per_layer"] == hot["per_layer"]
     assert len(hot["calibration_prompts"]) == 2
     assert tpot["prompt_id"] not in hot["calibration_prompts"]
+
+
+def test_info_shows_the_plan_with_a_pinned_hot_set(capsys):
+    argv = ("info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "24")
+    code, plain, _ = _run(capsys, *argv)
+    assert code == 0
+    code, pinned, _ = _run(capsys, *argv, "--hot-experts", "36")
+    assert code == 0
+    assert "INT4 draft experts (64/64 per layer)" in plain
+    assert "INT4 draft experts (28/64 per layer)" in pinned
+
+    def slots(out):
+        line = next(line for line in out.splitlines() if line.startswith("FP16 expert slots"))
+        return int(line.split("(")[1].split("/")[0])
+
+    assert slots(pinned) > slots(plain)
+    code, _, err = _run(capsys, *argv, "--hot-experts", "65")
+    assert code == 2
+    assert "65" in err
+
+
+def test_generate_pins_a_hot_set_from_a_file(capsys, tmp_path):
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    layers = config.num_hidden_layers - config.first_k_dense_replace  # MoE layers
+    path = tmp_path / "hot.json"
+    path.write_text(json.dumps({"hot_experts": [[0, 1]] * layers}))
+    code, out, err = _run(
+        capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "4", "--depth",
+        "2", "--slots-per-layer", "4", "--hot-experts", str(path), "--json", "--no-stream", "hi",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "hot_experts=2" in err  # the loaded model's repr
+    assert json.loads(out.strip().splitlines()[-1])["new_tokens"] == 4
+    path.write_text(json.dumps({"hot_experts": [[0, 1]] * (layers + 1)}))
+    code, _, err = _run(
+        capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "2",
+        "--slots-per-layer", "4", "--hot-experts", str(path), "hi",
+    )  # fmt: skip
+    assert code == 2
+    assert "one list per MoE layer" in err

@@ -82,3 +82,28 @@ def test_other_dims_and_dtypes_are_refused():
         sk.invariant_layer_norm(torch.randn(3, 4, 5), (4, 5))
     with pytest.raises(ValueError, match="weight"):
         sk.invariant_rms_norm(torch.randn(3, 4), (4,), torch.randn(5))
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_over_masked_padding_equals_the_unpadded_row(seed, backend, log):
+    # Window-mode attention: the same keys plus -inf ones past the filled length.
+    from specter_kernels.invariant_reductions import _softmax
+
+    x = torch.randn(4, 300) * 3
+    padded = torch.cat([x, torch.full((4, 900), float("-inf"))], dim=1)
+    out = _softmax(padded, -1, None, log=log, zero_masked_rows=True)
+    assert torch.equal(out[:, :300], _softmax(x, -1, None, log=log, zero_masked_rows=True))
+    if not log:
+        assert torch.equal(out[:, 300:], torch.zeros(4, 900))
+
+
+def test_an_all_masked_row_gives_zeros_where_asked(seed, backend):
+    from specter_kernels.invariant_reductions import _softmax
+
+    x = torch.randn(3, 40)
+    x[1] = float("-inf")
+    out = _softmax(x, -1, torch.float16, log=False, zero_masked_rows=True)
+    assert out.dtype == torch.float16  # ``dtype`` casts the input, as torch's does
+    assert torch.equal(out[1], torch.zeros(40, dtype=torch.float16))
+    expected = torch.softmax(x[0::2].half().float(), -1)
+    assert torch.allclose(out[0::2].float(), expected, atol=1e-3)

@@ -242,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
         "depth picks K from measured times, and K changes which random draws a token uses; "
         "the output distribution is the target's either way)",
     )
+    gen.add_argument(
+        "--hot-experts",
+        metavar="FILE",
+        default=None,
+        help="pin this hot set under the budget (a `specter bench` results file with a "
+        'hot_experts record at --gpu-memory-gb, or JSON {"hot_experts": [[ids], ...]}): '
+        "those experts stay in FP16 slots and the draft computes them in FP16",
+    )
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end only")
     gen.add_argument("--json", action="store_true", help="print statistics as one JSON object")
 
@@ -373,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--model", default=DEFAULT_MODEL)
     info.add_argument("--gpu-memory-gb", type=parse_budget, default=None)
     info.add_argument("--max-seq-len", type=_positive_int, default=None)
+    info.add_argument(
+        "--hot-experts",
+        type=_non_negative_int,
+        default=0,
+        help="experts per layer pinned as a hot set (they leave the INT4 draft; default 0)",
+    )
 
     report = sub.add_parser(
         "report",

@@ -18,6 +18,7 @@ import torch
 
 from specter_bench.bench_command import parse_dtype
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
+from specter_bench.hot_set_file import read_hot_experts
 from specter_bench.model_loading import (
     EngineOptions,
     load_engine,
@@ -176,6 +177,9 @@ def run_generate(args: argparse.Namespace) -> int:
             f"one verification of depth {max_depth} need {need} positions; {args.model} has "
             f"{limit}. Shorten the prompt or generate fewer tokens."
         )
+    hot = None
+    if args.hot_experts is not None:
+        hot = read_hot_experts(args.hot_experts, args.gpu_memory_gb)
     print(f"loading {args.model} on {device} ...", file=sys.stderr)
     started = time.perf_counter()
     if args.slots_per_layer is not None and args.gpu_memory_gb is not None:
@@ -191,6 +195,7 @@ def run_generate(args: argparse.Namespace) -> int:
         seed=args.weights_seed,
         max_seq_len=min(limit or need, -(-need // 64) * 64),
         options=EngineOptions.from_args(args),
+        hot_experts=hot,
     )
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if loaded.tokenizer is None and hasattr(tokenizer, "offset"):

@@ -7,7 +7,8 @@ Torch's reductions pick their launch shape from the tensor they reduce: a CUDA
 kernels the same way. So a row's rounding depends on its neighbours. Here every
 reduction is :func:`invariant_row_sum` (one program per row, a fixed lane
 layout, see :mod:`specter_kernels.invariant_row_sum_triton`) and everything
-else is elementwise (``amax`` is exact in any order).
+else is elementwise (``amax`` is exact in any order). On the GPU the softmaxes run
+as one kernel with the same lanes (:mod:`specter_kernels.invariant_softmax_triton`).
 
 On the CPU (backend ``torch``) the reference mirrors the kernel's lanes with
 elementwise adds over rows padded to a multiple of ``ROW_SUM_BLOCK``; the
@@ -145,6 +146,12 @@ def _softmax(
     N = x.shape[-1]
     if x.numel() == 0:
         return torch.empty_like(x)
+    if select_backend(x.device) != "torch":
+        # One launch per softmax (specter_kernels.invariant_softmax_triton), same lanes.
+        from specter_kernels.invariant_softmax_triton import launch_invariant_softmax
+
+        out = launch_invariant_softmax(x.reshape(-1, N), log, zero_masked_rows, x.dtype)
+        return out.reshape(x.shape)
     e, sums = _exp_shifted(x, zero_masked_rows)
     if log:
         rows = _padded_rows(x, float("-inf")) if e.shape[1] != N else x.reshape(-1, N).float()

@@ -1,0 +1,85 @@
+"""Read a pinned hot set (``specter_models.load(hot_experts=)``) from a file.
+
+``specter generate --hot-experts FILE`` takes the hot set a benchmark chose: a results file
+of ``specter bench`` (JSON lines; its ``hot_experts`` record at the asked budget, or its only
+one), a JSON object ``{"hot_experts": [[ids of layer 0], [ids of layer 1], ...]}``, or the
+bare list of lists.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["read_hot_experts"]
+
+
+def _as_hot_set(value: Any, path: Path) -> list[list[int]]:
+    ok = isinstance(value, list) and all(
+        isinstance(layer, list) and all(isinstance(i, int) and i >= 0 for i in layer)
+        for layer in value
+    )
+    if not ok or not value:
+        raise ValueError(
+            f"{path}: the hot set must be a non-empty list with one list of expert ids "
+            "(ints >= 0) per MoE layer, e.g. [[0, 5], [3, 7]]; got "
+            f"{json.dumps(value)[:80]}"
+        )
+    return [list(layer) for layer in value]
+
+
+def read_hot_experts(path: str | Path, budget_gb: float | None = None) -> list[list[int]]:
+    """The hot set stored in ``path``.
+
+    Args:
+        path: a ``specter bench`` results file (JSON lines), a JSON object with a
+            ``hot_experts`` key, or a JSON list of per-layer id lists.
+        budget_gb: in a results file with hot sets at several budgets, the one to take.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: no hot set in it, several and no (or no matching) budget, or a
+            malformed one; the message says which.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--hot-experts {path}: no such file (give a `specter bench` results file with a "
+            'hot_experts record, or a JSON file {"hot_experts": [[...], ...]})'
+        )
+    text = path.read_text(encoding="utf-8")
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, list):
+        return _as_hot_set(whole, path)
+    if isinstance(whole, dict) and "hot_experts" in whole:
+        return _as_hot_set(whole["hot_experts"], path)
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path}: line {number} is not JSON ({error.msg}); expected a `specter bench` "
+                "results file or a JSON hot set"
+            ) from None
+        if isinstance(record, dict) and record.get("kind") == "hot_experts":
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path}: no hot_experts record or 'hot_experts' key in it")
+    if budget_gb is not None:
+        records = [r for r in records if r.get("budget_gb") == budget_gb] or records[:0]
+        if not records:
+            raise ValueError(f"{path}: no hot_experts record at {budget_gb:g} GB")
+    budgets = sorted({r.get("budget_gb") for r in records}, key=str)
+    if len(budgets) > 1:
+        raise ValueError(
+            f"{path} holds hot sets at several budgets ({budgets}); give --gpu-memory-gb "
+            "to pick one"
+        )
+    return _as_hot_set(records[-1]["data"]["hot_experts"], path)

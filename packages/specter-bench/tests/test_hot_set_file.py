@@ -1,0 +1,53 @@
+"""Reading a pinned hot set from a bench results file or a JSON file."""
+
+import json
+
+import pytest
+
+from specter_bench.hot_set_file import read_hot_experts
+
+
+def _record(budget, hot):
+    return {"kind": "hot_experts", "budget_gb": budget, "data": {"hot_experts": hot}}
+
+
+def test_a_bench_results_file_gives_the_hot_set_at_the_asked_budget(tmp_path):
+    path = tmp_path / "bench.jsonl"
+    lines = [{"kind": "memory", "data": {}}, _record(16.0, [[1], [2]]), _record(24.0, [[3], [4]])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert read_hot_experts(path, 24.0) == [[3], [4]]
+    assert read_hot_experts(path, 16.0) == [[1], [2]]
+    with pytest.raises(ValueError, match="several budgets"):
+        read_hot_experts(path)
+    with pytest.raises(ValueError, match="no hot_experts record at 20 GB"):
+        read_hot_experts(path, 20.0)
+    single = tmp_path / "single.jsonl"
+    single.write_text(json.dumps(_record(24.0, [[0, 5], [6, 7]])) + "\n")
+    assert read_hot_experts(single) == [[0, 5], [6, 7]]
+
+
+def test_json_objects_and_lists_are_read(tmp_path):
+    path = tmp_path / "hot.json"
+    path.write_text(json.dumps({"hot_experts": [[0, 1], [2, 3]]}, indent=1))
+    assert read_hot_experts(path) == [[0, 1], [2, 3]]
+    path.write_text(json.dumps([[4], [5]]))
+    assert read_hot_experts(path) == [[4], [5]]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"hot_experts": [[0, -1]]}', "one list of expert ids"),
+        ('{"hot_experts": []}', "non-empty list"),
+        ('[["a"]]', "ints >= 0"),
+        ('{"kind": "tpot"}\nnot json\n', "line 2 is not JSON"),
+        ('{"kind": "tpot"}\n', "no hot_experts record"),
+    ],
+)
+def test_malformed_files_are_reported(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_hot_experts(path)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_hot_experts(tmp_path / "missing.json")
