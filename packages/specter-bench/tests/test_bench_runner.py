@@ -340,3 +340,41 @@ def test_first_mismatch():
     assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
     assert first_mismatch([1, 5, 3], [1, 2, 3]) == 1
     assert first_mismatch([1, 2], [1, 2, 3]) == 2
+
+
+def test_a_compiled_system_is_warmed_on_each_prompt_before_its_measured_run(default_run):
+    from specter_bench.bench_runner import PROMPT_WARMUP_TOKENS
+
+    runner, _ = default_run
+    calls = []
+
+    class Run:
+        def __init__(self, number):
+            self.number, self.settings = number, {}
+
+    def generate(ids, n):
+        calls.append((tuple(ids), n))
+        return Run(len(calls))
+
+    class Bar:
+        def update(self, n):
+            pass
+
+        def set_postfix_str(self, text):
+            pass
+
+    prompts = runner.prompts
+    for warm_each in (False, True):
+        calls.clear()
+        runs = runner._decode_all(
+            "hf", generate, NEW_TOKENS, prompts, Bar(), None, None, warm_each_prompt=warm_each
+        )
+        first = (tuple(prompts[0].ids), min(NEW_TOKENS, runner.config.warmup_tokens))
+        measured = [(tuple(p.ids), NEW_TOKENS) for p in prompts]
+        if warm_each:
+            warm = [(tuple(p.ids), PROMPT_WARMUP_TOKENS) for p in prompts]
+            assert calls == [first, warm[0], measured[0], warm[1], measured[1]]
+        else:
+            assert calls == [first, *measured]
+        # The measured runs are the recorded ones, never a warm-up.
+        assert [run.number for _, run in runs] == ([3, 5] if warm_each else [2, 3])
