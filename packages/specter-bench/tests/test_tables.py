@@ -217,3 +217,22 @@ def test_tpot_is_the_median_over_prompts():
 
     (s,) = summarize_tpot([rec("a", 1.0), rec("b", 2.0), rec("c", 30.0)])
     assert s.tpot_ms == 2.0
+
+
+def test_the_belady_target_takes_the_latest_run_that_measured_a_bound():
+    def rec(tpot, bound):
+        record = TpotRecord(
+            "specter", "deepseek-v2-lite", 24.0, "humaneval", "p", 5, 8, tpot, None, None, None
+        ).as_dict()
+        record["belady_tpot_ms"] = bound
+        record["tpot_over_belady"] = tpot / bound if bound else None
+        return record
+
+    early, late = "2026-11-29T14:24:02+00:00", "2026-11-29T16:05:00+00:00"
+    records = [_in_run(rec(16.0, 2.0), early), _in_run(rec(13.0, None), late, "def5678")]
+    (belady,) = [t for t in evaluate_targets(records) if "belady" in t["target"]]
+    assert (belady["tpot_ms"], belady["versus_tpot_ms"], belady["ratio"]) == (16.0, 2.0, 8.0)
+    assert belady["met"] is False
+    # Only unbounded runs: the latest, not measured.
+    (belady,) = [t for t in evaluate_targets(records[1:]) if "belady" in t["target"]]
+    assert (belady["tpot_ms"], belady["ratio"]) == (13.0, None)

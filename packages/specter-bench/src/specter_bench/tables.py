@@ -339,7 +339,8 @@ def evaluate_targets(
     unlimited, marked ``(no target)`` (``met`` None).
 
     Both sides come from one run (the latest run that measured both) when any did; else
-    from the latest run of each, and ``same_run`` says so.
+    from the latest run of each, and ``same_run`` says so. A Belady target takes the latest
+    run that measured the bound.
 
     Returns:
         One dict per target: ``model``, ``budget``, ``target`` (text), ``ratio`` (None when
@@ -358,7 +359,10 @@ def evaluate_targets(
             mine_runs = index.get((model, t.budget_gb, t.system), {})
             same_run = True
             if t.versus == "belady":
-                mine = mine_runs[max(mine_runs)] if mine_runs else None
+                # The latest run that measured a bound (a TPOT-only run records none).
+                bounded = [run for run, m in mine_runs.items() if m.belady_tpot_ms is not None]
+                latest = max(bounded or mine_runs, default=None)
+                mine = mine_runs[latest] if latest is not None else None
                 other = mine.belady_tpot_ms if mine is not None else None
                 ratio = mine.tpot_over_belady if mine is not None else None
             else:
