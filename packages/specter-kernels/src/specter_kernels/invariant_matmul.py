@@ -3,9 +3,9 @@
 cuBLAS picks its kernel (tile shape, split-K, stream-K) from M, so the same row
 multiplied alone or beside 32 others can round differently; speculative
 verification (K+1 rows) then drifts from plain decoding (1 row). These
-functions run one Triton kernel whose tile shape depends on (N, K, dtype) only
-(see :mod:`specter_kernels.invariant_matmul_config`), with fp32 accumulation
-and no split-K.
+functions run one Triton kernel whose tile shape and split of K depend on
+(N, K, dtype) only (see :mod:`specter_kernels.invariant_matmul_config`), with fp32
+accumulation; split partial sums are added in a fixed order.
 
 On the CPU (backend ``torch``) the reference evaluates one row at a time,
 ``a[..., i:i+1, :] @ b`` in fp32, which is batch-invariant by construction.
