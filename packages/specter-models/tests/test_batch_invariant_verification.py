@@ -231,3 +231,33 @@ def test_wrappers_are_installed_once_and_are_inert_outside_target_forwards(check
     linear = lm.model.lm_head
     x = torch.randn(3, linear.in_features)
     assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias))
+
+
+def test_invariant_draft_linears_route_the_drafts_linears_through_the_kernel(
+    checkpoints, monkeypatch
+):
+    from specter_models import invariant_scopes
+
+    calls = []
+    original = invariant_scopes.invariant_linear
+
+    def counted(x, weight, bias=None):
+        calls.append(tuple(weight.shape))
+        return original(x, weight, bias)
+
+    monkeypatch.setattr(invariant_scopes, "invariant_linear", counted)
+    prompt = random_prompt(4, 64, seed=5)
+    logits = {}
+    for switch in (False, True):
+        lm = load(
+            checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32,
+            slots_per_layer=3, batch_invariant=True, invariant_draft_linears=switch,
+        )  # fmt: skip
+        lm.target.forward(prompt, 0)
+        calls.clear()
+        logits[switch] = lm.draft.forward(prompt[:, -1:], 4)
+        lm_head = tuple(lm.model.lm_head.weight.shape)
+        assert (lm_head in calls) is switch, (switch, calls)
+        assert lm.runtime.invariant_draft_linears is switch
+    # The same draft up to summation order.
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
