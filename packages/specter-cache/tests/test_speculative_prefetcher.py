@@ -235,3 +235,25 @@ def test_no_snapshot_once_every_expert_is_resident(make_store, monkeypatch, pipe
     pf.on_verify_start(5)
     pf.on_verify_end(4)
     assert pf.stats()["boundaries"] == before
+
+
+def test_pinned_slots_are_not_room_for_prefetches(make_store):
+    # 4 slots per layer, 2 of them pinned (a hot set): 2 evictable slots per layer.
+    cache, _, pf = make(make_store, slots=4)
+    for layer in (0, 1):
+        cache.pin(layer, [6, 7])
+    cache.synchronize()
+    pf.on_draft_start(8)
+    draft_token(pf, 0, {0: [0, 6], 1: [2, 7]})  # the pinned experts are planned too
+    draft_token(pf, 1, {0: [1, 6], 1: [3, 7]})
+    # Plan {0: [6, 0, 1], 1: [7, 2, 3]}: 4 new experts fill the 4 evictable slots, so the
+    # first boundary is the final cleanup (counting the pinned slots, 8 would look free).
+    assert pf.planner.phase is PlannerPhase.FINAL_CLEANUP
+    assert sorted(cache.resident_experts(0)) == [0, 1, 6, 7]
+    assert sorted(cache.resident_experts(1)) == [2, 3, 6, 7]
+    for i in range(2, 8):
+        draft_token(pf, i, {0: [5], 1: [5]})
+    pf.on_verify_start(9)
+    verify(cache, {0: [0, 6], 1: [3, 7]})
+    pf.on_verify_end(4)
+    assert (pf.stats()["boundaries"], pf.stats()["cleanups"]) == (1, 1)

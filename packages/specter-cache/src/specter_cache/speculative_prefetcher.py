@@ -198,7 +198,11 @@ class SpeculativePrefetcher:
             new = [e for e in experts if cache.slot_of(layer, e) < 0]
             batch_experts += len(new)
             batch_bytes += len(new) * cache.store.expert_bytes(layer)
-            remaining += cache.slots_per_layer[layer] - (len(experts) - len(new))
+            # Only evictable slots can take a prefetch: pinned ones (a hot set) hold their
+            # experts for good, planned or not.
+            pinned = set(cache.pinned(layer))
+            held = sum(1 for e in experts if e not in pinned) - len(new)
+            remaining += max(0, cache.slots_per_layer[layer] - len(pinned) - held)
         decision = self.planner.decide(
             tokens_done,
             batch_experts=batch_experts,
