@@ -44,6 +44,18 @@ def step_ms(adapter, ids: torch.Tensor, start: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def kernel_summary(prof, label: str, steps: int) -> str:
+    """``"<label>: N kernels, T ms summed device time (U us per kernel)"`` per step of a
+    torch.profiler capture of ``steps`` steps (CUDA kernel events only)."""
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    count = len(kernels) / steps
+    total_us = sum(e.time_range.elapsed_us() for e in kernels) / steps
+    return (
+        f"{label}: {count:.0f} kernels, {total_us / 1e3:.3f} ms summed device time "
+        f"({total_us / max(count, 1):.2f} us per kernel)"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="deepseek-v2-lite")

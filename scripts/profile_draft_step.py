@@ -13,7 +13,7 @@ import argparse
 import time
 
 import torch
-from gpu_step_graphs import step_ms  # a sibling script (scripts/ is on sys.path)
+from gpu_step_graphs import kernel_summary, step_ms  # a sibling script (scripts/ is on sys.path)
 from torch.profiler import ProfilerActivity, profile
 
 import specter_models
@@ -45,13 +45,7 @@ def main() -> int:
                 lm.draft.truncate(start)
                 lm.draft.forward(ids, start)
             torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total_us = sum(e.time_range.elapsed_us() for e in kernels) / 3
-    print(
-        f"eager draft step: {len(kernels) / 3:.0f} kernels, {total_us / 1e3:.3f} ms summed "
-        f"device time ({total_us / max(len(kernels) / 3, 1):.2f} us per kernel)",
-        flush=True,
-    )
+    print(kernel_summary(prof, "eager draft step", 3), flush=True)
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.top))
     return 0
 

@@ -13,7 +13,7 @@ import argparse
 import time
 
 import torch
-from gpu_step_graphs import step_ms  # a sibling script (scripts/ is on sys.path)
+from gpu_step_graphs import kernel_summary, step_ms  # a sibling script (scripts/ is on sys.path)
 from torch.profiler import ProfilerActivity, profile
 
 import specter_models
@@ -52,13 +52,8 @@ def main() -> int:
                 lm.target.truncate(start)
                 lm.target.forward(ids, start)
             torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        total_us = sum(e.time_range.elapsed_us() for e in kernels) / 3
-        print(
-            f"eager target step (batch_invariant={invariant}, T=1): {len(kernels) / 3:.0f} "
-            f"kernels, {total_us / 1e3:.3f} ms summed device time",
-            flush=True,
-        )
+        label = f"eager target step (batch_invariant={invariant}, T=1)"
+        print(kernel_summary(prof, label, 3), flush=True)
         table = prof.key_averages()
         print(f"--- batch_invariant={invariant}, 3 forwards of T=1: by host time", flush=True)
         print(table.table(sort_by="self_cpu_time_total", row_limit=args.top), flush=True)
