@@ -345,3 +345,57 @@ def test_generate_pins_a_hot_set_from_a_file(capsys, tmp_path):
     )  # fmt: skip
     assert code == 2
     assert "one list per MoE layer" in err
+
+
+def test_generate_chooses_a_hot_set_on_the_prompt(capsys, monkeypatch):
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    plan = specter_models.plan_memory(
+        config, slots_per_layer=4, dtype=torch.float32, max_seq_len=64
+    )  # generate's KV for this prompt
+    budget = (plan.expected_peak_bytes + plan.expert_bytes) / 1e9
+    seen = {}
+    choose = specter_models.choose_hot_experts
+
+    def recording(config, gpu_memory_gb, routes, **kwargs):
+        seen["routes"], seen["budget"] = routes, gpu_memory_gb
+        seen["choice"] = choose(config, gpu_memory_gb, routes, **kwargs)
+        return seen["choice"]
+
+    monkeypatch.setattr(specter_models, "choose_hot_experts", recording)
+    prompt = "def f(x):\n    return x"
+    code, out, err = _run(
+        capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "3", "--depth",
+        "2", "--gpu-memory-gb", str(budget), "--hot-experts", "auto", "--json", "--no-stream",
+        prompt,
+    )  # fmt: skip
+    assert code == 0, err
+    (routing,) = seen["routes"]
+    layers = config.num_hidden_layers - config.first_k_dense_replace
+    # The prompt's own routing: each of its tokens, every MoE layer, top-k.
+    from specter_bench.model_loading import load_tokenizer
+
+    ids = load_tokenizer("tiny-deepseek-v2", int(config.vocab_size)).encode(prompt)
+    assert tuple(routing.shape) == (len(ids), layers, config.num_experts_per_tok)
+    assert seen["budget"] == budget
+    stats = json.loads(out.strip().splitlines()[-1])
+    assert stats["hot_experts_per_layer"] == seen["choice"].per_layer
+    assert stats["slots_per_layer"] == seen["choice"].slots_per_layer
+    assert f"hot set: {seen['choice'].per_layer} experts per layer pinned" in err
+    assert seen["choice"].per_layer > 0  # this prompt and budget: pinning pays
+    assert f"hot_experts={seen['choice'].per_layer})" in err  # the model loaded with it
+
+
+def test_generate_hot_set_auto_needs_a_budget_and_two_tokens(capsys):
+    code, _, err = _run(
+        capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "2",
+        "--hot-experts", "auto", "hi",
+    )  # fmt: skip
+    assert code == 2
+    assert "--hot-experts auto chooses a hot set for a memory budget" in err
+    from specter_bench.hot_sets import choose_prompt_hot_set
+
+    def never():
+        raise AssertionError("the prompt is checked before anything loads")
+
+    with pytest.raises(ValueError, match="needs at least 2 tokens; this prompt has 1"):
+        choose_prompt_hot_set(never, 1.0, [5], dtype=torch.float32, max_seq_len=64)

@@ -244,11 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument(
         "--hot-experts",
-        metavar="FILE",
+        metavar="FILE|auto",
         default=None,
-        help="pin this hot set under the budget (a `specter bench` results file with a "
-        'hot_experts record at --gpu-memory-gb, or JSON {"hot_experts": [[ids], ...]}): '
-        "those experts stay in FP16 slots and the draft computes them in FP16",
+        help="pin a hot set under the budget: those experts stay in FP16 slots and the draft "
+        "computes them in FP16. FILE: a `specter bench` results file with a hot_experts "
+        'record at --gpu-memory-gb, or JSON {"hot_experts": [[ids], ...]}; auto: chosen on '
+        "the prompt's routing at --gpu-memory-gb (one extra target-only load)",
     )
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end only")
     gen.add_argument("--json", action="store_true", help="print statistics as one JSON object")

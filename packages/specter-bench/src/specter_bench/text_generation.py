@@ -18,7 +18,7 @@ import torch
 
 from specter_bench.bench_command import parse_dtype
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
-from specter_bench.hot_set_file import read_hot_experts
+from specter_bench.hot_sets import choose_prompt_hot_set, read_hot_experts
 from specter_bench.model_loading import (
     EngineOptions,
     load_engine,
@@ -90,6 +90,7 @@ def generation_summary(loaded: Any, stats: Any, peak_gpu_bytes: int | None) -> d
         "h2d_mb_per_token": cache["bytes_moved"] / 1e6 / tokens if tokens else None,
         "stall_ms_per_token": 1e3 * cache["stall_seconds"] / tokens if tokens else None,
         "slots_per_layer": loaded.memory.plan.slots_per_layer,
+        "hot_experts_per_layer": loaded.memory.plan.hot_experts_per_layer,
         "num_experts": loaded.memory.plan.num_experts,
         "peak_gpu_memory_gb": peak_gpu_bytes / 1e9 if peak_gpu_bytes else None,
         "device": str(loaded.device),
@@ -113,6 +114,7 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         ("host-to-device MB per token", summary["h2d_mb_per_token"]),
         ("transfer stall ms per token", summary["stall_ms_per_token"]),
         ("expert slots per layer", f"{summary['slots_per_layer']}/{summary['num_experts']}"),
+        ("pinned hot experts per layer", summary["hot_experts_per_layer"]),
         ("peak GPU memory (GB)", summary["peak_gpu_memory_gb"]),
         ("device", summary["device"]),
     ]
@@ -150,7 +152,7 @@ def apply_demo_defaults(args: argparse.Namespace, num_experts: int) -> bool:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Load, stream the completion to stdout, then print statistics; exit status 0."""
-    from specter_bench.cli import resolve_device
+    from specter_bench.cli import CommandError, resolve_device
 
     text = _prompt_text(args)
     sampling = _sampling(args)
@@ -177,26 +179,49 @@ def run_generate(args: argparse.Namespace) -> int:
             f"one verification of depth {max_depth} need {need} positions; {args.model} has "
             f"{limit}. Shorten the prompt or generate fewer tokens."
         )
+    if args.slots_per_layer is not None and args.gpu_memory_gb is not None:
+        raise ValueError("give --gpu-memory-gb or --slots-per-layer, not both.")
+    max_seq_len = min(limit or need, -(-need // 64) * 64)
+
+    def load(with_draft: bool, hot: list[list[int]] | None = None):
+        return load_engine(
+            args.model,
+            budget_gb=args.gpu_memory_gb,
+            slots_per_layer=args.slots_per_layer,
+            with_draft=with_draft,
+            policy="predictive" if with_draft else "lru",
+            device=device,
+            dtype=dtype,
+            seed=args.weights_seed,
+            max_seq_len=max_seq_len,
+            options=EngineOptions.from_args(args),
+            hot_experts=hot,
+        )
+
     hot = None
-    if args.hot_experts is not None:
+    if args.hot_experts == "auto":
+        if args.gpu_memory_gb is None:
+            raise CommandError(
+                "--hot-experts auto chooses a hot set for a memory budget: give --gpu-memory-gb."
+            )
+        print(
+            "choosing the hot set on the prompt's routing (a target-only load) ...", file=sys.stderr
+        )
+        choice = choose_prompt_hot_set(
+            lambda: load(with_draft=False), args.gpu_memory_gb, ids, dtype=dtype,
+            max_seq_len=max_seq_len,
+        )  # fmt: skip
+        print(
+            f"hot set: {choice.per_layer} experts per layer pinned, {choice.slots_per_layer} "
+            "slots per layer",
+            file=sys.stderr,
+        )
+        hot = choice.hot_experts if choice.per_layer else None
+    elif args.hot_experts is not None:
         hot = read_hot_experts(args.hot_experts, args.gpu_memory_gb)
     print(f"loading {args.model} on {device} ...", file=sys.stderr)
     started = time.perf_counter()
-    if args.slots_per_layer is not None and args.gpu_memory_gb is not None:
-        raise ValueError("give --gpu-memory-gb or --slots-per-layer, not both.")
-    loaded = load_engine(
-        args.model,
-        budget_gb=args.gpu_memory_gb,
-        slots_per_layer=args.slots_per_layer,
-        with_draft=True,
-        policy="predictive",
-        device=device,
-        dtype=dtype,
-        seed=args.weights_seed,
-        max_seq_len=min(limit or need, -(-need // 64) * 64),
-        options=EngineOptions.from_args(args),
-        hot_experts=hot,
-    )
+    loaded = load(with_draft=True, hot=hot)
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if loaded.tokenizer is None and hasattr(tokenizer, "offset"):
         print(

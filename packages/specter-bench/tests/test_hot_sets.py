@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specter_bench.hot_set_file import read_hot_experts
+from specter_bench.hot_sets import read_hot_experts
 
 
 def _record(budget, hot):

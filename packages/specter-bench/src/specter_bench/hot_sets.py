@@ -1,18 +1,24 @@
-"""Read a pinned hot set (``specter_models.load(hot_experts=)``) from a file.
+"""The pinned hot set of ``specter generate`` (``specter_models.load(hot_experts=)``).
 
-``specter generate --hot-experts FILE`` takes the hot set a benchmark chose: a results file
-of ``specter bench`` (JSON lines; its ``hot_experts`` record at the asked budget, or its only
-one), a JSON object ``{"hot_experts": [[ids of layer 0], [ids of layer 1], ...]}``, or the
-bare list of lists.
+``--hot-experts FILE`` takes the hot set a benchmark chose (:func:`read_hot_experts`): a
+results file of ``specter bench`` (JSON lines; its ``hot_experts`` record at the asked
+budget, or its only one), a JSON object ``{"hot_experts": [[ids of layer 0], ...]}``, or the
+bare list of lists. ``--hot-experts auto`` chooses one on the prompt itself
+(:func:`choose_prompt_hot_set`): the target's routing of the prompt, from a target-only load
+at the budget, goes through ``specter_models.choose_hot_experts`` as the benchmark's
+calibration routing does.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_hot_experts"]
+import torch
+
+__all__ = ["choose_prompt_hot_set", "read_hot_experts"]
 
 
 def _as_hot_set(value: Any, path: Path) -> list[list[int]]:
@@ -83,3 +89,51 @@ def read_hot_experts(path: str | Path, budget_gb: float | None = None) -> list[l
             "to pick one"
         )
     return _as_hot_set(records[-1]["data"]["hot_experts"], path)
+
+
+def choose_prompt_hot_set(
+    load_target: Callable[[], Any],
+    gpu_memory_gb: float,
+    prompt_ids: list[int],
+    *,
+    dtype: torch.dtype,
+    max_seq_len: int,
+) -> Any:
+    """Choose the hot set at ``gpu_memory_gb`` on the target's routing of the prompt.
+
+    Args:
+        load_target: loads the target alone at the budget (a ``SpecterModel``; released
+            before this returns).
+        gpu_memory_gb: the budget the hot set is for.
+        prompt_ids: the prompt's token ids (at least two: the choice scores each half of
+            the routing on the other).
+        dtype, max_seq_len: those of the load the hot set is for (they size its plan).
+
+    Returns:
+        ``specter_models.HotExpertChoice`` (``per_layer`` 0: pinning does not pay here).
+
+    Raises:
+        ValueError: a prompt of fewer than two tokens.
+        MemoryBudgetError: the budget cannot hold the model.
+    """
+    from specter_bench.model_loading import release_memory
+    from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_pass
+    from specter_models import choose_hot_experts
+
+    if len(prompt_ids) < 2:
+        raise ValueError(
+            f"--hot-experts auto chooses on the prompt's routing, which needs at least 2 "
+            f"tokens; this prompt has {len(prompt_ids)}. Give a longer prompt or a hot-set file."
+        )
+    loaded = load_target()
+    recorder = RoutingRecorder(loaded.model)
+    try:
+        routing = teacher_forced_pass(recorder, loaded.target, prompt_ids, 0, loaded.reset).routing
+        config = loaded.config
+    finally:
+        recorder.remove()
+        del loaded, recorder
+        release_memory()
+    return choose_hot_experts(
+        config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len
+    )
