@@ -21,6 +21,7 @@ at both M. The best invariant candidate per shape (least M=1 + M=5 time) goes to
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import time
@@ -28,6 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
+from bench_kernels import time_graph  # a sibling script (scripts/ is on sys.path)
 
 from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig, matmul_config
 from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
@@ -76,29 +78,11 @@ def candidates(N: int, K: int, dtype: torch.dtype) -> list[MatmulConfig]:
     return found
 
 
-def graph_us(launch, copies: int, repeats: int = 5) -> float:
-    """Device microseconds per launch: ``copies`` launches in one graph, replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(2):
-            launch(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(copies):
-            launch(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3 / copies)
-    return sorted(times)[len(times) // 2]
+def graph_us(launch, copies: int) -> float:
+    """Device microseconds per launch: ``launch(0) .. launch(copies - 1)`` (distinct weights)
+    in one CUDA graph, replayed (``bench_kernels.time_graph``)."""
+    fns = [functools.partial(launch, i) for i in range(copies)]
+    return time_graph(fns, reps=copies, budget_s=0.02)
 
 
 def sweep_shape(name: str, N: int, K: int, dtype: torch.dtype, max_seconds: float, f):

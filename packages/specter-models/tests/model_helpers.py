@@ -60,3 +60,18 @@ def random_prompt(length: int, vocab: int, seed: int) -> torch.Tensor:
     """``[1, length]`` random token ids."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (1, length), generator=generator)
+
+
+def speculate_beside_transformers(lm, folder: Path, prompt: torch.Tensor, depth: int, tokens: int):
+    """Greedy speculation of ``lm`` at ``depth`` and transformers' greedy ``generate`` of the
+    checkpoint, ``tokens`` new tokens each, no stop token on either side (min_new_tokens
+    would mask EOS instead): ``(SpecController result, transformers' new token ids)``."""
+    from specter_spec import SpecController
+
+    reference = reference_from_checkpoint(folder)
+    reference.generation_config.eos_token_id = None
+    reference.generation_config.pad_token_id = 0
+    expected = reference.generate(prompt, max_new_tokens=tokens, do_sample=False)
+    controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
+    result = controller.generate(prompt[0].tolist(), max_new_tokens=tokens)
+    return result, expected[0, prompt.shape[1] :].tolist()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_helpers import random_prompt, reference_from_checkpoint
+from model_helpers import random_prompt, reference_from_checkpoint, speculate_beside_transformers
 from specter_kernels import dequantize_int4
 from specter_models import (
     MemoryBudgetError,
@@ -20,7 +20,6 @@ from specter_models import (
 from specter_models.architecture import find_moe_layers
 from specter_models.experts_runtime import ExpertsMode
 from specter_models.int4_draft import int4_expert_bytes
-from specter_spec import SpecController
 
 HOT = (1, 6)  # pinned in every layer of the tiny models (8 experts each)
 
@@ -74,14 +73,9 @@ def test_greedy_speculation_with_a_hot_set_equals_transformers_generate(
 ):
     folder = checkpoints[arch_name]
     lm = _hot_load(folder, torch.float64, 3)
-    reference = reference_from_checkpoint(folder)
     prompt = random_prompt(6, lm.config.vocab_size, seed=depth + 7)
-    reference.generation_config.eos_token_id = None
-    reference.generation_config.pad_token_id = 0
-    expected = reference.generate(prompt, max_new_tokens=20, do_sample=False)
-    controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
-    result = controller.generate(prompt[0].tolist(), max_new_tokens=20)
-    assert result.tokens == expected[0, 6:].tolist()
+    result, expected = speculate_beside_transformers(lm, folder, prompt, depth, 20)
+    assert result.tokens == expected
     assert lm.cache.stats()["total"]["misses"] > 0  # one evictable slot per layer: loads
     assert lm.hot_experts == _hot(lm.cache.num_layers)  # the pins survived every eviction
     for layer in range(lm.cache.num_layers):

@@ -19,10 +19,10 @@ from model_helpers import (
     random_prompt,
     reference_from_checkpoint,
     save_tiny_checkpoint,
+    speculate_beside_transformers,
     tiny_transformers_model,
 )
 from specter_models import MemoryBudgetError, load, plan_memory
-from specter_spec import SpecController
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -89,15 +89,9 @@ def test_target_logits_equal_transformers(checkpoints, arch_name, slots):
 def test_greedy_speculation_equals_transformers_generate(checkpoints, arch_name, depth):
     folder = checkpoints[arch_name]
     lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3)
-    reference = reference_from_checkpoint(folder)
     prompt = random_prompt(6, lm.config.vocab_size, seed=depth + 100)
-    # No stop token on either side: 24 tokens each (min_new_tokens would mask EOS instead).
-    reference.generation_config.eos_token_id = None
-    reference.generation_config.pad_token_id = 0
-    expected = reference.generate(prompt, max_new_tokens=24, do_sample=False)
-    controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
-    result = controller.generate(prompt[0].tolist(), max_new_tokens=24)
-    assert result.tokens == expected[0, 6:].tolist()
+    result, expected = speculate_beside_transformers(lm, folder, prompt, depth, 24)
+    assert result.tokens == expected
     if depth:
         stats = result.stats
         assert stats.iterations

@@ -503,11 +503,14 @@ class BenchRunner:
         routes = self._calibration_routing(budget)
         counts = cfg.hot_sweep_counts
         if counts is None:
-            fits = sorted(
-                choose_hot_experts(
+            # Every candidate the budget holds, at E // 16 steps (none: all resident): the
+            # chosen replay's own, unless its count was forced.
+            every = chosen
+            if cfg.hot_experts_per_layer is not None:
+                every = choose_hot_experts(
                     self.hf_config, budget, routes, dtype=cfg.dtype, max_seq_len=self.max_seq_len
-                ).loads
-            )  # every candidate the budget holds, at E // 16 steps (none: all resident)
+                )
+            fits = sorted(every.loads)
             spread = {fits[round(q * (len(fits) - 1))] for q in (0.25, 0.5, 0.75, 1.0) if fits}
             counts = tuple(sorted({0, chosen.per_layer, *spread}))
         experts = plan_memory(self.hf_config, dtype=cfg.dtype, max_seq_len=self.max_seq_len)

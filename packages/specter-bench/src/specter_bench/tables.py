@@ -440,6 +440,13 @@ def _experiments(records: Iterable[dict[str, Any]], kind: str) -> list[dict[str,
     return [r for r in records if r.get("kind") == kind]
 
 
+def _by_model_and_budget(records: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The ``kind`` records sorted by model, then budget (unlimited last)."""
+    return sorted(
+        _experiments(records, kind), key=lambda r: (r["model"], _budget_key(r["budget_gb"]))
+    )
+
+
 def working_set_table(records: Iterable[dict[str, Any]]) -> str:
     """Distinct experts per layer against depth K, per model (mean [p10, p90])."""
     rows = []
@@ -546,10 +553,7 @@ def policy_table(records: Iterable[dict[str, Any]]) -> str:
 def depth_sweep_table(records: Iterable[dict[str, Any]]) -> str:
     """TPOT and acceptance against depth K, per model and budget (best depth marked)."""
     rows = []
-    recs = sorted(
-        _experiments(records, "depth_sweep"),
-        key=lambda r: (r["model"], _budget_key(r["budget_gb"])),
-    )
+    recs = _by_model_and_budget(records, "depth_sweep")
     for r in recs:
         d = r["data"]
         best = d.get("best_depth")
@@ -581,9 +585,7 @@ def memory_table(records: Iterable[dict[str, Any]]) -> str:
         ("expected peak GB", lambda d: d.get("expected_peak_gb")),
         ("measured peak GB", lambda d: d.get("measured_peak_gb")),
     ]
-    recs = sorted(
-        _experiments(records, "memory"), key=lambda r: (r["model"], _budget_key(r["budget_gb"]))
-    )
+    recs = _by_model_and_budget(records, "memory")
     rows = [
         [
             r["model"],
@@ -606,10 +608,7 @@ def _draft_label(data: dict[str, Any]) -> str:
 
 def hot_experts_table(records: Iterable[dict[str, Any]]) -> str:
     """The pinned hot set chosen per model and budget, with the replayed loads behind it."""
-    recs = sorted(
-        _experiments(records, "hot_experts"),
-        key=lambda r: (r["model"], _budget_key(r["budget_gb"])),
-    )
+    recs = _by_model_and_budget(records, "hot_experts")
     rows = []
     for r in recs:
         d = r["data"]
@@ -635,10 +634,7 @@ def hot_sweep_table(records: Iterable[dict[str, Any]]) -> str:
     """specter's TPOT against the pinned hot count, per model and budget (the chosen count
     marked)."""
     rows = []
-    recs = sorted(
-        _experiments(records, "hot_sweep"),
-        key=lambda r: (r["model"], _budget_key(r["budget_gb"])),
-    )
+    recs = _by_model_and_budget(records, "hot_sweep")
     for r in recs:
         d = r["data"]
         for point in d["points"]:
