@@ -134,11 +134,20 @@ def poisoned(monkeypatch, triton_backend):
     from specter_kernels import (
         grouped_fp16_triton,
         invariant_matmul_triton,
+        mla_attention_triton,
         moe_align_triton,
+        router_topk_triton,
         w4a16_triton,
     )
 
-    for module in (w4a16_triton, grouped_fp16_triton, moe_align_triton, invariant_matmul_triton):
+    for module in (
+        w4a16_triton,
+        grouped_fp16_triton,
+        moe_align_triton,
+        invariant_matmul_triton,
+        router_topk_triton,
+        mla_attention_triton,
+    ):
         monkeypatch.setattr(module, "torch", PoisonedTorch())
 
 

@@ -100,3 +100,77 @@ def test_rotary_half_on_the_gpu_equals_torch(seed, monkeypatch, S):
     emb = torch.cat((angles, angles), dim=-1)
     cos, sin = emb.cos().half(), emb.sin().half()
     assert torch.equal(sk.rotary_half(q, cos, sin), sk.rotary_half_reference(q, cos, sin))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_silu_and_mul_on_the_gpu_equals_torch(seed, monkeypatch, dtype):
+    # DeepSeek-V2-Lite's gate_up output at five rows ([5, 2 * 1408]), then every 16-bit
+    # gate (half dtypes) or 2^20 random ones: CUDA's expf and IEEE division, torch's bits.
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    x = (3 * torch.randn(5, 2 * 1408, device="cuda")).to(dtype)
+    assert torch.equal(sk.silu_and_mul(x), sk.silu_and_mul_reference(x))
+    if dtype == torch.float32:
+        gate = 20 * torch.randn(1024, 1024, device="cuda")
+    else:
+        bits = torch.arange(-(2**15), 2**15, device="cuda", dtype=torch.int32).to(torch.int16)
+        gate = bits.view(dtype).reshape(64, 1024)
+        gate = torch.where(gate.isnan(), torch.zeros_like(gate), gate)
+    x = torch.cat([gate, (3 * torch.randn_like(gate.float())).to(dtype)], dim=-1)
+    out, expected = sk.silu_and_mul(x), sk.silu_and_mul_reference(x)
+    as_int = torch.int32 if dtype == torch.float32 else torch.int16
+    same = (out.view(as_int) == expected.view(as_int)) | (out.isnan() & expected.isnan())
+    assert bool(same.all()), (x[..., :1024][~same][:8], out[~same][:8], expected[~same][:8])
+
+
+@pytest.mark.parametrize(
+    ("E", "H", "k", "logits_dtype"),
+    [(64, 2048, 6, torch.float32), (60, 2048, 4, torch.float16), (160, 5120, 6, torch.float32)],
+)
+@pytest.mark.parametrize("T", [1, 5, 300])
+def test_router_topk_on_the_gpu(seed, monkeypatch, E, H, k, logits_dtype, T):
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    x = torch.randn(T, H, device="cuda").half()
+    weight = (0.02 * torch.randn(E, H, device="cuda")).half()
+    logits, weights, ids = sk.router_topk(x, weight, k, logits_dtype=logits_dtype, scaling=1.5)
+    ref_logits, ref_weights, ref_ids = sk.router_topk_reference(
+        x.double(), weight.double(), k, logits_dtype=torch.float64, scaling=1.5,
+        weights_dtype=torch.float64,
+    )  # fmt: skip
+    tol = 1e-2 if logits_dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(logits.double(), ref_logits, atol=tol, rtol=tol)
+    # Rows whose k-th and (k+1)-th probabilities nearly tie may pick either expert.
+    probs = ref_logits.softmax(-1).sort(-1, descending=True).values
+    clear = (probs[:, k - 1] - probs[:, k]) > 1e-3 * probs[:, k - 1]
+    assert clear.float().mean() > 0.5
+    assert torch.equal(ids[clear].sort(-1).values, ref_ids[clear].sort(-1).values)
+    torch.testing.assert_close(
+        weights.double()[clear].sort(-1).values,
+        ref_weights[clear].sort(-1).values,
+        atol=tol,
+        rtol=tol,
+    )
+    alone = sk.router_topk(x[-1:], weight, k, logits_dtype=logits_dtype, scaling=1.5)
+    assert torch.equal(alone[2][0], ids[-1])  # batch-invariant rows
+    assert torch.equal(alone[1][0], weights[-1])
+
+
+@pytest.mark.parametrize(("T", "L"), [(1, 768), (5, 512), (300, 300)])
+def test_mla_attention_on_the_gpu(seed, monkeypatch, T, L):
+    # DeepSeek-V2-Lite: 16 heads, kv_lora_rank 512, rope dim 64.
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    q_lat = torch.randn(16, T, 512, device="cuda").half()
+    q_pe = torch.randn(16, T, 64, device="cuda").half()
+    c_kv = torch.randn(L, 512, device="cuda").half()
+    k_pe = torch.randn(L, 64, device="cuda").half()
+    positions = torch.arange(L - T, L, device="cuda")
+    mask = torch.arange(L, device="cuda")[None, :] <= positions[:, None]
+    out = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.05, mask)
+    ref = sk.mla_attention_reference(
+        q_lat.double(), q_pe.double(), c_kv.double(), k_pe.double(), 0.05, mask
+    )
+    assert _rel_err(out, ref) < 5e-3
+    last = L - T + 1  # the first row alone, in the shortest window that holds it
+    alone = sk.mla_attention(
+        q_lat[:, :1], q_pe[:, :1], c_kv[:last], k_pe[:last], 0.05, mask[:1, :last]
+    )
+    assert torch.equal(alone[:, 0], out[:, 0])

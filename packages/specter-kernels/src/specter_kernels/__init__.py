@@ -45,6 +45,7 @@ from specter_kernels.invariant_reductions import (
     invariant_row_sum_reference,
     invariant_softmax,
 )
+from specter_kernels.mla_attention import mla_attention, mla_attention_reference
 from specter_kernels.moe_align import (
     max_aligned_blocks,
     moe_align_block_size,
@@ -57,6 +58,8 @@ from specter_kernels.rotary import (
     rotary_half,
     rotary_half_reference,
 )
+from specter_kernels.router_topk import router_topk, router_topk_reference
+from specter_kernels.silu_and_mul import silu_and_mul, silu_and_mul_reference
 
 __version__ = "0.1.0"
 
@@ -90,6 +93,8 @@ __all__ = [
     "invariant_softmax",
     "matmul_config",
     "max_aligned_blocks",
+    "mla_attention",
+    "mla_attention_reference",
     "moe_align_block_size",
     "moe_align_block_size_reference",
     "pack_int4",
@@ -100,7 +105,11 @@ __all__ = [
     "rotary_complex_reference",
     "rotary_half",
     "rotary_half_reference",
+    "router_topk",
+    "router_topk_reference",
     "select_backend",
+    "silu_and_mul",
+    "silu_and_mul_reference",
     "stack_int4_experts",
     "sum_routed_pairs",
     "unpack_int4",

@@ -1,0 +1,174 @@
+"""Triton kernels of the absorbed MLA attention: chunked online softmax, then a merge.
+
+``_mla_chunk_kernel``: one program per (query row, ``SPLIT``-position key chunk) holds all
+heads' queries (``[BLOCK_H, R]`` and ``[BLOCK_H, P]``) and walks its chunk ``BLOCK_L``
+keys at a time: ``tl.dot`` scores, mask, running max and sum, ``tl.dot`` of the fp16
+probabilities with the latents into an fp32 ``[BLOCK_H, R]`` accumulator; it writes the
+unnormalised accumulator, max and sum of its chunk. ``_mla_merge_kernel``: one program per
+(row, head) rescales and adds the row's chunks in chunk order and divides once.
+
+Chunk boundaries are absolute key positions, so a row's chunks are the same whatever the
+row count or window; fully masked chunks and blocks leave the running state bit for bit
+unchanged (max of the old max and -inf, a factor of exp(0) = 1, zero probabilities).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+SPLIT = 64
+"""Key positions per chunk (a multiple of ``BLOCK_L``)."""
+BLOCK_L = 32
+NUM_WARPS = 8
+PARTIAL_BYTES = 32 << 20
+"""Most fp32 partial-accumulator bytes one launch uses; longer prompts go in row chunks."""
+NEG_BIG: tl.constexpr = tl.constexpr(-1.0e30)
+"""The running max before any visible key (finite, so a masked block keeps exp(0) = 1)."""
+
+
+@triton.jit(do_not_specialize=["T", "L", "row0", "offset"])
+def _mla_chunk_kernel(
+    q_ptr, qpe_ptr, c_ptr, kpe_ptr, mask_ptr, acc_ptr, max_ptr, sum_ptr,
+    H, T, L, R, P, row0, offset,
+    s_qh, s_qt, s_ph, s_pt, s_cl, s_kl, s_mt, s_ml,
+    scale,
+    SPLIT: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, MASK_MODE: tl.constexpr,
+):  # fmt: skip
+    local = tl.program_id(0)
+    t = row0 + local
+    chunk = tl.program_id(1)
+    chunks = tl.num_programs(1)
+    heads = tl.arange(0, BLOCK_H)
+    rr = tl.arange(0, BLOCK_R)
+    pp = tl.arange(0, BLOCK_P)
+    live_h = heads < H
+    q = tl.load(
+        q_ptr + heads[:, None] * s_qh + t * s_qt + rr[None, :],
+        mask=live_h[:, None] & (rr[None, :] < R),
+        other=0.0,
+    )
+    qp = tl.load(
+        qpe_ptr + heads[:, None] * s_ph + t * s_pt + pp[None, :],
+        mask=live_h[:, None] & (pp[None, :] < P),
+        other=0.0,
+    )
+    run_max = tl.full([BLOCK_H], NEG_BIG, dtype=tl.float32)
+    run_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_R], dtype=tl.float32)
+    start = chunk * SPLIT
+    for l0 in range(start, start + SPLIT, BLOCK_L):
+        keys = l0 + tl.arange(0, BLOCK_L)
+        inside = keys < L
+        c = tl.load(
+            c_ptr + keys[:, None] * s_cl + rr[None, :],
+            mask=inside[:, None] & (rr[None, :] < R),
+            other=0.0,
+        )
+        kp = tl.load(
+            kpe_ptr + keys[:, None] * s_kl + pp[None, :],
+            mask=inside[:, None] & (pp[None, :] < P),
+            other=0.0,
+        )
+        scores = tl.dot(q, tl.trans(c)) + tl.dot(qp, tl.trans(kp))
+        scores = scores * scale
+        visible = inside
+        if MASK_MODE == 0:
+            visible = visible & (keys <= t + offset)
+        elif MASK_MODE == 1:
+            m = tl.load(mask_ptr + t * s_mt + keys * s_ml, mask=inside, other=0)
+            visible = visible & (m != 0)
+        else:
+            bias = tl.load(mask_ptr + t * s_mt + keys * s_ml, mask=inside, other=0.0)
+            scores = scores + bias.to(tl.float32)[None, :]
+        scores = tl.where(visible[None, :], scores, float("-inf"))
+        new_max = tl.maximum(run_max, tl.max(scores, axis=1))
+        factor = tl.exp(run_max - new_max)
+        probs = tl.exp(scores - new_max[:, None])
+        run_sum = run_sum * factor + tl.sum(probs, axis=1)
+        acc = acc * factor[:, None] + tl.dot(probs.to(c.dtype), c)
+        run_max = new_max
+    part = local * chunks + chunk
+    tl.store(
+        acc_ptr + (part * BLOCK_H + heads[:, None]) * BLOCK_R + rr[None, :],
+        acc,
+    )
+    tl.store(max_ptr + part * BLOCK_H + heads, run_max)
+    tl.store(sum_ptr + part * BLOCK_H + heads, run_sum)
+
+
+@triton.jit(do_not_specialize=["row0"])
+def _mla_merge_kernel(
+    acc_ptr, max_ptr, sum_ptr, out_ptr, R, row0, s_oh, s_ot, chunks,
+    BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    local = tl.program_id(0)
+    h = tl.program_id(1)
+    rr = tl.arange(0, BLOCK_R)
+    first = local * chunks * BLOCK_H + h
+    peak = tl.load(max_ptr + first)
+    for s in range(1, chunks):
+        peak = tl.maximum(peak, tl.load(max_ptr + (local * chunks + s) * BLOCK_H + h))
+    w = tl.exp(tl.load(max_ptr + first) - peak)
+    norm = w * tl.load(sum_ptr + first)
+    total = w * tl.load(acc_ptr + first * BLOCK_R + rr)
+    for s in range(1, chunks):  # chunk order: trailing masked chunks add exact zeros
+        part = (local * chunks + s) * BLOCK_H + h
+        w = tl.exp(tl.load(max_ptr + part) - peak)
+        norm = norm + w * tl.load(sum_ptr + part)
+        total = total + w * tl.load(acc_ptr + part * BLOCK_R + rr)
+    out = tl.where(norm > 0.0, total / tl.where(norm > 0.0, norm, 1.0), 0.0)
+    tl.store(
+        out_ptr + h * s_oh + (row0 + local) * s_ot + rr,
+        out.to(out_ptr.dtype.element_ty),
+        mask=rr < R,
+    )
+
+
+def launch_mla_attention(
+    q_lat: torch.Tensor,
+    q_pe: torch.Tensor,
+    c_kv: torch.Tensor,
+    k_pe: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """``o_lat [H, T, R]`` (arguments checked by ``mla_attention``; ``c_kv``/``k_pe`` with
+    unit stride along their last dim)."""
+    H, T, R = q_lat.shape
+    L, P = k_pe.shape
+    block_h = max(16, triton.next_power_of_2(H))
+    block_r = max(16, triton.next_power_of_2(R))
+    block_p = max(16, triton.next_power_of_2(P))
+    chunks = triton.cdiv(L, SPLIT)
+    if mask is None:
+        mode, mask_arg, s_mt, s_ml = 0, q_lat, 0, 0
+    else:
+        mode = 1 if mask.dtype == torch.bool else 2
+        mask_arg = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+        s_mt, s_ml = mask.stride(0), mask.stride(1)
+    out = torch.empty(H, T, R, dtype=q_lat.dtype, device=q_lat.device)
+    rows_per_launch = max(1, min(T, PARTIAL_BYTES // (chunks * block_h * block_r * 4)))
+    acc = torch.empty(rows_per_launch * chunks * block_h * block_r, dtype=torch.float32,
+                      device=q_lat.device)  # fmt: skip
+    run_max = torch.empty(rows_per_launch * chunks * block_h, dtype=torch.float32,
+                          device=q_lat.device)  # fmt: skip
+    run_sum = torch.empty_like(run_max)
+    for row0 in range(0, T, rows_per_launch):
+        rows = min(rows_per_launch, T - row0)
+        _mla_chunk_kernel[(rows, chunks)](
+            q_lat, q_pe, c_kv, k_pe, mask_arg, acc, run_max, run_sum,
+            H, T, L, R, P, row0, L - T,
+            q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
+            c_kv.stride(0), k_pe.stride(0), s_mt, s_ml,
+            scale,
+            SPLIT=SPLIT, BLOCK_L=BLOCK_L, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p,
+            MASK_MODE=mode, num_warps=NUM_WARPS,
+        )  # fmt: skip
+        _mla_merge_kernel[(rows, H)](
+            acc, run_max, run_sum, out, R, row0, out.stride(0), out.stride(1), chunks,
+            BLOCK_H=block_h, BLOCK_R=block_r, num_warps=4,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,113 @@
+"""Triton kernels of the fused router: the logits, then the selection.
+
+``_router_logits_kernel``: one program per (token row, ``BLOCK_E`` experts) computes those
+experts' logits as dot products over ``H``, accumulated in fixed ``BLOCK_H``-wide fp32 lanes
+and summed by one fixed tree, so a logit's bits never depend on the other rows or experts
+(batch-invariant by construction); many small programs read the weight at the GPU's
+bandwidth, which one program per row cannot (it measured some 20 us for DeepSeek-V2-Lite's
+256 KB router weight on the H200). ``_router_select_kernel``: one program per row reads its
+``E`` logits, takes the softmax and the top-k (``top_k`` rounds of max, ties to the lower
+id), renormalises and scales.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_E = 4
+"""Experts per logits program: 16 programs per row for 64 experts."""
+BLOCK_H = 512
+_ROUNDING = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+@triton.jit(do_not_specialize=["stride_x"])
+def _router_logits_kernel(
+    x_ptr, w_ptr, logits_ptr, H, E, stride_x,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    live = experts < E
+    lanes = tl.arange(0, BLOCK_H)
+    acc = tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        hh = h0 + lanes
+        inside = hh < H
+        x = tl.load(x_ptr + row * stride_x + hh, mask=inside, other=0.0).to(tl.float32)
+        w = tl.load(
+            w_ptr + experts[:, None].to(tl.int64) * H + hh[None, :],
+            mask=live[:, None] & inside[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        acc += w * x[None, :]
+    logits = tl.sum(acc, axis=1)  # [BLOCK_E]
+    if ROUND == 1:
+        logits = logits.to(tl.float16).to(tl.float32)
+    elif ROUND == 2:
+        logits = logits.to(tl.bfloat16).to(tl.float32)
+    tl.store(logits_ptr + row * E + experts, logits.to(logits_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _router_select_kernel(
+    logits_ptr, weights_ptr, ids_ptr, E, scaling,
+    TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    live = experts < E
+    logits = tl.load(logits_ptr + row * E + experts, mask=live, other=float("-inf"))
+    logits = logits.to(tl.float32)
+    peak = tl.max(logits, axis=0)
+    e = tl.where(live, tl.exp(logits - peak), 0.0)
+    probs = e / tl.sum(e, axis=0)
+    left = tl.where(live, probs, -1.0)  # padding lanes never win
+    slots = tl.arange(0, BLOCK_K)
+    chosen = tl.zeros([BLOCK_K], dtype=tl.float32)
+    ids = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(left, axis=0)
+        pick = tl.min(tl.where(left == best, experts, BLOCK_E), axis=0)
+        chosen = tl.where(slots == k, best, chosen)
+        ids = tl.where(slots == k, pick, ids)
+        left = tl.where(experts == pick, -2.0, left)
+    keep = slots < TOP_K
+    if RENORMALIZE:
+        chosen = chosen / tl.sum(tl.where(keep, chosen, 0.0), axis=0)
+    chosen = chosen * scaling
+    tl.store(weights_ptr + row * TOP_K + slots, chosen.to(weights_ptr.dtype.element_ty), mask=keep)
+    tl.store(ids_ptr + row * TOP_K + slots, ids.to(tl.int64), mask=keep)
+
+
+def launch_router_topk(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    top_k: int,
+    *,
+    logits_dtype: torch.dtype,
+    renormalize: bool,
+    scaling: float,
+    weights_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logits [T, E], weights [T, k], ids [T, k])`` of ``x [T, H]`` (unit stride along H)
+    routed by ``weight [E, H]`` (contiguous); arguments checked by ``router_topk``."""
+    T, H = x.shape
+    E = weight.shape[0]
+    logits = torch.empty(T, E, dtype=logits_dtype, device=x.device)
+    weights = torch.empty(T, top_k, dtype=weights_dtype, device=x.device)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=x.device)
+    block_h = max(16, min(BLOCK_H, triton.next_power_of_2(H)))
+    _router_logits_kernel[(T, triton.cdiv(E, BLOCK_E))](
+        x, weight, logits, H, E, x.stride(0),
+        BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], num_warps=4,
+    )  # fmt: skip
+    _router_select_kernel[(T,)](
+        logits, weights, ids, E, scaling,
+        TOP_K=top_k, BLOCK_K=max(triton.next_power_of_2(top_k), 2),
+        BLOCK_E=max(triton.next_power_of_2(E), 2), RENORMALIZE=bool(renormalize),
+        num_warps=1,
+    )  # fmt: skip
+    return logits, weights, ids
