@@ -26,6 +26,7 @@ from specter_cache import (
     RoutingCounter,
     SpeculativePrefetcher,
 )
+from specter_models.absorbed_mla import install_absorbed_mla
 from specter_models.architecture import Architecture, MoeLayer, architecture_for, find_moe_layers
 from specter_models.checkpoint import (
     CheckpointFiles,
@@ -34,8 +35,10 @@ from specter_models.checkpoint import (
     read_json,
 )
 from specter_models.experts_runtime import ExpertsRuntime
+from specter_models.fused_mlp import install_fused_gate_up
 from specter_models.fused_norms import install_fused_rms_norm
 from specter_models.fused_rotary import install_fused_rotary
+from specter_models.fused_routers import install_fused_routers
 from specter_models.gptq_checkpoint import load_gptq_draft
 from specter_models.int4_draft import Int4LayerBuilder
 from specter_models.invariant_scopes import install_batch_invariance
@@ -74,6 +77,9 @@ def load(
     piecewise_graphs: bool | None = None,
     fused_norms: bool = True,
     fused_rotary: bool = True,
+    fused_routers: bool = True,
+    absorbed_mla: bool = True,
+    fused_mlp: bool = True,
     row_truncation: bool | RowTruncation = False,
     hot_experts: Sequence[Sequence[int]] | None = None,
 ) -> SpecterModel:
@@ -119,6 +125,12 @@ def load(
             False keeps transformers' own arithmetic.
         fused_rotary: run DeepSeek-V2's rotary embedding as one fused kernel per tensor on
             CUDA (``fused_rotary``); False keeps transformers' function.
+        fused_routers: run DeepSeek-V2's greedy and Qwen2-MoE's routers as one fused kernel
+            on CUDA (``fused_routers``); False keeps transformers' router code.
+        absorbed_mla: run DeepSeek-V2's attention in the absorbed MLA form over the
+            compressed cache (``absorbed_mla``); False keeps transformers' expanded form.
+        fused_mlp: run the dense and shared-expert SwiGLU MLPs as one gate/up GEMM and one
+            ``silu_and_mul`` (``fused_mlp``); False keeps their two GEMMs and two kernels.
         row_truncation: miss-aware truncation of greedy expert-wise verification
             (``row_truncation``): True for the default policy, or a ``RowTruncation``;
             False (default) verifies every row. Greedy output is unchanged either way.
@@ -197,8 +209,12 @@ def load(
     experts = swap_routed_experts(model, runtime)
     if fused_norms:
         install_fused_rms_norm(model)  # before the invariance scopes, which wrap it
+    if absorbed_mla:
+        install_absorbed_mla(model)  # before the rotary swap, which wraps it
     if fused_rotary:
         install_fused_rotary(model)
+    if fused_routers:
+        install_fused_routers(model)  # before the invariance scopes, which wrap it
     install_batch_invariance(model, runtime)  # inert until a batch-invariant target forward
     tied = materialize(model, device, sync_free_rotary=True)
     layers = find_moe_layers(model)
@@ -213,6 +229,8 @@ def load(
         load_non_expert_weights(model, files, arch, skip=tied)
     else:
         init_non_expert_weights(model, seed=seed, std=std)
+    if fused_mlp:
+        install_fused_gate_up(model, runtime)  # copies the loaded gate and up weights
     clock.lap("non_expert")
 
     layouts = [

@@ -1,0 +1,124 @@
+"""DeepSeek-V2's attention in the absorbed MLA form over the compressed KV cache.
+
+transformers' ``DeepseekV2Attention`` caches the normed ``kv_lora_rank`` latent and the
+rotary key (one head each) and, at every forward, expands the whole cache through
+``kv_b_proj`` into per-head keys and values, concatenates the keys and runs SDPA: a GEMM
+over every cached row, copies of ``[H, L, 192]`` keys and an attention over them, per
+layer and step. :func:`install_absorbed_mla` replaces that forward with the inference form
+of the MLA paper: ``kv_b_proj``'s weight, viewed as ``W_UK [H, nope, R]`` and
+``W_UV [H, v, R]``, is applied to the queries and to the attention output instead of to
+the cache::
+
+    q_lat = q_nope @ W_UK                       [H, T, R]   (torch.bmm)
+    o_lat = mla_attention(q_lat, q_pe, c, k_pe)  [H, T, R]   (specter-kernels)
+    out   = o_lat @ W_UV^T                      [H, T, v]   (torch.bmm), then o_proj
+
+The projections, the kv norm, the rotary embedding and the cache writes are transformers'
+own calls in transformers' order, so the cache holds the same bits as before; only the
+attention output is rounded differently (mathematically it is the same function). Under
+batch invariance the two ``bmm`` run on the invariant GEMM (the attention module is scoped
+by ``install_batch_invariance``) and ``mla_attention`` is invariant by construction.
+
+The replacement takes batch size one with ``sdpa`` or ``eager`` attention (what Specter
+runs); anything else falls back to transformers' forward.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from specter_kernels import mla_attention
+
+SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def is_mla_attention(module: nn.Module) -> bool:
+    """A transformers DeepSeek-V2 attention module (MLA with a ``kv_b_proj``)."""
+    return type(module).__name__ == "DeepseekV2Attention" and hasattr(module, "kv_b_proj")
+
+
+def install_absorbed_mla(model: nn.Module) -> int:
+    """Run every DeepSeek-V2 attention module of ``model`` in the absorbed form (once).
+
+    Install it before ``install_fused_rotary`` (which swaps the rotary function around the
+    module's forward, this one included) and before the batch-invariance scopes.
+
+    Returns:
+        How many modules were replaced by this call.
+    """
+    count = 0
+    for module in model.modules():
+        if is_mla_attention(module) and not getattr(module, "_specter_absorbed", False):
+            module.forward = _absorbed_forward(module, module.forward)
+            module._specter_absorbed = True
+            count += 1
+    return count
+
+
+def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[..., Any]:
+    namespace = sys.modules[type(module).__module__]
+
+    def forward(
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        position_embeddings: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        implementation = module.config._attn_implementation
+        if hidden_states.shape[0] != 1 or implementation not in SUPPORTED_IMPLEMENTATIONS:
+            return plain(
+                hidden_states,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                position_embeddings=position_embeddings,
+                **kwargs,
+            )
+        T = hidden_states.shape[1]
+        H, nope, rope = module.num_heads, module.qk_nope_head_dim, module.qk_rope_head_dim
+        R, v = module.kv_lora_rank, module.v_head_dim
+        if module.q_lora_rank is None:
+            q = module.q_proj(hidden_states)
+        else:
+            q = module.q_b_proj(module.q_a_layernorm(module.q_a_proj(hidden_states)))
+        q = q.view(1, T, H, nope + rope).transpose(1, 2)
+        q_nope, q_pe = torch.split(q, [nope, rope], dim=-1)
+        compressed = module.kv_a_proj_with_mqa(hidden_states)
+        kv_nope, k_pe = torch.split(compressed, [R, rope], dim=-1)
+        latent = module.kv_a_layernorm(kv_nope).view(1, 1, T, R)
+        k_pe = k_pe.view(1, 1, T, rope)
+        # Looked up per call: install_fused_rotary swaps the module's function around us.
+        q_pe, k_pe = namespace.apply_rotary_emb(q_pe, k_pe, position_embeddings.to(q_pe.device))
+        if past_key_values is not None:
+            latent, k_pe = past_key_values.update(latent, k_pe, module.layer_idx)
+        L = latent.shape[2]
+        w_kv_b = module.kv_b_proj.weight.view(H, nope + v, R)
+        q_lat = torch.bmm(q_nope[0], w_kv_b[:, :nope])  # [H, T, nope] @ [H, nope, R]
+        o_lat = mla_attention(
+            q_lat, q_pe[0], latent[0, 0], k_pe[0, 0], module.scaling, _mask(attention_mask, T, L)
+        )
+        out = torch.bmm(o_lat, w_kv_b[:, nope:].transpose(1, 2))  # [H, T, R] @ [H, R, v]
+        out = out.transpose(0, 1).reshape(1, T, H * v)
+        return module.o_proj(out), None
+
+    return forward
+
+
+def _mask(attention_mask: torch.Tensor | None, T: int, L: int) -> torch.Tensor | None:
+    """transformers' ``[1, 1, T, >= L]`` (or ``[1, T, L]``/``[T, L]``) mask as ``[T, L]``."""
+    if attention_mask is None:
+        return None  # bottom-right causal: a one-row decode sees every key, a prefill is causal
+    mask = attention_mask
+    while mask.dim() > 2:
+        if mask.shape[0] != 1:
+            raise ValueError(
+                f"absorbed MLA attention takes one sequence and one mask for all heads; got "
+                f"an attention mask of shape {tuple(attention_mask.shape)}"
+            )
+        mask = mask[0]
+    return mask[-T:, :L]

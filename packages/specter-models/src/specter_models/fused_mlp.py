@@ -1,0 +1,124 @@
+"""transformers' dense and shared-expert MLPs as one gate_up GEMM and one ``silu_and_mul``.
+
+``DeepseekV2MLP`` (DeepSeek-V2's first dense layer and every MoE layer's shared experts) and
+``Qwen2MoeMLP`` (Qwen2-MoE's shared expert, and its dense layers if any) compute
+``down_proj(silu(gate_proj(x)) * up_proj(x))``: two GEMMs and two elementwise kernels before
+the down GEMM. At one row each launch costs a few microseconds on an H200.
+:func:`install_fused_gate_up` concatenates each such module's gate and up weights into one
+``[2I, H]`` tensor (gate rows first) and makes the module run one GEMM over it, then
+specter-kernels' ``silu_and_mul`` (one launch, torch's bits), then its ``down_proj``:
+
+    x [..., H] -> gate_up GEMM -> [..., 2I] -> silu_and_mul -> [..., I] -> down_proj -> [..., H]
+
+``gate_proj.weight`` and ``up_proj.weight`` become views of the two halves of that tensor, so
+no weight is held twice and ``state_dict``/``named_parameters`` keep their names and values.
+The GEMM is batch-invariant exactly when the model's other linears are
+(``invariant_scopes``): ``invariant_linear`` while ``ExpertsRuntime.invariant_linears_active``,
+``F.linear`` otherwise. ``silu_and_mul`` is elementwise, so invariant anyway, and
+``down_proj`` is the module's own (already wrapped) ``nn.Linear``.
+
+Install it once the weights are loaded (the copy needs them) and before CUDA graphs are
+captured (a captured graph keeps reading the old gate and up weights, which the install
+frees). Moving the model to another device or dtype afterwards would move the parameter views
+but not the concatenated tensor the forward reads: install after the last move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specter_kernels import FLOAT_DTYPES, invariant_linear, silu_and_mul, silu_and_mul_reference
+from specter_models.experts_runtime import ExpertsRuntime
+from specter_models.invariant_scopes import INVARIANT_DTYPES
+
+FUSED_MLP_CLASSES = ("DeepseekV2MLP", "Qwen2MoeMLP")
+"""Class names of the SwiGLU MLP modules that are fused."""
+SILU_CLASSES = ("SiLU", "SiLUActivation")
+"""Class names of the activations taken for silu (torch's and transformers' ``ACT2FN``)."""
+
+
+def is_fusable_mlp(module: nn.Module) -> bool:
+    """Whether ``module`` is a transformers SwiGLU MLP this module can fuse.
+
+    That is: class named ``DeepseekV2MLP`` or ``Qwen2MoeMLP``; ``gate_proj``, ``up_proj``
+    and ``down_proj`` bias-free ``nn.Linear`` with gate and up weights alike (``[I, H]``, one
+    dtype and device) and ``down_proj`` taking ``I``; ``act_fn`` a SiLU; and
+    ``config.hidden_act == "silu"`` where the module has a config.
+    """
+    if type(module).__name__ not in FUSED_MLP_CLASSES:
+        return False
+    projections = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(p, nn.Linear) and p.bias is None for p in projections):
+        return False
+    gate, up, down = (p.weight for p in projections)
+    if (gate.shape, gate.dtype, gate.device) != (up.shape, up.dtype, up.device):
+        return False
+    if down.shape[1] != gate.shape[0]:
+        return False
+    config = getattr(module, "config", None)
+    if config is not None and getattr(config, "hidden_act", None) != "silu":
+        return False
+    return type(getattr(module, "act_fn", None)).__name__ in SILU_CLASSES
+
+
+def install_fused_gate_up(model: nn.Module, runtime: ExpertsRuntime) -> int:
+    """Fuse the gate and up projections of every SwiGLU MLP of ``model`` (once; see the module
+    docstring).
+
+    Args:
+        model: transformers' model, its weights loaded.
+        runtime: the shared runtime whose ``invariant_linears_active`` picks the GEMM.
+
+    Returns:
+        How many modules were fused by this call (0 when they all were already).
+
+    Raises:
+        ValueError: a fusable module's weights are still on the meta device (not loaded).
+    """
+    count = 0
+    for module in model.modules():
+        if getattr(module, "_specter_fused_gate_up", False) or not is_fusable_mlp(module):
+            continue
+        gate_up = _concatenate_gate_up(module)
+        module._specter_gate_up = gate_up  # a plain attribute: not in state_dict
+        module.forward = _fused_forward(module, runtime, gate_up)
+        module._specter_fused_gate_up = True
+        count += 1
+    return count
+
+
+@torch.no_grad()
+def _concatenate_gate_up(module: nn.Module) -> torch.Tensor:
+    """``[2I, H]`` = cat(gate_proj.weight, up_proj.weight); the two weights become its halves."""
+    gate, up = module.gate_proj.weight, module.up_proj.weight
+    if gate.is_meta:
+        raise ValueError(
+            f"{type(module).__name__}.gate_proj.weight {tuple(gate.shape)} is on the meta "
+            "device: install_fused_gate_up copies real weights, so call it after the weights "
+            "are loaded (load_non_expert_weights or init_non_expert_weights)"
+        )
+    intermediate = gate.shape[0]
+    gate_up = torch.empty(2 * intermediate, gate.shape[1], dtype=gate.dtype, device=gate.device)
+    gate_up[:intermediate].copy_(gate)
+    gate_up[intermediate:].copy_(up)
+    module.gate_proj.weight = nn.Parameter(gate_up[:intermediate], requires_grad=False)
+    module.up_proj.weight = nn.Parameter(gate_up[intermediate:], requires_grad=False)
+    return gate_up
+
+
+def _fused_forward(
+    module: nn.Module, runtime: ExpertsRuntime, gate_up: torch.Tensor
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if runtime.invariant_linears_active and x.dtype in INVARIANT_DTYPES:
+            h = invariant_linear(x, gate_up)  # [..., 2I]
+        else:
+            h = F.linear(x, gate_up)
+        h = silu_and_mul(h) if h.dtype in FLOAT_DTYPES else silu_and_mul_reference(h)
+        return module.down_proj(h)  # [..., H]
+
+    return forward
