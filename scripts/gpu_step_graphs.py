@@ -6,8 +6,11 @@ Four loads of the model, one JSON line per measurement to ``--out``:
    time (synchronised) of the draft's one-row step and the target's steps of 1 and K+1
    rows, eagerly (``cuda_graphs`` off) and replayed; then plain and speculative decoding
    with graphs, checking the tokens agree;
-2. the same resident model without the fused RMSNorm (``fused_norms=False``), then without
-   the fused rotary embedding (``fused_rotary=False``), replayed: what each saves per step;
+2. the same resident model with one fusion off at a time, replayed: without the fused
+   RMSNorm (``fused_norms=False``), the fused rotary embedding (``fused_rotary=False``),
+   the fused routers (``fused_routers=False``), the absorbed MLA attention
+   (``absorbed_mla=False``) and the fused gate/up MLPs (``fused_mlp=False``): what each
+   saves per step, with each step's kernel count (``--kernels``);
 3. at ``--budget-gb`` (default 24): the target's steps eagerly and as piecewise graphs
    (``piecewise_graphs=True``: graphs between the eager routed-expert calls), with the
    experts of the repeated rows resident after the first call (compute, not transfers),
@@ -63,7 +66,13 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--budget-gb", type=float, default=24.0)
     p.add_argument(
-        "--skip", default="", help="comma-separated parts to skip: eager,fused,rotary,budget"
+        "--skip",
+        default="",
+        help="comma-separated parts to skip: eager,fused,rotary,routers,mla,mlp,budget",
+    )
+    p.add_argument("--prompt-len", type=int, default=200, help="prompt tokens before the steps")
+    p.add_argument(
+        "--kernels", action="store_true", help="count each step's kernels (torch.profiler)"
     )
     p.add_argument(
         "--invariant-draft-linears",
@@ -85,19 +94,21 @@ def main() -> int:
         with open(args.out, "w") as f:  # rewritten each time: a cut run keeps what it has
             f.writelines(json.dumps(r) + "\n" for r in records)
 
+    max_seq_len = max(1024, args.prompt_len + 2 * args.tokens + 64)
+
     def load(**kwargs):
         t = time.perf_counter()
         lm = specter_models.load(
             args.model,
             device="cuda",
-            max_seq_len=1024,
+            max_seq_len=max_seq_len,
             invariant_draft_linears=args.invariant_draft_linears,
             **kwargs,
         )
         print(f"built {lm!r} {kwargs} in {time.perf_counter() - t:.1f} s", flush=True)
         return lm
 
-    prompt = torch.arange(3, 203, device="cuda").unsqueeze(0)
+    prompt = torch.arange(3, 3 + args.prompt_len, device="cuda").unsqueeze(0)
     start = prompt.shape[1]
     token = torch.ones(1, 1, dtype=torch.long, device="cuda")
     rows = torch.ones(1, args.depth + 1, dtype=torch.long, device="cuda")
@@ -109,7 +120,17 @@ def main() -> int:
             adapter = getattr(lm, role)
             step_ms(adapter, ids, start, 3)  # warm-up: compiled, captured, experts loaded
             ms = step_ms(adapter, ids, start, 20)
-            emit(kind="step", role=role, rows=ids.shape[1], ms=ms, **label)
+            extra = {}
+            if args.kernels:  # counted eagerly: a replayed graph is one launch to the profiler
+                graphs, lm.cuda_graphs = lm.cuda_graphs, False
+                step_ms(adapter, ids, start, 1)
+                with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CUDA]
+                ) as prof:
+                    step_ms(adapter, ids, start, 3)
+                lm.cuda_graphs = graphs
+                extra["kernels"] = kernel_summary(prof, "eager step", 3)
+            emit(kind="step", role=role, rows=ids.shape[1], ms=ms, **label, **extra)
         emit(kind="graph_stats", stats=lm.graph_stats(), **label)
 
     def decode(lm, depth: int, label: dict) -> list[int]:
@@ -140,7 +161,14 @@ def main() -> int:
     del lm
     release_memory()  # the next load reuses the pinned host blocks
 
-    for part, switch in (("fused", "fused_norms"), ("rotary", "fused_rotary")):
+    switches = (
+        ("fused", "fused_norms"),
+        ("rotary", "fused_rotary"),
+        ("routers", "fused_routers"),
+        ("mla", "absorbed_mla"),
+        ("mlp", "fused_mlp"),
+    )
+    for part, switch in switches:
         if part in skip:
             continue
         lm = load(**{switch: False})  # one fusion off, the rest as by default

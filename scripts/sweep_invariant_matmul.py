@@ -45,6 +45,8 @@ SHAPES = (
     ("dsv2 shared down", 2048, 2816, torch.float16),
     ("dsv2 router (fp32)", 64, 2048, torch.float32),
     ("dsv2 lm_head", 102400, 2048, torch.float16),
+    ("dsv2 dense gate_up (fused)", 21888, 2048, torch.float16),
+    ("qwen shared gate_up (fused)", 11264, 2048, torch.float16),
     ("qwen shared gate/up", 5632, 2048, torch.float16),
     ("qwen shared down", 2048, 5632, torch.float16),
     ("qwen router (fp32)", 60, 2048, torch.float32),
