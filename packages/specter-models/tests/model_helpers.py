@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -75,3 +78,24 @@ def speculate_beside_transformers(lm, folder: Path, prompt: torch.Tensor, depth:
     controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
     result = controller.generate(prompt[0].tolist(), max_new_tokens=tokens)
     return result, expected[0, prompt.shape[1] :].tolist()
+
+
+def in_scalar_aten(module: str, function: str, *args: object) -> None:
+    """Run ``module.function(*args)`` (a test module of this folder) in a child process with
+    scalar ATen kernels.
+
+    torch's vectorised CPU kernels round a tensor's SIMD body and its tail differently (SiLU,
+    reductions), which breaks bit-for-bit row comparisons that hold on the GPU; with
+    ``ATEN_CPU_CAPABILITY=default`` every element takes the same path.
+
+    Raises:
+        AssertionError: the child failed (its output tails in the message).
+    """
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    here = Path(__file__).parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here), env.get("PYTHONPATH")]))
+    call = f"import {module} as t; t.{function}(*{args!r})"
+    done = subprocess.run(
+        [sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -13,15 +13,12 @@ in test_cuda.py check the same property on CUDA without any such setting).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from model_helpers import random_prompt, reference_from_checkpoint
+from model_helpers import in_scalar_aten, random_prompt, reference_from_checkpoint
 from specter_kernels import BatchInvariantMode
 from specter_kernels.batch_invariant_mode import COVERED_CALLS
 from specter_models import load
@@ -39,21 +36,11 @@ def _rows_alone_and_together(lm, prompt: torch.Tensor, rows: torch.Tensor):
     return together, torch.stack(alone)
 
 
-def _in_scalar_aten(function: str, *args: object) -> None:
-    """Run ``function(*args)`` of this module in a child process with scalar ATen kernels."""
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
-    here = Path(__file__).parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here), env.get("PYTHONPATH")]))
-    call = f"import {Path(__file__).stem} as t; t.{function}(*{args!r})"
-    done = subprocess.run(
-        [sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
 @pytest.mark.parametrize("slots", [2, None])
 def test_rows_are_bit_identical_whatever_the_row_count(checkpoints, arch_name, slots):
-    _in_scalar_aten("check_rows_bit_identical", str(checkpoints[arch_name]), slots)
+    in_scalar_aten(
+        Path(__file__).stem, "check_rows_bit_identical", str(checkpoints[arch_name]), slots
+    )
 
 
 def check_rows_bit_identical(checkpoint: str, slots: int | None) -> None:
@@ -78,7 +65,7 @@ def check_rows_bit_identical(checkpoint: str, slots: int | None) -> None:
 
 
 def test_speculative_greedy_equals_plain_greedy_with_batch_invariance(checkpoints, arch_name):
-    _in_scalar_aten("check_speculation_is_exact", str(checkpoints[arch_name]))
+    in_scalar_aten(Path(__file__).stem, "check_speculation_is_exact", str(checkpoints[arch_name]))
 
 
 def check_speculation_is_exact(checkpoint: str) -> None:

@@ -4,16 +4,13 @@ that stay bit-identical under batch invariance."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import specter_models.fused_mlp as fused_mlp
-from model_helpers import random_prompt
+from model_helpers import in_scalar_aten, random_prompt
 from specter_models import load
 
 # The loader installs the fused MLPs itself (fused_mlp=True, the default): these tests install
@@ -120,23 +117,9 @@ def test_other_activations_are_left_alone(checkpoints):
     assert not getattr(mlp, "_specter_fused_gate_up", False)
 
 
-def _in_scalar_aten(function: str, *args: object) -> None:
-    """Run ``function(*args)`` of this module in a child process with scalar ATen kernels
-    (torch's CPU SiLU rounds a tensor's SIMD body and tail differently; see
-    test_batch_invariant_verification.py)."""
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
-    here = Path(__file__).parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here), env.get("PYTHONPATH")]))
-    call = f"import {Path(__file__).stem} as t; t.{function}(*{args!r})"
-    done = subprocess.run(
-        [sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
 @pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
 def test_fused_rows_are_bit_identical_whatever_the_row_count(checkpoints, name):
-    _in_scalar_aten("check_fused_rows_bit_identical", str(checkpoints[name]))
+    in_scalar_aten(Path(__file__).stem, "check_fused_rows_bit_identical", str(checkpoints[name]))
 
 
 def check_fused_rows_bit_identical(checkpoint: str) -> None:

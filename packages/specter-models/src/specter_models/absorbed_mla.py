@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from specter_kernels import mla_attention
+from specter_models.module_patches import patch_forwards
 
 SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager")
 
@@ -51,13 +52,7 @@ def install_absorbed_mla(model: nn.Module) -> int:
     Returns:
         How many modules were replaced by this call.
     """
-    count = 0
-    for module in model.modules():
-        if is_mla_attention(module) and not getattr(module, "_specter_absorbed", False):
-            module.forward = _absorbed_forward(module, module.forward)
-            module._specter_absorbed = True
-            count += 1
-    return count
+    return patch_forwards(model, is_mla_attention, "_specter_absorbed", _absorbed_forward)
 
 
 def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[..., Any]:

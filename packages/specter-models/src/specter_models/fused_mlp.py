@@ -34,6 +34,7 @@ from torch import nn
 from specter_kernels import FLOAT_DTYPES, invariant_linear, silu_and_mul, silu_and_mul_reference
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.invariant_scopes import INVARIANT_DTYPES
+from specter_models.module_patches import patch_forwards
 
 FUSED_MLP_CLASSES = ("DeepseekV2MLP", "Qwen2MoeMLP")
 """Class names of the SwiGLU MLP modules that are fused."""
@@ -79,16 +80,13 @@ def install_fused_gate_up(model: nn.Module, runtime: ExpertsRuntime) -> int:
     Raises:
         ValueError: a fusable module's weights are still on the meta device (not loaded).
     """
-    count = 0
-    for module in model.modules():
-        if getattr(module, "_specter_fused_gate_up", False) or not is_fusable_mlp(module):
-            continue
+
+    def make_forward(module: nn.Module, _plain: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
         gate_up = _concatenate_gate_up(module)
         module._specter_gate_up = gate_up  # a plain attribute: not in state_dict
-        module.forward = _fused_forward(module, runtime, gate_up)
-        module._specter_fused_gate_up = True
-        count += 1
-    return count
+        return _fused_forward(module, runtime, gate_up)
+
+    return patch_forwards(model, is_fusable_mlp, "_specter_fused_gate_up", make_forward)
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ from torch import nn
 
 from specter_kernels import FLOAT_DTYPES as FUSED_DTYPES
 from specter_kernels import rms_norm
+from specter_models.module_patches import patch_forwards
 
 
 def is_rms_norm(module: nn.Module) -> bool:
@@ -42,13 +43,7 @@ def install_fused_rms_norm(model: nn.Module) -> int:
     Returns:
         How many modules were wrapped by this call.
     """
-    count = 0
-    for module in model.modules():
-        if is_rms_norm(module) and not getattr(module, "_specter_fused", False):
-            module.forward = _fused_forward(module, module.forward)
-            module._specter_fused = True
-            count += 1
-    return count
+    return patch_forwards(model, is_rms_norm, "_specter_fused", _fused_forward)
 
 
 def _fused_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[..., Any]:

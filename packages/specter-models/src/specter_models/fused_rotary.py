@@ -24,6 +24,7 @@ from torch import nn
 
 from specter_kernels import FLOAT_DTYPES as FUSED_DTYPES
 from specter_kernels import rotary_complex, rotary_half
+from specter_models.module_patches import patch_forwards
 
 
 def rotary_applies(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> bool:
@@ -104,17 +105,17 @@ def install_fused_rotary(model: nn.Module) -> int:
     Returns:
         How many modules were wrapped by this call (0 when already installed).
     """
-    count = 0
-    for module in model.modules():
-        entry = ATTENTION_CLASSES.get(type(module).__name__)
-        if entry is None or getattr(module, "_specter_fused_rotary", False):
-            continue
-        name, factory = entry
-        namespace = sys.modules[type(module).__module__]
-        module.forward = _swapped_during(namespace, name, factory, module.forward)
-        module._specter_fused_rotary = True
-        count += 1
-    return count
+
+    def make_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[..., Any]:
+        name, factory = ATTENTION_CLASSES[type(module).__name__]
+        return _swapped_during(sys.modules[type(module).__module__], name, factory, plain)
+
+    return patch_forwards(
+        model,
+        lambda m: type(m).__name__ in ATTENTION_CLASSES,
+        "_specter_fused_rotary",
+        make_forward,
+    )
 
 
 def _swapped_during(

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from specter_kernels import FLOAT_DTYPES, router_topk
+from specter_models.module_patches import patch_forwards
 
 
 def router_settings(module: nn.Module) -> dict[str, Any] | None:
@@ -66,14 +67,9 @@ def install_fused_routers(model: nn.Module) -> int:
     Returns:
         How many routers were wrapped by this call.
     """
-    count = 0
-    for module in model.modules():
-        if router_settings(module) is None or getattr(module, "_specter_fused_router", False):
-            continue
-        module.forward = _fused_forward(module, module.forward)
-        module._specter_fused_router = True
-        count += 1
-    return count
+    return patch_forwards(
+        model, lambda m: router_settings(m) is not None, "_specter_fused_router", _fused_forward
+    )
 
 
 def _fused_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[..., Any]:
