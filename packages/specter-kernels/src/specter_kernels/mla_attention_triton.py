@@ -28,10 +28,10 @@ NEG_BIG: tl.constexpr = tl.constexpr(-1.0e30)
 """The running max before any visible key (finite, so a masked block keeps exp(0) = 1)."""
 
 
-@triton.jit(do_not_specialize=["T", "L", "row0", "offset"])
+@triton.jit(do_not_specialize=["L", "row0", "offset"])
 def _mla_chunk_kernel(
     q_ptr, qpe_ptr, c_ptr, kpe_ptr, mask_ptr, acc_ptr, max_ptr, sum_ptr,
-    H, T, L, R, P, row0, offset,
+    H, L, R, P, row0, offset,
     s_qh, s_qt, s_ph, s_pt, s_cl, s_kl, s_mt, s_ml,
     scale,
     SPLIT: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -160,7 +160,7 @@ def launch_mla_attention(
         rows = min(rows_per_launch, T - row0)
         _mla_chunk_kernel[(rows, chunks)](
             q_lat, q_pe, c_kv, k_pe, mask_arg, acc, run_max, run_sum,
-            H, T, L, R, P, row0, L - T,
+            H, L, R, P, row0, L - T,
             q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
             c_kv.stride(0), k_pe.stride(0), s_mt, s_ml,
             scale,

@@ -28,12 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from specter_kernels import FLOAT_DTYPES, invariant_linear, silu_and_mul, silu_and_mul_reference
+from specter_kernels import FLOAT_DTYPES, silu_and_mul, silu_and_mul_reference
 from specter_models.experts_runtime import ExpertsRuntime
-from specter_models.invariant_scopes import INVARIANT_DTYPES
+from specter_models.invariant_scopes import runtime_linear
 from specter_models.module_patches import patch_forwards
 
 FUSED_MLP_CLASSES = ("DeepseekV2MLP", "Qwen2MoeMLP")
@@ -112,10 +111,7 @@ def _fused_forward(
     module: nn.Module, runtime: ExpertsRuntime, gate_up: torch.Tensor
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if runtime.invariant_linears_active and x.dtype in INVARIANT_DTYPES:
-            h = invariant_linear(x, gate_up)  # [..., 2I]
-        else:
-            h = F.linear(x, gate_up)
+        h = runtime_linear(runtime, x, gate_up)  # [..., 2I], invariant as the other linears
         h = silu_and_mul(h) if h.dtype in FLOAT_DTYPES else silu_and_mul_reference(h)
         return module.down_proj(h)  # [..., H]
 

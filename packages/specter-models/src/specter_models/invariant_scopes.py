@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specter_kernels import BatchInvariantMode, invariant_linear
@@ -75,13 +76,24 @@ def install_batch_invariance(model: nn.Module, runtime: ExpertsRuntime) -> dict[
     return counts
 
 
-def _linear_forward(module: nn.Linear, runtime: ExpertsRuntime) -> Callable[[Any], Any]:
-    plain = module.forward
+def runtime_linear(
+    runtime: ExpertsRuntime,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ weight^T (+ bias)`` as a plain linear of ``runtime``'s model runs it:
+    ``invariant_linear`` while ``runtime.invariant_linears_active`` (for the dtypes it
+    takes), ``F.linear`` otherwise. For weights that are not an ``nn.Linear`` of their own
+    (the fused gate/up weight of ``fused_mlp``)."""
+    if runtime.invariant_linears_active and x.dtype in INVARIANT_DTYPES:
+        return invariant_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
+
+def _linear_forward(module: nn.Linear, runtime: ExpertsRuntime) -> Callable[[Any], Any]:
     def forward(x):
-        if runtime.invariant_linears_active and x.dtype in INVARIANT_DTYPES:
-            return invariant_linear(x, module.weight, module.bias)
-        return plain(x)
+        return runtime_linear(runtime, x, module.weight, module.bias)
 
     return forward
 

@@ -125,8 +125,8 @@ def load(
             False keeps transformers' own arithmetic.
         fused_rotary: run DeepSeek-V2's rotary embedding as one fused kernel per tensor on
             CUDA (``fused_rotary``); False keeps transformers' function.
-        fused_routers: run DeepSeek-V2's greedy and Qwen2-MoE's routers as one fused kernel
-            on CUDA (``fused_routers``); False keeps transformers' router code.
+        fused_routers: run DeepSeek-V2's greedy and Qwen2-MoE's routers as two fused kernel
+            launches on CUDA (``fused_routers``); False keeps transformers' router code.
         absorbed_mla: run DeepSeek-V2's attention in the absorbed MLA form over the
             compressed cache (``absorbed_mla``); False keeps transformers' expanded form.
         fused_mlp: run the dense and shared-expert SwiGLU MLPs as one gate/up GEMM and one
