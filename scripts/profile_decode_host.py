@@ -19,13 +19,13 @@ import pstats
 import time
 
 import specter_models
-from specter_spec import SpecController
+from specter_spec import AdaptiveDepth, AdaptiveDepthConfig, SpecController
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="deepseek-v2-lite")
-    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--depth", default="4", help="K, or 'auto' (AdaptiveDepth, max 16)")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--budget-gb", type=float, default=None)
     p.add_argument("--top", type=int, default=30)
@@ -34,7 +34,20 @@ def main() -> int:
         "--no-cprofile", action="store_true", help="time only (cProfile inflates host work)"
     )
     p.add_argument("--row-truncation", action="store_true", help="load(row_truncation=True)")
+    p.add_argument(
+        "--hot-experts",
+        default=None,
+        help="a `specter bench` results file with a hot_experts record (pinned hot set)",
+    )
+    p.add_argument(
+        "--torch-profile", action="store_true", help="also a torch.profiler table of a decode"
+    )
     args = p.parse_args()
+    hot = None
+    if args.hot_experts:
+        from specter_bench.hot_sets import read_hot_experts
+
+        hot = read_hot_experts(args.hot_experts, args.budget_gb)
     t = time.perf_counter()
     lm = specter_models.load(
         args.model,
@@ -42,6 +55,7 @@ def main() -> int:
         max_seq_len=1024,
         gpu_memory_gb=args.budget_gb,
         row_truncation=args.row_truncation,
+        hot_experts=hot,
     )
     print(f"built {lm!r} in {time.perf_counter() - t:.1f} s", flush=True)
     vocab = lm.model.config.vocab_size
@@ -49,7 +63,10 @@ def main() -> int:
     for depth in (0, args.depth):
         for _ in range(2):  # the first run captures the graphs the second replays
             lm.reset()
-            controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
+            policy = (
+                AdaptiveDepth(AdaptiveDepthConfig(max_depth=16)) if depth == "auto" else int(depth)
+            )
+            controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=policy)
             profiler = cProfile.Profile()
             if not args.no_cprofile:
                 profiler.enable()
@@ -67,12 +84,49 @@ def main() -> int:
             f"proposals; graphs {lm.graph_stats()}",
             flush=True,
         )
+        print(f"cache: {lm.cache.stats()}", flush=True)
+        if args.torch_profile:
+            _torch_profile(lm, ids, args.tokens, policy_for=depth)
         if args.no_cprofile:
             continue
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
         print(text.getvalue(), flush=True)
     return 0
+
+
+def _torch_profile(lm, ids: list[int], tokens: int, policy_for: str) -> None:
+    """One more decode under torch.profiler: the wall time against the summed device time
+    of its kernels (the gap is the GPU idling behind the host), and the kernels by time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    lm.reset()
+    auto = policy_for == "auto"
+    policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16)) if auto else int(policy_for)
+    controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=policy)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        result = controller.generate(ids, tokens)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [e for e in events if "Memcpy" not in e.name]
+    device_s = sum(e.device_time for e in kernels) * 1e-6
+    copies_s = sum(e.device_time for e in events if "Memcpy" in e.name) * 1e-6
+    print(
+        f"K={policy_for} under torch.profiler: wall {wall * 1e3:.1f} ms (decode "
+        f"{result.stats.decode_time_s * 1e3:.1f}), {len(kernels)} kernels, summed kernel "
+        f"time {device_s * 1e3:.1f} ms, copies {copies_s * 1e3:.1f} ms",
+        flush=True,
+    )
+    print(
+        prof.key_averages().table(
+            sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=50
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

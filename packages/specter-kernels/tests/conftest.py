@@ -110,6 +110,30 @@ def triton_backend(monkeypatch):
     monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "triton")
 
 
+@pytest.fixture
+def exact_bf16(monkeypatch, triton_backend):
+    """The Triton backend with the interpreter's bf16 <-> fp32 casts made the GPU's: fp32 to
+    bf16 rounded to nearest even (``cvt.rn.bf16.f32``; the interpreter truncates) and bf16
+    subnormals widened exactly (the interpreter's are off)."""
+    import numpy as np
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+
+    interpreters = interpreter._convert_float
+
+    def convert(data, input_dtype, output_dtype, rounding_mode):
+        if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
+            return data.view(np.uint16).astype(np.uint32) << 16
+        if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode is None:
+            bits = data.view(np.uint32).astype(np.uint64)
+            nearest_even = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            quiet_nan = (bits >> 16) | 0x40
+            return np.where(np.isnan(data), quiet_nan, nearest_even).astype(np.uint16)
+        return interpreters(data, input_dtype, output_dtype, rounding_mode)
+
+    monkeypatch.setattr(interpreter, "_convert_float", convert)
+
+
 class PoisonedTorch:
     """``torch`` with ``empty`` returning poison (NaN floats, -777 ints).
 
@@ -136,6 +160,7 @@ def poisoned(monkeypatch, triton_backend):
         invariant_matmul_triton,
         mla_attention_triton,
         moe_align_triton,
+        routed_pair_sum_triton,
         router_topk_triton,
         w4a16_triton,
     )
@@ -147,6 +172,7 @@ def poisoned(monkeypatch, triton_backend):
         invariant_matmul_triton,
         router_topk_triton,
         mla_attention_triton,
+        routed_pair_sum_triton,
     ):
         monkeypatch.setattr(module, "torch", PoisonedTorch())
 

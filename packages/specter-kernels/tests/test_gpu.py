@@ -102,6 +102,17 @@ def test_rotary_half_on_the_gpu_equals_torch(seed, monkeypatch, S):
     assert torch.equal(sk.rotary_half(q, cos, sin), sk.rotary_half_reference(q, cos, sin))
 
 
+@pytest.mark.parametrize("dtype", [None, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 5, 300])
+def test_sum_routed_pairs_on_the_gpu_equals_torch(seed, monkeypatch, dtype, T):
+    # DeepSeek-V2-Lite's per-pair output [T, 6, 2048], magnitudes spread so that another
+    # add order or a second rounding would change bits.
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    scale = torch.logspace(-3, 3, 6, device="cuda")[None, :, None]
+    out = torch.randn(T, 6, 2048, device="cuda") * scale
+    assert torch.equal(sk.sum_routed_pairs(out, dtype), sk.sum_routed_pairs_reference(out, dtype))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_silu_and_mul_on_the_gpu_equals_torch(seed, monkeypatch, dtype):
     # DeepSeek-V2-Lite's gate_up output at five rows ([5, 2 * 1408]), then every 16-bit

@@ -63,6 +63,25 @@ def test_only_masked_experts_read_their_slot(seed, poisoned):
     assert torch.all(out[untouched] == 0)
 
 
+@pytest.mark.parametrize("per_pair", [False, True])
+def test_one_row_runs_a_block_per_pair_and_only_its_wave(seed, poisoned, per_pair):
+    # T = 1 takes the unaligned launch: pair p is block p, its expert read from topk_ids.
+    x, ids, weights, w13, w2, slot_of = problem(1, 64, 96, 8, 4, 8)
+    ids[0, 2] = -1  # a pair routed nowhere (outside [0, E)): skipped, never dereferenced
+    mask = torch.zeros(8, dtype=torch.bool)
+    mask[ids[0, [0, 3]]] = True
+    slots = slot_of.clone()
+    slots[~mask] = -1  # not in the wave: their slots must never be read
+    shape = (1, 4, 64) if per_pair else (1, 64)
+    out = torch.zeros(shape)
+    sk.grouped_moe_fp16(x, ids, weights, w13, w2, slots, mask, out)
+    ref = sk.grouped_moe_fp16_reference(x, ids, weights, w13, w2, slot_of, mask, torch.zeros(shape))
+    assert rel_err(out, ref) < TOLERANCE
+    if per_pair:
+        assert torch.all(out[0, [1, 2]] == 0)  # pairs outside the wave keep their zeros
+        assert torch.all(out[0, [0, 3]] != 0)
+
+
 def test_an_empty_wave_changes_nothing(seed, poisoned):
     x, ids, weights, w13, w2, slot_of = problem(5, 64, 64, 4, 2, 4)
     out = torch.randn(5, 64)
@@ -141,6 +160,37 @@ def test_per_pair_mode_is_bitwise_batch_invariant(seed, monkeypatch, backend):
     changed[1:] = torch.randn(T - 1, H).half()
     again = sk.sum_routed_pairs(_per_pair_waves(changed, ids, weights, w13, w2, slot_of, resident))
     assert torch.equal(again[0], full[0])
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("T", "k", "H"), [(1, 6, 64), (5, 2, 100), (3, 1, 1100)])
+def test_sum_routed_pairs_kernel_has_the_references_bits(
+    seed, poisoned, exact_bf16, dtype, T, k, H
+):
+    # Magnitudes far apart, so a different add order or a second rounding changes bits.
+    out = torch.randn(T, k, H) * torch.logspace(-3, 3, k)[None, :, None]
+    got = sk.sum_routed_pairs(out, dtype)
+    want = sk.sum_routed_pairs_reference(out, dtype)
+    assert got.dtype == (dtype or torch.float32)
+    assert got.shape == (T, H)
+    assert torch.equal(got, want)
+    sequential = out[:, 0].clone()
+    for j in range(1, k):
+        sequential = sequential + out[:, j]
+    assert torch.equal(want, sequential.to(dtype or torch.float32))
+
+
+def test_sum_routed_pairs_kernel_takes_strided_pairs(seed, poisoned):
+    wide = torch.randn(4, 3, 2, 48)
+    out = wide[:, :, 1]  # [4, 3, 48], strides (288, 96, 1)
+    assert torch.equal(
+        sk.sum_routed_pairs(out, torch.float16), ((out[:, 0] + out[:, 1]) + out[:, 2]).half()
+    )
+
+
+def test_sum_routed_pairs_refuses_a_non_float_dtype():
+    with pytest.raises(TypeError, match="dtype must be"):
+        sk.sum_routed_pairs(torch.zeros(2, 2, 4), torch.int32)
 
 
 def test_sum_routed_pairs_adds_in_pair_order_and_refuses_2d(seed):

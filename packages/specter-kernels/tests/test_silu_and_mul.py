@@ -21,29 +21,6 @@ import torch.nn.functional as F
 import specter_kernels as sk
 
 
-@pytest.fixture
-def exact_bf16(monkeypatch, triton_backend):
-    """The Triton backend with the interpreter's bf16 <-> fp32 casts made the GPU's: fp32 to
-    bf16 rounded to nearest even (``cvt.rn.bf16.f32``; the interpreter truncates) and bf16
-    subnormals widened exactly (the interpreter's are off)."""
-    import triton.language as tl
-    import triton.runtime.interpreter as interpreter
-
-    interpreters = interpreter._convert_float
-
-    def convert(data, input_dtype, output_dtype, rounding_mode):
-        if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
-            return data.view(np.uint16).astype(np.uint32) << 16
-        if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode is None:
-            bits = data.view(np.uint32).astype(np.uint64)
-            nearest_even = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            quiet_nan = (bits >> 16) | 0x40
-            return np.where(np.isnan(data), quiet_nan, nearest_even).astype(np.uint16)
-        return interpreters(data, input_dtype, output_dtype, rounding_mode)
-
-    monkeypatch.setattr(interpreter, "_convert_float", convert)
-
-
 def _silu_with_numpy_exp(gate: torch.Tensor) -> torch.Tensor:
     """``F.silu``'s arithmetic (fp32, ``g / (1 + exp(-g))``, rounded to the dtype) with
     numpy's ``exp``: the interpreter's."""

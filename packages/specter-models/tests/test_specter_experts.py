@@ -161,3 +161,27 @@ def test_token_wise_with_every_expert_resident_is_the_single_wave(checkpoints):
         logits[kind] = lm.target.forward(ids, 0)
         assert lm.cache.stats()["total"]["acquires"] == 0, kind
     torch.testing.assert_close(logits["token"], logits["expert"], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_all_resident_per_pair_accumulator_is_fully_written(checkpoints, monkeypatch, dtype):
+    # With every expert resident the batch-invariant accumulator starts unzeroed: its one
+    # wave must write every routed pair. Poisoned (NaN) buffers show any pair it skips.
+    ids = random_prompt(6, 96, seed=8)
+    lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=dtype, batch_invariant=True)
+    clean = lm.target.forward(ids, 0)
+    from specter_models import specter_experts
+
+    class Poisoned:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def empty(*args, **kwargs):
+            return torch.empty(*args, **kwargs).fill_(float("nan"))
+
+    monkeypatch.setattr(specter_experts, "torch", Poisoned())
+    lm.reset()
+    poisoned = lm.target.forward(ids, 0)
+    assert torch.isfinite(poisoned).all()
+    assert torch.equal(poisoned, clean)

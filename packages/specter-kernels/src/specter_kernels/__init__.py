@@ -19,6 +19,7 @@ from specter_kernels.grouped_moe_fp16 import (
     grouped_moe_fp16,
     grouped_moe_fp16_reference,
     sum_routed_pairs,
+    sum_routed_pairs_reference,
 )
 from specter_kernels.int4_quantization import (
     SUPPORTED_GROUP_SIZES,
@@ -112,5 +113,6 @@ __all__ = [
     "silu_and_mul_reference",
     "stack_int4_experts",
     "sum_routed_pairs",
+    "sum_routed_pairs_reference",
     "unpack_int4",
 ]

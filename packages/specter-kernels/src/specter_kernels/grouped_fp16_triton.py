@@ -8,6 +8,11 @@ down multiplies by the routing weight and adds into the caller's fp32 output
 with atomics, so successive waves accumulate into one tensor. With a per-pair
 output ``[T, k, H]`` it stores each pair's row instead (one fixed tile config,
 no split-K, no atomics): deterministic and batch-invariant.
+
+One routed row (plain decoding) skips the alignment: its k pairs have distinct experts,
+so program ``p`` takes pair ``p`` alone (``PAIR_BLOCKS``), reading its expert from
+``topk_ids`` and the wave's mask itself. Each pair sits in row 0 of its block either way,
+so the result has the aligned launch's bits.
 """
 
 from __future__ import annotations
@@ -43,6 +48,22 @@ class GroupedConfig:
 
 
 @triton.jit
+def _pair_block(
+    pid_m, topk_ids_ptr, expert_mask_ptr, num_experts, num_pairs, BLOCK_M: tl.constexpr
+):
+    """Block ``pid_m`` of the unaligned launch: routed pair ``pid_m`` alone in row 0 (the
+    other rows padding, ``num_pairs``); its expert, or -1 when the pair is not in the wave
+    (an id outside ``[0, E)`` or masked off)."""
+    expert = tl.load(topk_ids_ptr + pid_m).to(tl.int32)
+    valid = (expert >= 0) & (expert < num_experts)
+    in_wave = tl.load(expert_mask_ptr + tl.where(valid, expert, 0)) != 0
+    expert = tl.where(valid & in_wave, expert, -1)
+    rows = tl.arange(0, BLOCK_M)
+    pairs = tl.where(rows == 0, pid_m, num_pairs)
+    return expert, pairs
+
+
+@triton.jit
 def _grouped_gate_up_kernel(
     x_ptr,
     sorted_ids_ptr,
@@ -59,18 +80,28 @@ def _grouped_gate_up_kernel(
     stride_ws,
     stride_wn,
     stride_ht,
+    topk_ids_ptr,
+    expert_mask_ptr,
+    num_experts,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PAIR_BLOCKS: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
-        return  # block beyond the padded length: the grid is an upper bound
-    expert = tl.load(expert_ids_ptr + pid_m)
+    if PAIR_BLOCKS:
+        expert, pairs = _pair_block(
+            pid_m, topk_ids_ptr, expert_mask_ptr, num_experts, num_pairs, BLOCK_M
+        )
+        if expert < 0:
+            return  # the pair's expert is outside the wave
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+            return  # block beyond the padded length: the grid is an upper bound
+        expert = tl.load(expert_ids_ptr + pid_m)
+        pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     slot = tl.load(expert_to_slot_ptr + expert).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(sorted_ids_ptr + offs_m)
     row_mask = pairs < num_pairs
     tokens = pairs // top_k
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -115,20 +146,30 @@ def _grouped_down_kernel(
     stride_ws,
     stride_wn,
     stride_ot,
+    topk_ids_ptr,
+    expert_mask_ptr,
+    num_experts,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PER_PAIR: tl.constexpr = False,
+    PAIR_BLOCKS: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
-        return
-    expert = tl.load(expert_ids_ptr + pid_m)
+    if PAIR_BLOCKS:
+        expert, pairs = _pair_block(
+            pid_m, topk_ids_ptr, expert_mask_ptr, num_experts, num_pairs, BLOCK_M
+        )
+        if expert < 0:
+            return
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+            return
+        expert = tl.load(expert_ids_ptr + pid_m)
+        pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     slot = tl.load(expert_to_slot_ptr + expert).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(sorted_ids_ptr + offs_m)
     row_mask = pairs < num_pairs
     tokens = pairs // top_k
     routing_weights = tl.load(topk_weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
@@ -222,17 +263,27 @@ def launch_grouped(
     if gate_up_config.block_m != down_config.block_m:
         raise ValueError("gate_up and down configs must share block_m")
     block_m = gate_up_config.block_m
-    sorted_ids, expert_ids, num_post_padded = moe_align_block_size(
-        topk_ids, E, block_m, expert_mask=expert_mask
-    )
-    max_blocks = max_aligned_blocks(num_pairs, E, block_m)
+    mask = expert_mask.view(torch.uint8)  # bool loads as plain bytes
+    ids = topk_ids.contiguous().view(-1)
+    # One routed row: its pairs have distinct experts, so sorting them by expert shares no
+    # weight read and each pair is its own block, with no alignment launch. A pair sits in
+    # row 0 of its block either way, so the bits are those of the aligned launch.
+    pair_blocks = T == 1
+    if pair_blocks:
+        sorted_ids = expert_ids = num_post_padded = ids
+        max_blocks = num_pairs
+    else:
+        sorted_ids, expert_ids, num_post_padded = moe_align_block_size(
+            topk_ids, E, block_m, expert_mask=expert_mask
+        )
+        max_blocks = max_aligned_blocks(num_pairs, E, block_m)
     h = torch.empty(num_pairs, I, dtype=torch.float16, device=x.device)
     c = gate_up_config
     _grouped_gate_up_kernel[(max_blocks, triton.cdiv(I, c.block_n))](
         x, sorted_ids, expert_ids, num_post_padded, expert_to_slot, w13_slots, h,
         H, I, top_k, num_pairs,
-        x.stride(0), w13_slots.stride(0), w13_slots.stride(1), h.stride(0),
-        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        x.stride(0), w13_slots.stride(0), w13_slots.stride(1), h.stride(0), ids, mask, E,
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PAIR_BLOCKS=pair_blocks,
         num_warps=c.num_warps, num_stages=c.num_stages,
     )  # fmt: skip
     c = down_config
@@ -242,8 +293,8 @@ def launch_grouped(
         h, sorted_ids, expert_ids, num_post_padded, expert_to_slot, topk_weights.reshape(-1),
         w2_slots, out,
         I, H, top_k, num_pairs, per_split,
-        h.stride(0), w2_slots.stride(0), w2_slots.stride(1), out.stride(-2),
+        h.stride(0), w2_slots.stride(0), w2_slots.stride(1), out.stride(-2), ids, mask, E,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PER_PAIR=per_pair,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        PAIR_BLOCKS=pair_blocks, num_warps=c.num_warps, num_stages=c.num_stages,
     )  # fmt: skip
     return out

@@ -101,7 +101,8 @@ def grouped_moe_fp16(
 ) -> torch.Tensor:
     """Add the masked experts' routing-weighted FP16 expert outputs into ``out``.
 
-    No host synchronisation (three launches on CUDA: alignment, gate_up, down).
+    No host synchronisation (on CUDA three launches: alignment, gate_up, down; two for
+    one row, whose pairs need no alignment).
 
     Args:
         x: fp16 ``[T, H]``.
@@ -174,20 +175,55 @@ def grouped_moe_fp16_reference(
     return out
 
 
-def sum_routed_pairs(out: torch.Tensor) -> torch.Tensor:
-    """Sum a per-pair output ``[T, k, H]`` over its k pairs, j = 0..k-1 in order: fp32 ``[T, H]``.
+def sum_routed_pairs_reference(out: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Plain torch reference of :func:`sum_routed_pairs`: ``out[:, 0]`` cloned, then
+    ``+= out[:, j]`` for j = 1..k-1, then one cast to ``dtype``."""
+    _check_pairs(out, dtype)
+    if out.shape[1] == 0:
+        return out.new_zeros(out.shape[0], out.shape[2], dtype=dtype or torch.float32)
+    total = out[:, 0].clone()
+    for j in range(1, out.shape[1]):
+        total += out[:, j]
+    return total if dtype is None or dtype == torch.float32 else total.to(dtype)
 
-    Elementwise adds only, so each token's sum is independent of T.
+
+def sum_routed_pairs(out: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Sum a per-pair output ``[T, k, H]`` over its k pairs, j = 0..k-1 in order.
+
+    Elementwise fp32 adds only, so each token's sum is independent of T. On CUDA one
+    Triton launch does the adds and the cast (the torch form is ``k + 1`` launches); the
+    bits are :func:`sum_routed_pairs_reference`'s.
+
+    Args:
+        out: fp32 ``[T, k, H]``.
+        dtype: the result's dtype (fp32, fp16 or bf16; None: fp32), rounded once from the
+            fp32 sum.
+
+    Returns:
+        ``[T, H]`` contiguous in ``dtype``.
 
     Raises:
-        TypeError: ``out`` is not a float32 ``[T, k, H]`` tensor.
+        TypeError: ``out`` is not a float32 ``[T, k, H]`` tensor, or ``dtype`` is not a
+            float dtype.
     """
+    _check_pairs(out, dtype)
+    T, k, H = out.shape
+    if T == 0 or k == 0 or H == 0 or select_backend(out.device) == "torch":
+        return sum_routed_pairs_reference(out, dtype)
+    from specter_kernels.routed_pair_sum_triton import launch_routed_pair_sum
+
+    if out.stride(2) != 1:
+        out = out.contiguous()
+    return launch_routed_pair_sum(out, torch.float32 if dtype is None else dtype)
+
+
+def _check_pairs(out: torch.Tensor, dtype: torch.dtype | None) -> None:
     if not isinstance(out, torch.Tensor) or out.dim() != 3 or out.dtype != torch.float32:
         raise TypeError(
             f"out must be a float32 [T, k, H] per-pair output, got "
             f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}"
         )
-    total = out[:, 0].clone()
-    for j in range(1, out.shape[1]):
-        total += out[:, j]
-    return total
+    if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"dtype must be torch.float32, float16 or bfloat16 (or None for float32), got {dtype!r}"
+        )

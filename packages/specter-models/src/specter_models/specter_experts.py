@@ -255,15 +255,17 @@ class SpecterExperts(nn.Module):
         return rows
 
     def _target(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        out = self._accumulator(x, ids)
         if self._fully_resident():
             # Every expert of this layer sits in its own slot and nothing can evict it: one
             # wave over all experts, no host sync and no cache bookkeeping (hits of this
-            # layer are not counted).
+            # layer are not counted). That wave writes every routed pair, so a per-pair
+            # accumulator needs no zeros first.
+            out = self._accumulator(x, ids, zeroed=not self.runtime.batch_invariant)
             if self.runtime.routing_trace is not None:
                 self._needed(ids)  # the trace needs the ids on the host (a sync)
             self._compute_wave(x, ids, weights, None, None, out)
             return self._finish(out, x.dtype)
+        out = self._accumulator(x, ids)
         rows = self._needed(ids)
         needed = list(dict.fromkeys(e for row in rows for e in row))
         for wave in self.runtime.cache.acquire(self.layer, needed):
@@ -309,16 +311,19 @@ class SpecterExperts(nn.Module):
                 )
         return self._finish(out, x.dtype)
 
-    def _accumulator(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Zeroed sums: ``[T, H]``, or ``[T, k, H]`` (one row per routed pair) when batch
-        invariant, so no sum depends on wave composition or on the number of rows."""
+    def _accumulator(self, x: torch.Tensor, ids: torch.Tensor, zeroed: bool = True) -> torch.Tensor:
+        """Sums: ``[T, H]``, or ``[T, k, H]`` (one row per routed pair) when batch
+        invariant, so no sum depends on wave composition or on the number of rows. Zeroed
+        unless ``zeroed=False`` (a caller whose waves write every pair)."""
         shape = (x.shape[0], ids.shape[1], x.shape[1]) if self.runtime.batch_invariant else x.shape
-        return torch.zeros(shape, dtype=_accumulator_dtype(x.dtype), device=x.device)
+        make = torch.zeros if zeroed else torch.empty
+        return make(shape, dtype=_accumulator_dtype(x.dtype), device=x.device)
 
     @staticmethod
     def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if out.dim() == 3:
-            out = sum_routed_pairs(out)  # pairs 0..k-1 of each row, in that order
+            # Pairs 0..k-1 of each row, in that order, and the cast: one launch on CUDA.
+            return sum_routed_pairs(out, dtype)
         return out.to(dtype)
 
     def _fully_resident(self) -> bool:

@@ -1,0 +1,41 @@
+"""Triton kernel of ``sum_routed_pairs``: one program per (row, block of ``BLOCK`` columns).
+
+Each program adds the ``k`` fp32 pair rows of its token in pair order (``j = 0 .. k-1``,
+one IEEE fp32 add each, as torch's ``clone`` then ``+=`` do) and rounds the sum once to the
+output dtype: one launch in place of the ``k + 1`` (and a cast) of the torch form, with the
+same bits. No multiply is involved, so there is nothing to contract.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_BLOCK = 1024
+
+
+@triton.jit
+def _routed_pair_sum_kernel(
+    pairs_ptr, out_ptr, H, stride_pt, stride_pj, K_PAIRS: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    keep = cols < H
+    first = pairs_ptr + row * stride_pt + cols
+    total = tl.load(first, mask=keep, other=0.0)
+    for j in tl.static_range(1, K_PAIRS):
+        total += tl.load(first + j * stride_pj, mask=keep, other=0.0)
+    tl.store(out_ptr + row * H + cols, total.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def launch_routed_pair_sum(pairs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[T, H]`` in ``dtype``: the pair-order sum of ``pairs`` fp32 ``[T, k, H]`` (unit
+    column stride), rounded once."""
+    T, k, H = pairs.shape
+    out = torch.empty(T, H, dtype=dtype, device=pairs.device)
+    block = min(triton.next_power_of_2(H), MAX_BLOCK)
+    _routed_pair_sum_kernel[(T, triton.cdiv(H, block))](
+        pairs, out, H, pairs.stride(0), pairs.stride(1), K_PAIRS=k, BLOCK=block, num_warps=4
+    )
+    return out
