@@ -244,8 +244,10 @@ def launch_grouped(
     out: torch.Tensor,
     gate_up_config: GroupedConfig | None = None,
     down_config: GroupedConfig | None = None,
+    pair_blocks: bool | None = None,
 ) -> torch.Tensor:
-    """Align the wave's pairs and run both launches (arguments validated by the caller).
+    """Align the wave's pairs (unless ``pair_blocks``) and run both launches (arguments
+    validated by the caller).
 
     A per-pair ``out [T, k, H]`` always uses :func:`per_pair_configs` (given
     configs are ignored: a T-dependent tile would break batch invariance).
@@ -266,9 +268,10 @@ def launch_grouped(
     mask = expert_mask.view(torch.uint8)  # bool loads as plain bytes
     ids = topk_ids.contiguous().view(-1)
     # One routed row: its pairs have distinct experts, so sorting them by expert shares no
-    # weight read and each pair is its own block, with no alignment launch. A pair sits in
-    # row 0 of its block either way, so the bits are those of the aligned launch.
-    pair_blocks = T == 1
+    # weight read and each pair is its own block, with no alignment launch. A pair's result
+    # does not depend on its row in a block, so the bits are those of the aligned launch.
+    if pair_blocks is None:
+        pair_blocks = T == 1
     if pair_blocks:
         sorted_ids = expert_ids = num_post_padded = ids
         max_blocks = num_pairs

@@ -98,6 +98,7 @@ def grouped_moe_fp16(
     expert_to_slot: torch.Tensor,
     expert_mask: torch.Tensor,
     out: torch.Tensor,
+    pair_blocks: bool | None = None,
 ) -> torch.Tensor:
     """Add the masked experts' routing-weighted FP16 expert outputs into ``out``.
 
@@ -116,6 +117,11 @@ def grouped_moe_fp16(
         out: fp32 ``[T, H]`` accumulator, updated in place; or fp32 ``[T, k, H]``
             per-pair output (batch-invariant mode): the wave's pairs are
             overwritten, the others kept. Reduce it with :func:`sum_routed_pairs`.
+        pair_blocks: run one block per routed pair with no alignment launch (each
+            expert's weights are then read once per pair of the wave instead of once):
+            fewer launches and less host work for a wave of few rows, more weight reads
+            when rows share experts. None: only for one row, where nothing is shared.
+            Either way a pair's result has the same bits.
 
     Returns:
         ``out``.
@@ -133,8 +139,9 @@ def grouped_moe_fp16(
     from specter_kernels import grouped_fp16_triton
 
     return grouped_fp16_triton.launch_grouped(
-        x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out
-    )
+        x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out,
+        pair_blocks=pair_blocks,
+    )  # fmt: skip
 
 
 def grouped_moe_fp16_reference(

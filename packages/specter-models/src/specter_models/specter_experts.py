@@ -43,6 +43,11 @@ from specter_kernels import (
 from specter_models.expert_math import accumulate_experts, write_expert_pairs
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 
+PAIR_BLOCK_ROWS = 16
+"""Waves of a budgeted layer with at most this many rows run a block per routed pair
+(``grouped_moe_fp16(pair_blocks=True)``): no alignment launch, at the cost of reading an
+expert's weights once per pair instead of once per wave. Above it (a prefill) they align."""
+
 
 class SpecterExperts(nn.Module):
     """Routed experts of one MoE layer: INT4 for the draft, cached FP16 for the target.
@@ -352,9 +357,13 @@ class SpecterExperts(nn.Module):
                 if experts is None
                 else _expert_mask(experts, self.num_experts, x.device)
             )
+            # A wave of a budgeted layer with few rows (a verification): a block per pair
+            # and no alignment launch. Host work, not weight reads, bounds those waves.
+            pair_blocks = experts is not None and x.shape[0] <= PAIR_BLOCK_ROWS
             grouped_moe_fp16(
-                x, ids, weights, gate_up, down, cache.expert_to_slot(self.layer), mask, out
-            )
+                x, ids, weights, gate_up, down, cache.expert_to_slot(self.layer), mask, out,
+                pair_blocks or None,
+            )  # fmt: skip
             return
         if experts is None:
             experts = tuple(range(self.num_experts))
