@@ -185,3 +185,32 @@ def test_all_resident_per_pair_accumulator_is_fully_written(checkpoints, monkeyp
     poisoned = lm.target.forward(ids, 0)
     assert torch.isfinite(poisoned).all()
     assert torch.equal(poisoned, clean)
+
+
+def test_budget_waves_of_few_rows_take_pair_blocks(checkpoints, monkeypatch):
+    # fp16 waves of a budgeted layer: a block per pair up to PAIR_BLOCK_ROWS rows (no
+    # alignment launch), aligned above it (a prefill), auto (one row only) when resident.
+    from specter_models import specter_experts
+
+    calls: list[tuple[int, bool | None]] = []
+    kernel = specter_experts.grouped_moe_fp16
+
+    def spy(x, *args):
+        calls.append((x.shape[0], args[-1] if len(args) == 8 else None))
+        return kernel(x, *args)
+
+    monkeypatch.setattr(specter_experts, "grouped_moe_fp16", spy)
+    rows = specter_experts.PAIR_BLOCK_ROWS
+    prompt = random_prompt(rows + 4, 96, seed=3)
+    budgeted = load(
+        checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float16, slots_per_layer=3
+    )
+    budgeted.target.forward(prompt[:, : rows + 1], 0)  # a prefill of PAIR_BLOCK_ROWS + 1 rows
+    budgeted.target.forward(prompt[:, rows + 1 :], rows + 1)  # a 3-row verification
+    assert {flag for t, flag in calls if t == rows + 1} == {None}
+    assert {flag for t, flag in calls if t == 3} == {True}
+    calls.clear()
+    resident = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float16)
+    resident.target.forward(prompt[:, :3], 0)
+    assert calls
+    assert {flag for _, flag in calls} == {None}
