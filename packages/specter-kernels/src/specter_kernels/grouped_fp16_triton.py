@@ -9,10 +9,12 @@ with atomics, so successive waves accumulate into one tensor. With a per-pair
 output ``[T, k, H]`` it stores each pair's row instead (one fixed tile config,
 no split-K, no atomics): deterministic and batch-invariant.
 
-One routed row (plain decoding) skips the alignment: its k pairs have distinct experts,
-so program ``p`` takes pair ``p`` alone (``PAIR_BLOCKS``), reading its expert from
-``topk_ids`` and the wave's mask itself. Each pair sits in row 0 of its block either way,
-so the result has the aligned launch's bits.
+``pair_blocks`` skips the alignment: program ``p`` takes routed pair ``p`` alone
+(``PAIR_BLOCKS``), reading its expert from ``topk_ids`` and the wave's mask itself. It is
+the default for one routed row (plain decoding), whose k pairs have distinct experts, so no
+weight read is shared; callers ask for it on waves of few rows, where launches and host
+work cost more than reading an expert once per pair. A pair's result does not depend on
+its row in a block, so it has the aligned launch's bits.
 """
 
 from __future__ import annotations
