@@ -130,6 +130,7 @@ def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_pa
         (["generate", "--model", "tiny-qwen2-moe", "--top-p", "0.5", "x"], "need sampling"),
         (["generate", "--model", "tiny-qwen2-moe", "--device", "tpu", "x"], "--device must be"),
         (["generate", "--model", "gpt-5", "x"], "known presets"),
+        (["generate", "--model", "/no/such/ckpt", "x"], "no checkpoint folder at '/no/such/ckpt'"),
         (["generate", "--model", "tiny-qwen2-moe", "--gpu-memory-gb", "0.001", "x"], "too small"),
         (["generate", "--prompt-file", "/no/such/file"], "no such file"),
         (["bench"], "--model is required"),

@@ -197,6 +197,22 @@ def test_unknown_source_and_missing_weights(tmp_path, checkpoints):
         load(folder, device="cpu")
 
 
+def test_a_missing_path_or_a_file_is_named_as_such(tmp_path):
+    missing = tmp_path / "no" / "checkpoint"
+    with pytest.raises(ValueError, match=r"no checkpoint folder at .*nothing exists there"):
+        load(missing, device="cpu")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    with pytest.raises(ValueError, match="is a file, not a checkpoint folder"):
+        load(weights, device="cpu")
+    from specter_models.presets import get_preset
+
+    with pytest.raises(KeyError, match=r"no checkpoint folder at '\./models/dsv2'"):
+        get_preset("./models/dsv2")
+    with pytest.raises(KeyError, match="no preset named 'dsv3'"):
+        get_preset("dsv3")
+
+
 def test_checkpoint_lacking_an_expert_is_refused(tmp_path):
     model = tiny_transformers_model("tiny-qwen2-moe", seed=3)
     folder = tmp_path / "broken"

@@ -46,7 +46,13 @@ from specter_models.kv_cache import StaticKVCache
 from specter_models.memory_meter import MemoryMeter
 from specter_models.memory_plan import DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_VERIFY_ROWS, plan_memory
 from specter_models.model_builder import build_on_meta, materialize, swap_routed_experts
-from specter_models.presets import DEMO_MODEL, PRESETS, demo_model_path, get_preset
+from specter_models.presets import (
+    DEMO_MODEL,
+    PRESETS,
+    demo_model_path,
+    get_preset,
+    looks_like_path,
+)
 from specter_models.random_weights import init_non_expert_weights, random_expert
 from specter_models.row_truncation import RowTruncation
 from specter_models.spec_adapters import SharedKV
@@ -438,6 +444,16 @@ def _resolve_source(source: str | os.PathLike[str]) -> tuple[Path | None, str | 
         return Path(text), None
     if text.lower() in PRESETS:
         return None, text.lower()
+    if Path(text).exists():
+        raise ValueError(
+            f"{text!r} is a file, not a checkpoint folder; give the folder that holds "
+            "config.json and *.safetensors, or a preset"
+        )
+    if looks_like_path(text):
+        raise ValueError(
+            f"no checkpoint folder at {text!r} (nothing exists there) and no preset of that "
+            f"name; check the path, or give a preset: {sorted(PRESETS)} or {DEMO_MODEL!r}"
+        )
     raise ValueError(
         f"{text!r} is neither a checkpoint folder nor a preset; presets: {sorted(PRESETS)} and "
         f"{DEMO_MODEL!r}"

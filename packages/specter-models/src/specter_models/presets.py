@@ -18,6 +18,7 @@ shipped as package data.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -232,11 +233,24 @@ def get_preset(name: str) -> Preset:
     """
     preset = PRESETS.get(name.lower()) if isinstance(name, str) else None
     if preset is None:
+        if looks_like_path(name):
+            raise KeyError(
+                f"no checkpoint folder at {name!r} (nothing exists there) and no preset of that "
+                f"name; check the path, or give a preset: {sorted(PRESETS)} or {DEMO_MODEL!r}"
+            )
         raise KeyError(
             f"no preset named {name!r}; known presets: {sorted(PRESETS)} (and {DEMO_MODEL!r}, "
             "the trained demo checkpoint), or pass a checkpoint folder"
         )
     return preset
+
+
+def looks_like_path(name: object) -> bool:
+    """Whether ``name`` reads as a file system path rather than a preset name (it holds a
+    path separator or starts with ``.`` or ``~``)."""
+    if not isinstance(name, str):
+        return False
+    return "/" in name or os.sep in name or name.startswith((".", "~"))
 
 
 def preset_config(name: str) -> PretrainedConfig:
