@@ -1,6 +1,7 @@
 """Where a decode iteration's wall time goes on the host, for a full-size preset.
 
-Decodes ``--tokens`` tokens with plain decoding (K = 0) and speculation (K = ``--depth``)
+Decodes ``--tokens`` tokens of a synthetic prompt (or HumanEval prompt ``--humaneval N``)
+with plain decoding (K = 0) and speculation (K = ``--depth``, or ``auto``)
 with CUDA graphs, every expert resident unless ``--budget-gb`` is given, and prints the
 decode TPOT (prefill excluded), the mean draft / verify / commit time per iteration beside
 the graphed GPU step times, and cProfile's functions by own host time over the decode.
@@ -42,6 +43,15 @@ def main() -> int:
     p.add_argument(
         "--torch-profile", action="store_true", help="also a torch.profiler table of a decode"
     )
+    p.add_argument(
+        "--humaneval",
+        type=int,
+        default=None,
+        metavar="N",
+        help="decode HumanEval prompt N (byte tokens, as `specter bench` encodes them for "
+        "random-weight presets) instead of a synthetic 200-token prompt; a hot set chosen "
+        "on HumanEval prompts then routes as in the benchmark",
+    )
     args = p.parse_args()
     hot = None
     if args.hot_experts:
@@ -59,7 +69,15 @@ def main() -> int:
     )
     print(f"built {lm!r} in {time.perf_counter() - t:.1f} s", flush=True)
     vocab = lm.model.config.vocab_size
-    ids = [3 + i % (vocab - 3) for i in range(200)]
+    if args.humaneval is None:
+        ids = [3 + i % (vocab - 3) for i in range(200)]
+    else:
+        from specter_bench.prompt_encoding import ByteTokenizer, encode_prompt
+        from specter_bench.prompt_sources import load_humaneval
+
+        prompt = load_humaneval(args.humaneval + 1)[args.humaneval]
+        ids = encode_prompt(prompt.text, ByteTokenizer(vocab_size=vocab), vocab_size=vocab)
+        print(f"prompt {prompt.id}: {len(ids)} tokens", flush=True)
     for depth in (0, args.depth):
         for _ in range(2):  # the first run captures the graphs the second replays
             lm.reset()
