@@ -7,7 +7,8 @@
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_launches.sh            # carry .ab and .whl
 #
 # 1. CUDA tests of the changed kernels (bits against the references, batch invariance) and
-#    of the models (exactness, graphs, hot sets);
+#    of the models (exactness, graphs, hot sets; the models' full output, tracebacks of
+#    failures included, in gpu-tests-models-full.txt);
 # 2. DeepSeek-V2-Lite's resident step times after a 480-token prompt (window 512) with
 #    kernel counts, base / this tree / this tree / base, each in its own process.
 # shellcheck source=scripts/gpu-call.sh
@@ -18,7 +19,7 @@ timeout 100 python3 -m pytest -q -p no:cacheprovider \
     packages/specter-kernels/tests/test_gpu_batch_invariance.py 2>&1 | tail -2 \
     | tee "$out/gpu-tests-invariance.txt"
 timeout 220 python3 -m pytest -q -p no:cacheprovider packages/specter-models/tests/test_cuda.py \
-    2>&1 | tail -3 | tee "$out/gpu-tests-models.txt"
+    -rfE --tb=short 2>&1 | tee "$out/gpu-tests-models-full.txt" | tail -3 | tee "$out/gpu-tests-models.txt"
 new_path="$PYTHONPATH"
 base_path="$new_path"
 if [ -f .ab/base.tar ]; then
