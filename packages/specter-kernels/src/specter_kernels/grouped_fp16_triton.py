@@ -275,7 +275,7 @@ def launch_grouped(
     if pair_blocks is None:
         pair_blocks = T == 1
     if pair_blocks:
-        sorted_ids = expert_ids = num_post_padded = ids
+        sorted_ids = expert_ids = num_post_padded = ids  # unread under PAIR_BLOCKS
         max_blocks = num_pairs
     else:
         sorted_ids, expert_ids, num_post_padded = moe_align_block_size(

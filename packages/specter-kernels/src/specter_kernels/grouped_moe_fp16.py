@@ -186,12 +186,16 @@ def sum_routed_pairs_reference(out: torch.Tensor, dtype: torch.dtype | None = No
     """Plain torch reference of :func:`sum_routed_pairs`: ``out[:, 0]`` cloned, then
     ``+= out[:, j]`` for j = 1..k-1, then one cast to ``dtype``."""
     _check_pairs(out, dtype)
+    return _sum_in_pair_order(out, dtype)
+
+
+def _sum_in_pair_order(out: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     if out.shape[1] == 0:
         return out.new_zeros(out.shape[0], out.shape[2], dtype=dtype or torch.float32)
     total = out[:, 0].clone()
     for j in range(1, out.shape[1]):
         total += out[:, j]
-    return total if dtype is None or dtype == torch.float32 else total.to(dtype)
+    return total if dtype is None else total.to(dtype)
 
 
 def sum_routed_pairs(out: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -216,7 +220,7 @@ def sum_routed_pairs(out: torch.Tensor, dtype: torch.dtype | None = None) -> tor
     _check_pairs(out, dtype)
     T, k, H = out.shape
     if T == 0 or k == 0 or H == 0 or select_backend(out.device) == "torch":
-        return sum_routed_pairs_reference(out, dtype)
+        return _sum_in_pair_order(out, dtype)
     from specter_kernels.routed_pair_sum_triton import launch_routed_pair_sum
 
     if out.stride(2) != 1:

@@ -52,6 +52,7 @@ from specter_models.presets import (
     demo_model_path,
     get_preset,
     looks_like_path,
+    missing_checkpoint_message,
 )
 from specter_models.random_weights import init_non_expert_weights, random_expert
 from specter_models.row_truncation import RowTruncation
@@ -450,10 +451,7 @@ def _resolve_source(source: str | os.PathLike[str]) -> tuple[Path | None, str | 
             "config.json and *.safetensors, or a preset"
         )
     if looks_like_path(text):
-        raise ValueError(
-            f"no checkpoint folder at {text!r} (nothing exists there) and no preset of that "
-            f"name; check the path, or give a preset: {sorted(PRESETS)} or {DEMO_MODEL!r}"
-        )
+        raise ValueError(missing_checkpoint_message(text))
     raise ValueError(
         f"{text!r} is neither a checkpoint folder nor a preset; presets: {sorted(PRESETS)} and "
         f"{DEMO_MODEL!r}"

@@ -234,15 +234,20 @@ def get_preset(name: str) -> Preset:
     preset = PRESETS.get(name.lower()) if isinstance(name, str) else None
     if preset is None:
         if looks_like_path(name):
-            raise KeyError(
-                f"no checkpoint folder at {name!r} (nothing exists there) and no preset of that "
-                f"name; check the path, or give a preset: {sorted(PRESETS)} or {DEMO_MODEL!r}"
-            )
+            raise KeyError(missing_checkpoint_message(name))
         raise KeyError(
             f"no preset named {name!r}; known presets: {sorted(PRESETS)} (and {DEMO_MODEL!r}, "
             "the trained demo checkpoint), or pass a checkpoint folder"
         )
     return preset
+
+
+def missing_checkpoint_message(path: str) -> str:
+    """The error for a model argument that reads as a path where nothing exists."""
+    return (
+        f"no checkpoint folder at {path!r} (nothing exists there) and no preset of that name; "
+        f"check the path, or give a preset: {sorted(PRESETS)} or {DEMO_MODEL!r}"
+    )
 
 
 def looks_like_path(name: object) -> bool:

@@ -359,10 +359,11 @@ class SpecterExperts(nn.Module):
             )
             # A wave of a budgeted layer with few rows (a verification): a block per pair
             # and no alignment launch. Host work, not weight reads, bounds those waves.
-            pair_blocks = experts is not None and x.shape[0] <= PAIR_BLOCK_ROWS
+            # Otherwise (None) the kernel decides: pair blocks for one row only.
+            few_rows = experts is not None and x.shape[0] <= PAIR_BLOCK_ROWS
             grouped_moe_fp16(
                 x, ids, weights, gate_up, down, cache.expert_to_slot(self.layer), mask, out,
-                pair_blocks or None,
+                True if few_rows else None,
             )  # fmt: skip
             return
         if experts is None:
