@@ -82,6 +82,39 @@ def test_grouped_fp16_waves_on_the_gpu(seed, T, pair_blocks):
     assert _rel_err(out / 2, ref) < 2e-3  # each mask ran twice into out
 
 
+@pytest.mark.parametrize("pair_blocks", [None, True])
+@pytest.mark.parametrize("T", [1, 6])
+def test_streamed_experts_from_pinned_memory_on_the_gpu(seed, T, pair_blocks):
+    # Missing experts read in place from pinned host memory: the bits of slots, flagged.
+    H, I, E, k = 2048, 1408, 16, 6
+    x = torch.randn(T, H, device="cuda").half()
+    ids = torch.topk(torch.randn(T, E, device="cuda"), k).indices
+    weights = torch.rand(T, k, device="cuda")
+    w13 = (torch.randn(E, 2 * I, H) * 0.02).half().pin_memory()
+    w2 = (torch.randn(E, H, I) * 0.02).half().pin_memory()
+    streamed = sk.StreamedExperts.from_tensors(list(w13), list(w2), "cuda")
+    every = torch.ones(E, dtype=torch.bool, device="cuda")
+    all_slots = torch.arange(E, device="cuda", dtype=torch.int32)
+    expected = torch.zeros(T, k, H, device="cuda")
+    sk.grouped_moe_fp16(
+        x, ids, weights, w13.cuda(), w2.cuda(), all_slots, every, expected, pair_blocks
+    )  # fmt: skip
+    resident = torch.arange(E) % 3 == 0
+    slot_of = torch.where(resident, torch.arange(E) // 3, -1).int().cuda()
+    slots13 = w13[resident].cuda()
+    slots2 = w2[resident].cuda()
+    flags = torch.zeros(2, E, dtype=torch.uint8, device="cuda")
+    out = torch.zeros(T, k, H, device="cuda")
+    sk.grouped_moe_fp16(
+        x, ids, weights, slots13, slots2, slot_of, every, out, pair_blocks, streamed, flags
+    )  # fmt: skip
+    assert torch.equal(out, expected)
+    routed = torch.zeros(E, dtype=torch.bool, device="cuda")
+    routed[ids.reshape(-1)] = True
+    missing = routed & (slot_of < 0)
+    assert torch.equal(flags.bool(), missing.expand(2, E))
+
+
 @pytest.mark.parametrize("S", [1, 5, 300])
 def test_rotary_complex_on_the_gpu(seed, monkeypatch, S):
     # DeepSeek-V2-Lite's shapes: 16 heads, a 64-wide rope slice of a 192-wide query head.

@@ -61,6 +61,7 @@ from specter_kernels.rotary import (
 )
 from specter_kernels.router_topk import router_topk, router_topk_reference
 from specter_kernels.silu_and_mul import silu_and_mul, silu_and_mul_reference
+from specter_kernels.streamed_experts import StreamedExperts
 
 __version__ = "0.1.0"
 
@@ -71,6 +72,7 @@ __all__ = [
     "BatchInvariantMode",
     "Int4Weight",
     "MatmulConfig",
+    "StreamedExperts",
     "__version__",
     "batch_invariant",
     "concat_gate_up",

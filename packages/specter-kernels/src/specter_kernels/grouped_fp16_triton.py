@@ -15,6 +15,10 @@ the default for one routed row (plain decoding), whose k pairs have distinct exp
 weight read is shared; callers ask for it on waves of few rows, where launches and host
 work cost more than reading an expert once per pair. A pair's result does not depend on
 its row in a block, so it has the aligned launch's bits.
+
+``STREAM`` (a ``StreamedExperts``): an expert whose ``expert_to_slot`` entry is -1 reads its
+weights from its streamed address (pinned host memory, over PCIe) instead of a slot, and
+its first program flags it; the arithmetic does not change, so neither do the bits.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import triton
 import triton.language as tl
 
 from specter_kernels.moe_align import max_aligned_blocks, moe_align_block_size
+from specter_kernels.streamed_experts import StreamedExperts
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,21 @@ def _pair_block(
 
 
 @triton.jit
+def _expert_weights(
+    w_ptr, slot, stride_ws, expert, stream_w_ptr, streamed_ptr, first, STREAM: tl.constexpr
+):
+    """Base pointer of ``expert``'s weights: its slot, or, under ``STREAM``, its streamed
+    address (``StreamedExperts``) when it holds no slot (``slot < 0``), which the expert's
+    ``first`` program then flags in ``streamed_ptr``."""
+    base = w_ptr + slot * stride_ws
+    if STREAM:
+        streamed = tl.load(stream_w_ptr + expert).to(tl.pointer_type(tl.float16))
+        base = tl.where(slot >= 0, base, streamed)
+        tl.store(streamed_ptr + expert, 1, mask=first & (slot < 0))
+    return base
+
+
+@triton.jit
 def _grouped_gate_up_kernel(
     x_ptr,
     sorted_ids_ptr,
@@ -85,10 +105,13 @@ def _grouped_gate_up_kernel(
     topk_ids_ptr,
     expert_mask_ptr,
     num_experts,
+    stream_w_ptr,
+    streamed_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PAIR_BLOCKS: tl.constexpr = False,
+    STREAM: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -109,7 +132,10 @@ def _grouped_gate_up_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
-    w_gate = w_ptr + slot * stride_ws + offs_n[None, :] * stride_wn
+    w_base = _expert_weights(
+        w_ptr, slot, stride_ws, expert, stream_w_ptr, streamed_ptr, pid_n == 0, STREAM
+    )
+    w_gate = w_base + offs_n[None, :] * stride_wn
     w_up = w_gate + I * stride_wn
     x_rows = x_ptr + tokens[:, None] * stride_xt
     acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -151,11 +177,14 @@ def _grouped_down_kernel(
     topk_ids_ptr,
     expert_mask_ptr,
     num_experts,
+    stream_w_ptr,
+    streamed_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PER_PAIR: tl.constexpr = False,
     PAIR_BLOCKS: tl.constexpr = False,
+    STREAM: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -178,7 +207,11 @@ def _grouped_down_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + slot * stride_ws + offs_n[None, :] * stride_wn
+    first = (pid_n == 0) & (pid_k == 0)
+    w_base = _expert_weights(
+        w_ptr, slot, stride_ws, expert, stream_w_ptr, streamed_ptr, first, STREAM
+    )
+    w_rows = w_base + offs_n[None, :] * stride_wn
     h_rows = h_ptr + pairs[:, None] * stride_ht
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
@@ -247,9 +280,12 @@ def launch_grouped(
     gate_up_config: GroupedConfig | None = None,
     down_config: GroupedConfig | None = None,
     pair_blocks: bool | None = None,
+    streamed: StreamedExperts | None = None,
+    streamed_flags: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Align the wave's pairs (unless ``pair_blocks``) and run both launches (arguments
-    validated by the caller).
+    validated by the caller). With ``streamed``, experts without a slot read their
+    weights from its addresses and flag ``streamed_flags [2, E]`` (gate_up, down).
 
     A per-pair ``out [T, k, H]`` always uses :func:`per_pair_configs` (given
     configs are ignored: a T-dependent tile would break batch invariance).
@@ -283,13 +319,20 @@ def launch_grouped(
         )
         max_blocks = max_aligned_blocks(num_pairs, E, block_m)
     h = torch.empty(num_pairs, I, dtype=torch.float16, device=x.device)
+    stream = streamed is not None
+    if stream:
+        addresses = (streamed.w13_addresses, streamed.w2_addresses)
+        flags = (streamed_flags[0], streamed_flags[1])
+    else:
+        addresses = flags = (ids, ids)  # unread without STREAM
     c = gate_up_config
     _grouped_gate_up_kernel[(max_blocks, triton.cdiv(I, c.block_n))](
         x, sorted_ids, expert_ids, num_post_padded, expert_to_slot, w13_slots, h,
         H, I, top_k, num_pairs,
         x.stride(0), w13_slots.stride(0), w13_slots.stride(1), h.stride(0), ids, mask, E,
+        addresses[0], flags[0],
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PAIR_BLOCKS=pair_blocks,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        STREAM=stream, num_warps=c.num_warps, num_stages=c.num_stages,
     )  # fmt: skip
     c = down_config
     per_split = triton.cdiv(triton.cdiv(I, c.split_k), c.block_k) * c.block_k
@@ -299,7 +342,8 @@ def launch_grouped(
         w2_slots, out,
         I, H, top_k, num_pairs, per_split,
         h.stride(0), w2_slots.stride(0), w2_slots.stride(1), out.stride(-2), ids, mask, E,
+        addresses[1], flags[1],
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PER_PAIR=per_pair,
-        PAIR_BLOCKS=pair_blocks, num_warps=c.num_warps, num_stages=c.num_stages,
+        PAIR_BLOCKS=pair_blocks, STREAM=stream, num_warps=c.num_warps, num_stages=c.num_stages,
     )  # fmt: skip
     return out

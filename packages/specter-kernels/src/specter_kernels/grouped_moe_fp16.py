@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from specter_kernels.backend import select_backend
 from specter_kernels.invariant_matmul import invariant_bmm_reference
 from specter_kernels.routed_inputs import check_routed_inputs
+from specter_kernels.streamed_experts import StreamedExperts
 
 
 def _check_inputs(
@@ -89,6 +90,48 @@ def _check_inputs(
             raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}")
 
 
+def _check_streamed(
+    streamed: StreamedExperts | None,
+    streamed_flags: torch.Tensor | None,
+    w13_slots: torch.Tensor,
+    w2_slots: torch.Tensor,
+    x: torch.Tensor,
+    num_experts: int,
+) -> None:
+    if streamed is None:
+        if streamed_flags is not None:
+            raise ValueError("streamed_flags is given without streamed experts")
+        return
+    if not isinstance(streamed, StreamedExperts):
+        raise TypeError(f"streamed must be a StreamedExperts, got {type(streamed).__name__}")
+    if streamed.num_experts != num_experts:
+        raise ValueError(
+            f"streamed holds {streamed.num_experts} experts, the routing has {num_experts}"
+        )
+    shapes = (tuple(streamed.w13[0].shape), tuple(streamed.w2[0].shape))
+    if shapes != (tuple(w13_slots.shape[1:]), tuple(w2_slots.shape[1:])):
+        raise ValueError(
+            f"streamed experts are gate_up {list(shapes[0])} and down {list(shapes[1])}, the "
+            f"slots gate_up {list(w13_slots.shape[1:])} and down {list(w2_slots.shape[1:])}"
+        )
+    if streamed.w13_addresses.device != x.device:
+        raise ValueError(
+            f"streamed addresses are on {streamed.w13_addresses.device}, x on {x.device}: "
+            "build the StreamedExperts for the kernel's device"
+        )
+    if streamed_flags is not None and (
+        streamed_flags.dtype != torch.uint8
+        or tuple(streamed_flags.shape) != (2, num_experts)
+        or not streamed_flags.is_contiguous()
+        or streamed_flags.device != x.device
+    ):
+        raise TypeError(
+            f"streamed_flags must be a contiguous uint8 [2, E={num_experts}] tensor on "
+            f"{x.device}, got {streamed_flags.dtype} {list(streamed_flags.shape)} on "
+            f"{streamed_flags.device}"
+        )
+
+
 def grouped_moe_fp16(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -99,6 +142,8 @@ def grouped_moe_fp16(
     expert_mask: torch.Tensor,
     out: torch.Tensor,
     pair_blocks: bool | None = None,
+    streamed: StreamedExperts | None = None,
+    streamed_flags: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Add the masked experts' routing-weighted FP16 expert outputs into ``out``.
 
@@ -122,6 +167,12 @@ def grouped_moe_fp16(
             fewer launches and less host work for a wave of few rows, more weight reads
             when rows share experts. None: only for one row, where nothing is shared.
             Either way a pair's result has the same bits.
+        streamed: the streamed miss path (``StreamedExperts``): a masked expert whose
+            ``expert_to_slot`` entry is -1 reads its weights in place from these addresses
+            (pinned host memory, over PCIe) instead of a slot. Same bits as from a slot.
+        streamed_flags: uint8 ``[2, E]``, with ``streamed``: set to 1 where an expert's
+            gate_up (row 0) or down (row 1) weights were read from ``streamed`` (entries
+            of the others are left as they were: zero it first).
 
     Returns:
         ``out``.
@@ -130,17 +181,22 @@ def grouped_moe_fp16(
         TypeError, ValueError: bad dtypes, shapes or devices.
     """
     _check_inputs(x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out)
+    E = expert_mask.shape[0]
+    _check_streamed(streamed, streamed_flags, w13_slots, w2_slots, x, E)
     if x.shape[0] == 0:
         return out
+    if streamed is not None and streamed_flags is None:
+        streamed_flags = torch.empty(2, E, dtype=torch.uint8, device=x.device)  # unread
     if select_backend(x.device) == "torch":
         return grouped_moe_fp16_reference(
-            x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out
-        )
+            x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out,
+            streamed, streamed_flags,
+        )  # fmt: skip
     from specter_kernels import grouped_fp16_triton
 
     return grouped_fp16_triton.launch_grouped(
         x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out,
-        pair_blocks=pair_blocks,
+        pair_blocks=pair_blocks, streamed=streamed, streamed_flags=streamed_flags,
     )  # fmt: skip
 
 
@@ -153,33 +209,54 @@ def grouped_moe_fp16_reference(
     expert_to_slot: torch.Tensor,
     expert_mask: torch.Tensor,
     out: torch.Tensor,
+    streamed: StreamedExperts | None = None,
+    streamed_flags: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain torch reference of :func:`grouped_moe_fp16` (loops over experts; syncs)."""
     _check_inputs(x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out)
     I = w2_slots.shape[2]
     E = expert_mask.shape[0]
+    _check_streamed(streamed, streamed_flags, w13_slots, w2_slots, x, E)
     routed = topk_ids.long()
     in_wave = (routed >= 0) & (routed < E)
     in_wave &= expert_mask[routed.clamp(0, E - 1)]
     for expert in torch.unique(routed[in_wave]).tolist():
         tokens, slots = torch.nonzero((routed == expert) & in_wave, as_tuple=True)
         slot = int(expert_to_slot[expert])
+        w13, w2 = _expert_weights(w13_slots, w2_slots, slot, expert, streamed, streamed_flags)
         weights = topk_weights[tokens, slots].float().unsqueeze(1)
         if out.dim() == 3:
             # Per-pair (batch-invariant) mode: one row at a time, so a pair's
             # result does not depend on how many tokens share its expert.
-            gate_up = w13_slots[slot].T[None]
+            gate_up = w13.T[None]
             projected = invariant_bmm_reference(x[tokens][None], gate_up, torch.float32)[0]
             # SiLU row by row too: CPU exp vectorises by position in the tensor.
             h = torch.cat([F.silu(p[:I]) * p[I:] for p in projected.unbind(0)]).view(-1, I)
             h = h.half()
-            y = invariant_bmm_reference(h[None], w2_slots[slot].T[None], torch.float32)[0]
+            y = invariant_bmm_reference(h[None], w2.T[None], torch.float32)[0]
             out[tokens, slots] = y * weights
             continue
-        projected = x[tokens].float() @ w13_slots[slot].float().T
+        projected = x[tokens].float() @ w13.float().T
         h = (F.silu(projected[:, :I]) * projected[:, I:]).half().float()
-        out.index_add_(0, tokens, (h @ w2_slots[slot].float().T) * weights)
+        out.index_add_(0, tokens, (h @ w2.float().T) * weights)
     return out
+
+
+def _expert_weights(
+    w13_slots: torch.Tensor,
+    w2_slots: torch.Tensor,
+    slot: int,
+    expert: int,
+    streamed: StreamedExperts | None,
+    streamed_flags: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An expert's (gate_up, down): from its slot, or streamed (and flagged) without one."""
+    if slot >= 0 or streamed is None:
+        return w13_slots[slot], w2_slots[slot]
+    if streamed_flags is not None:
+        streamed_flags[:, expert] = 1
+    device = w13_slots.device
+    return streamed.w13[expert].to(device), streamed.w2[expert].to(device)
 
 
 def sum_routed_pairs_reference(out: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
