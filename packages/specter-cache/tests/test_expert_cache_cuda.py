@@ -146,3 +146,25 @@ def test_snapshot_async_waits_for_its_own_copy_not_for_later_work():
     assert not torch.cuda.current_stream().query()  # the later work was not waited for
     torch.cuda.synchronize()
     assert pending.done()
+
+
+def test_streaming_loads_take_experts_off_the_map_early_and_wait_for_the_last_reader():
+    store, ref = build_store(1, 4, LAYOUT, seed=5)
+    cache = ExpertCache(store, slots_per_layer=1, device="cuda")
+    cache.streaming = True
+    cache.prefetch({0: [1]})
+    cache.synchronize()
+    x = torch.randn(8, 256, device="cuda")
+    torch.cuda._sleep(SLEEP_CYCLES)  # a streamed verification that reads slot 0 late
+    out = x @ cache.slot_tensors(0)["w"][0].T
+    cache.mark_streamed_use()
+    with torch.cuda.stream(cache.copy_engine.stream):
+        torch.cuda._sleep(SLEEP_CYCLES)  # the copy stream is busy: expert 2 lands late
+    cache.prefetch({0: [2]})
+    cache.stream_guard()
+    seen = cache.expert_to_slot(0).clone()  # what the next verification would read
+    torch.cuda.synchronize()
+    assert seen.tolist() == [-1, -1, -1, -1]  # expert 1 is off the map before 2 lands
+    torch.testing.assert_close(out.cpu(), x.cpu() @ ref[(0, 1)]["w"].T, rtol=1e-3, atol=1e-3)
+    assert cache.expert_to_slot(0).tolist() == [-1, -1, 0, -1]
+    torch.testing.assert_close(cache.slot_tensors(0)["w"][0].cpu(), ref[(0, 2)]["w"])

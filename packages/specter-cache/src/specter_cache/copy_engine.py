@@ -69,6 +69,21 @@ class CopyEngine(ABC):
     def wait_for(self, event: TransferEvent | None) -> None:
         """Make later copies wait for ``event`` (a compute stream's last use of a slot)."""
 
+    def invalidate(self, dst: torch.Tensor, src: torch.Tensor, after: TransferEvent | None) -> None:
+        """Copy a small map entry ahead of the data copies that follow it (inside
+        ``copy_context``), once ``after`` (the entry's previous update) is done.
+
+        Engines whose copies complete in order of issue (the CPU ones) just copy. The CUDA
+        engine copies on a side stream that carries nothing else, so a consumer can wait for
+        every invalidation issued so far (``invalidations_done``) without waiting for the
+        data copies queued before them."""
+        self.copy(dst, src)
+
+    def invalidations_done(self) -> TransferEvent | None:
+        """An event after every ``invalidate`` so far, for a consumer to wait on; None when
+        nothing needs waiting for (the CPU engines)."""
+        return None
+
     @abstractmethod
     def record(self, timing: bool = False) -> TransferEvent:
         """An event after the copies enqueued so far (a load's readiness)."""
@@ -282,6 +297,8 @@ class CudaCopyEngine(CopyEngine):
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self.stream = torch.cuda.Stream(device=device, priority=priority)
+        self.map_stream = torch.cuda.Stream(device=device, priority=-1)
+        self._invalidated: CudaEvent | None = None
 
     @property
     def is_synchronous(self) -> bool:
@@ -306,6 +323,21 @@ class CudaCopyEngine(CopyEngine):
         ev = torch.cuda.Event(enable_timing=timing)
         ev.record(self.stream)
         return CudaEvent(ev)
+
+    def invalidate(self, dst: torch.Tensor, src: torch.Tensor, after: TransferEvent | None) -> None:
+        if after is not None:
+            if not isinstance(after, CudaEvent):
+                raise TypeError(f"a CUDA map stream cannot wait on {type(after).__name__}")
+            self.map_stream.wait_event(after.event)
+        with torch.cuda.stream(self.map_stream):
+            dst.copy_(src, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record(self.map_stream)
+        self.stream.wait_event(ev)  # the data copies that follow overwrite after it
+        self._invalidated = CudaEvent(ev)
+
+    def invalidations_done(self) -> TransferEvent | None:
+        return self._invalidated
 
     def record_compute(self, timing: bool = False) -> TransferEvent:
         ev = torch.cuda.Event(enable_timing=timing)

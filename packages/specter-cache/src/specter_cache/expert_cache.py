@@ -427,6 +427,8 @@ class ExpertCache:
         self._load_seq = 0
         self._stall_events: list[tuple[int, TransferEvent, TransferEvent]] = []
         self._transfers: list[tuple[int, TransferEvent, TransferEvent]] = []
+        self._streaming = False
+        self._streamed_use: TransferEvent | None = None
 
     @staticmethod
     def _resolve_slots(
@@ -703,6 +705,90 @@ class ExpertCache:
         """
         return Acquisition(self, self._check_layer(layer), experts)
 
+    # ------------------------------------------------------------------- streamed misses
+    @property
+    def streaming(self) -> bool:
+        """Whether verifications read missing experts in place from host memory (the
+        streamed miss path) instead of acquiring them: loads then keep the map safe for a
+        consumer that reads any slot through ``expert_to_slot`` without a wave (see
+        ``stream_guard``). Set it between forwards."""
+        return self._streaming
+
+    @streaming.setter
+    def streaming(self, enabled: bool) -> None:
+        self._streaming = bool(enabled)
+
+    def host_tensors(self, layer: int, name: str) -> list[torch.Tensor]:
+        """Tensor ``name`` of every expert of ``layer`` in the host store (views into its
+        pinned memory, read from their sources first where needed), by expert id: what a
+        kernel on the streamed miss path reads for experts without a slot.
+
+        Raises:
+            ValueError: a bad layer or a name the layout does not have.
+        """
+        layer = self._check_layer(layer)
+        if name not in self._pools[layer].names:
+            raise ValueError(
+                f"layer {layer}'s experts have tensors {list(self._pools[layer].names)}, "
+                f"not {name!r}"
+            )
+        return [self._store.get(layer, e)[name] for e in range(self.num_experts)]
+
+    def stream_guard(self) -> None:
+        """Make the current (compute) stream wait until every slot's map entry is safe to
+        read: each expert taken off the map by a load issued so far is off it. Call it
+        before a streamed verification; slots still loading keep their ``-1`` until their
+        copies land, so the verification streams those experts instead. With the copy
+        stream's data copies left running, this waits for a few tiny copies only."""
+        event = self._engine.invalidations_done()
+        if event is not None:
+            event.wait()
+
+    def mark_streamed_use(self) -> None:
+        """A streamed verification has been enqueued on the current stream: later loads
+        overwrite no slot before it is done (it may have read any of them)."""
+        self._streamed_use = self._engine.record_compute()
+
+    def record_streamed(self, layer: int, needed: object, streamed: object) -> None:
+        """Count a streamed verification of ``layer``: ``needed`` (the experts it routed to)
+        hit where they held a slot, and ``streamed`` (those it read from host memory) missed.
+
+        Updates what an acquire would have: hits, misses (``streamed_reads`` and their bytes
+        in ``bytes_moved``), prefetches used, the policy's recency and the window of needed
+        experts (``take_needed``). Nothing is loaded.
+
+        Raises:
+            ValueError: bad layer or expert ids, or a streamed expert that was not needed.
+        """
+        layer = self._check_layer(layer)
+        pool = self._pools[layer]
+        st = self._stats.layers[layer]
+        needed_ids = _as_expert_list(needed, self.num_experts, f"record_streamed(layer={layer})")
+        streamed_ids = set(
+            _as_expert_list(streamed, self.num_experts, f"record_streamed(layer={layer})")
+        )
+        if not streamed_ids <= set(needed_ids):
+            raise ValueError(
+                f"record_streamed(layer={layer}): streamed experts {sorted(streamed_ids)} must "
+                f"be among the needed ones {needed_ids}"
+            )
+        nbytes = self._store.expert_bytes(layer)
+        st.acquires += 1
+        st.misses += len(streamed_ids)
+        st.hits += len(needed_ids) - len(streamed_ids)
+        st.streamed_reads += len(streamed_ids)
+        st.streamed_bytes += len(streamed_ids) * nbytes
+        st.bytes_moved += len(streamed_ids) * nbytes
+        for e in needed_ids:
+            if e in streamed_ids:
+                continue  # read from the host (a prefetch still in flight stays pending)
+            if e in pool.prefetched:
+                pool.prefetched.discard(e)
+                st.prefetch_used += 1
+            if e in pool.expert_slot:
+                self._policy.on_access(layer, e)
+        pool.needed_window.update(needed_ids)
+
     def expire_prefetches(self) -> int:
         """End the prefetch window: prefetched experts not used so far count as wasted.
 
@@ -819,7 +905,14 @@ class ExpertCache:
                 st.prefetch_wasted += 1
         src = self._store.get(layer, expert)
         engine.wait_for(pool.last_use[slot])
-        if old >= 0:
+        if self._streaming:
+            # A streamed verification may read any slot: overwrite after the last one, and
+            # take the old expert off the map first, so that no later verification reads
+            # the slot under its old name (``stream_guard``).
+            engine.wait_for(self._streamed_use)
+            if old >= 0:
+                engine.invalidate(pool.map_views[old], self._slot_id_views[0], pool.ready[slot])
+        elif old >= 0:
             engine.copy(pool.map_views[old], self._slot_id_views[0])
         for dst, name in zip(pool.slot_views[slot], pool.names, strict=True):
             engine.copy(dst, src[name])

@@ -1,0 +1,70 @@
+"""The cache's side of the streamed miss path: host tensors, counting, and map safety."""
+
+import pytest
+import torch
+
+from specter_cache import DeferredCopyEngine, ExpertCache
+
+
+def test_host_tensors_are_the_stores_views(make_store):
+    store, ref = make_store(2, 5)
+    cache = ExpertCache(store, slots_per_layer=2, device="cpu")
+    tensors = cache.host_tensors(1, "down")
+    assert len(tensors) == 5
+    for e, t in enumerate(tensors):
+        assert t.data_ptr() == store.get(1, e)["down"].data_ptr()  # in place: no copy
+        assert torch.equal(t, ref[(1, e)]["down"])
+    with pytest.raises(ValueError, match=r"tensors \['gate_up', 'down'\], not 'w'"):
+        cache.host_tensors(0, "w")
+
+
+def test_record_streamed_counts_hits_streamed_misses_and_bytes(make_store):
+    store, _ = make_store(1, 8)
+    cache = ExpertCache(store, slots_per_layer=3, device="cpu")
+    cache.prefetch({0: [1, 2]})
+    cache.record_streamed(0, [1, 5, 6], [5, 6])
+    total = cache.stats()["total"]
+    nbytes = store.expert_bytes(0)
+    assert (total["hits"], total["misses"], total["acquires"]) == (1, 2, 1)
+    assert total["streamed_reads"] == 2
+    assert total["streamed_bytes"] == 2 * nbytes
+    assert total["bytes_moved"] == 4 * nbytes  # two prefetched, two streamed
+    assert total["demand_loads"] == 0  # nothing was loaded for the verification
+    assert total["prefetch_used"] == 1  # expert 1; expert 2 is still pending
+    assert cache.take_needed() == {0: {1, 5, 6}}
+    assert cache.expire_prefetches() == 1
+    assert cache.lookup(0, [1, 2, 5, 6]) == ([1, 2], [5, 6])  # streamed experts stay out
+    with pytest.raises(ValueError, match=r"streamed experts \[7\] must be among the needed"):
+        cache.record_streamed(0, [1], [7])
+
+
+def test_record_streamed_refreshes_lru_recency(make_store):
+    store, _ = make_store(1, 6)
+    cache = ExpertCache(store, slots_per_layer=2, device="cpu", policy="lru")
+    cache.prefetch({0: [0]})
+    cache.prefetch({0: [1]})
+    cache.record_streamed(0, [0, 4], [4])  # expert 0 used now: expert 1 is the LRU victim
+    cache.prefetch({0: [3]})
+    assert sorted(cache.resident_experts(0)) == [0, 3]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_streaming_load_takes_the_old_expert_off_the_map_first(make_store, streaming):
+    # Deferred copies run in issue order: the invalidation is the load's first copy, so a
+    # reader of the map never sees the old expert once its slot starts changing.
+    store, ref = make_store(1, 4)
+    engine = DeferredCopyEngine("cpu")
+    cache = ExpertCache(store, slots_per_layer=1, device="cpu", copy_engine=engine)
+    cache.streaming = streaming
+    assert cache.streaming is streaming
+    cache.prefetch({0: [2]})
+    engine.synchronize()
+    cache.mark_streamed_use()
+    cache.prefetch({0: [3]})
+    engine.step(1)
+    assert cache.expert_to_slot(0).tolist() == [-1, -1, -1, -1]
+    assert torch.equal(cache.slot_tensors(0)["down"][0], ref[(0, 2)]["down"])  # not yet
+    engine.synchronize()
+    assert cache.expert_to_slot(0).tolist() == [-1, -1, -1, 0]
+    assert torch.equal(cache.slot_tensors(0)["down"][0], ref[(0, 3)]["down"])
+    cache.stream_guard()  # CPU engines: nothing to wait for
