@@ -79,7 +79,7 @@ def test_every_record_kind_is_written_and_readable(default_run):
 def test_every_system_decodes_what_hf_decodes(default_run):
     _, result = default_run
     tpot = [r for r in result.records if r["kind"] == "tpot"]
-    assert len(tpot) == 2 * 16
+    assert len(tpot) == 2 * 17
     for r in tpot:
         assert r["new_tokens"] == NEW_TOKENS
         assert r["tpot_ms"] > 0
@@ -235,8 +235,8 @@ def test_each_budget_pins_the_hot_set_its_calibration_chose(default_run):
         if r["kind"] != "tpot" or r["system"].startswith("hf") or r["budget_gb"] is None:
             continue
         pinned = r["extra"]["settings"]["hot_experts_per_layer"]
-        if r["system"] in ("specter", "specter-no-prefetch", "specter-token-verify",
-                           "specter-row-cut"):  # fmt: skip
+        if r["system"] in ("specter", "specter-acquire", "specter-no-prefetch",
+                           "specter-token-verify", "specter-row-cut"):  # fmt: skip
             assert pinned == hot[r["budget_gb"]]["per_layer"]
             assert r["slots_per_layer"][0] == hot[r["budget_gb"]]["slots_per_layer"]
         else:

@@ -24,7 +24,9 @@ def test_default_plan_covers_every_system_budget_and_experiment():
     assert described[5] == ("engine", 16.0, True, True, ("specter",))
     assert described[6] == ("engine", 16.0, True, False, ("spec-lru",))
     assert described[7] == ("engine", 16.0, False, False, ("lru",))
-    hot_ablations = ("specter-no-prefetch", "specter-token-verify", "specter-row-cut")
+    hot_ablations = (
+        "specter-acquire", "specter-no-prefetch", "specter-token-verify", "specter-row-cut"
+    )  # fmt: skip
     assert described[8] == ("engine", 24.0, True, True, hot_ablations)
     assert described[9] == (
         "engine", 24.0, True, False, ("specter-no-hot", "specter-unfused-draft")

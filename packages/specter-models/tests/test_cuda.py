@@ -291,3 +291,43 @@ def test_cuda_hot_set_draft_is_graphed_sync_free_and_speculation_exact(name):
     spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
     assert spec.generate(prompt[0].tolist(), 32).tokens == plain.tokens
     assert lm.hot_experts == hot
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_streamed_misses_graph_the_budgeted_target_whole_and_keep_greedy_tokens(name):
+    # miss_path="stream": a budgeted verification reads missing experts in place from the
+    # pinned store, so it is one graph (no pieces), replayed with no host sync, and its
+    # greedy tokens are the acquire path's.
+    kwargs = {
+        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
+        "max_seq_len": 320,
+    }  # fmt: skip
+    prompt = torch.randint(0, 96, (200,), device="cuda").tolist()
+    acquired = SpecController(None, load(name, **kwargs).target, depth=0).generate(prompt, 32)
+    lm = load(name, miss_path="stream", **kwargs)
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 32)
+    assert plain.tokens == acquired.tokens
+    lm.reset()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=5).generate(prompt, 32)
+    assert spec.tokens == plain.tokens
+    stats = lm.graph_stats()["target"]
+    assert stats["disabled_reason"] is None
+    assert stats["replays"] > 0
+    assert stats["piecewise_graphs"] == 0
+    total = lm.cache.stats()["total"]
+    assert total["streamed_reads"] > 0
+    assert total["prefetch_loads"] > 0
+    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    start = lm.target.kv_length
+    record = lm.runtime.stream_record
+    for _ in range(2):  # the key's graph is captured, then replayed
+        lm.target.forward(rows, start)
+        lm.target.truncate(start)
+    expected = lm.target.forward(rows, start)
+    lm.target.truncate(start)
+    lm.kv.cache.crop_to(start)
+    with _host_sync_forbidden():
+        record.begin(lm.cache)
+        replayed = lm.target.graphs.forward(rows, start)
+    record.end(lm.cache, 3)
+    assert torch.equal(replayed, expected)

@@ -43,6 +43,7 @@ SYSTEM_NAMES = (
     "lru",
     "spec-lru",
     "specter",
+    "specter-acquire",
     "specter-no-hot",
     "specter-no-prefetch",
     "specter-token-verify",
@@ -51,7 +52,8 @@ SYSTEM_NAMES = (
 )
 """Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
-Specter, and Specter minus its hot set / prefetch / expert-wise verification / the fused draft
+Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
+its hot set / prefetch / expert-wise verification / the fused draft
 kernel, and with row truncation."""
 
 EXPERIMENT_KINDS = (
@@ -85,8 +87,9 @@ class TpotRecord:
 
     Attributes:
         system: ``hf``, ``hf-default``, ``hf-offload``, ``lru``, ``spec-lru``, ``specter``,
-            ``specter-no-prefetch``, ``specter-token-verify``, ``specter-unfused-draft``,
-            and the variant ``specter-row-cut`` (miss-aware row truncation).
+            ``specter-acquire``, ``specter-no-hot``, ``specter-no-prefetch``,
+            ``specter-token-verify``, ``specter-unfused-draft``, and the variant
+            ``specter-row-cut`` (miss-aware row truncation).
         model: preset name or checkpoint path.
         budget_gb: the process's GPU memory budget in GB, None for unlimited.
         prompt_source: ``humaneval``, ``jsonl``, ...

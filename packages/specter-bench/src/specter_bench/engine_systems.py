@@ -4,18 +4,26 @@ All of them decode through a ``specter_models.SpecterModel`` (the same FP16 targ
 and expert cache machinery) and specter-spec's ``SpecController``; they differ in what is
 switched on:
 
-=======================  ===========  ================  ============  ============  ==========
-system                   speculation  draft prefetch    verification  draft         policy
-=======================  ===========  ================  ============  ============  ==========
-lru                      no           no                (one row)     none          LRU
-spec-lru                 yes          no                token-wise    fused INT4    LRU
-specter                  yes          yes               expert-wise   INT4 + hot    predictive
-specter-no-hot           yes          yes               expert-wise   fused INT4    predictive
-specter-no-prefetch      yes          no                expert-wise   INT4 + hot    predictive*
-specter-token-verify     yes          yes               token-wise    INT4 + hot    predictive
-specter-unfused-draft    yes          yes               expert-wise   per-expert    predictive
-specter-row-cut          yes          yes               expert-wise   INT4 + hot    predictive
-=======================  ===========  ================  ============  ============  ==========
+=====================  ===========  ========  ============  ==========  ===========  ======
+system                 speculation  prefetch  verification  draft       policy       misses
+=====================  ===========  ========  ============  ==========  ===========  ======
+lru                    no           no        (one row)     none        LRU          load
+spec-lru               yes          no        token-wise    fused INT4  LRU          load
+specter                yes          yes       expert-wise   INT4 + hot  predictive   stream
+specter-acquire        yes          yes       expert-wise   INT4 + hot  predictive   load
+specter-no-hot         yes          yes       expert-wise   fused INT4  predictive   stream
+specter-no-prefetch    yes          no        expert-wise   INT4 + hot  predictive*  stream
+specter-token-verify   yes          yes       token-wise    INT4 + hot  predictive   load
+specter-unfused-draft  yes          yes       expert-wise   per-expert  predictive   stream
+specter-row-cut        yes          yes       expert-wise   INT4 + hot  predictive   load
+=====================  ===========  ========  ============  ==========  ===========  ======
+
+"misses": how a verification meets experts without a slot (specter-models' ``miss_path``):
+``load`` acquires them (loaded into slots on demand, computed in waves as they land, a host
+decision per layer); ``stream`` reads them in place from the pinned host store inside the
+expert kernel, so a verification under a budget is one CUDA graph (``streamed_misses``);
+``specter-acquire`` is ``specter`` on the acquire path. Token-wise verification and row
+truncation are host decisions per layer, so they acquire.
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
 ``hot_experts``): the experts ``choose_hot_experts`` picks from a calibration routing stay
@@ -71,6 +79,7 @@ class EngineSystem:
         fused_draft: the draft's routed experts in one fused launch (else per expert).
         row_truncation: miss-aware row truncation of greedy verification.
         hot_experts: under a budget, load with the pinned hot set chosen for it.
+        miss_path: ``"load"`` (acquire missing experts) or ``"stream"`` (read them in place).
     """
 
     name: str
@@ -82,6 +91,7 @@ class EngineSystem:
     fused_draft: bool = True
     row_truncation: bool = False
     hot_experts: bool = False
+    miss_path: str = "load"
 
 
 ENGINE_SYSTEMS: dict[str, EngineSystem] = {
@@ -89,15 +99,43 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
     for s in (
         EngineSystem("lru", False, False, "expert", False, "lru"),
         EngineSystem("spec-lru", True, False, "token", True, "predictive"),
-        EngineSystem("specter", True, True, "expert", True, "predictive", hot_experts=True),
-        EngineSystem("specter-no-hot", True, True, "expert", True, "predictive"),
         EngineSystem(
-            "specter-no-prefetch", True, False, "expert", True, "predictive", hot_experts=True
+            "specter",
+            True,
+            True,
+            "expert",
+            True,
+            "predictive",
+            hot_experts=True,
+            miss_path="stream",
+        ),
+        EngineSystem("specter-acquire", True, True, "expert", True, "predictive", hot_experts=True),
+        EngineSystem(
+            "specter-no-hot", True, True, "expert", True, "predictive", miss_path="stream"
+        ),
+        EngineSystem(
+            "specter-no-prefetch",
+            True,
+            False,
+            "expert",
+            True,
+            "predictive",
+            hot_experts=True,
+            miss_path="stream",
         ),
         EngineSystem(
             "specter-token-verify", True, True, "token", True, "predictive", hot_experts=True
         ),
-        EngineSystem("specter-unfused-draft", True, True, "expert", True, "predictive", False),
+        EngineSystem(
+            "specter-unfused-draft",
+            True,
+            True,
+            "expert",
+            True,
+            "predictive",
+            False,
+            miss_path="stream",
+        ),
         EngineSystem(
             "specter-row-cut",
             True,
@@ -240,6 +278,8 @@ class EngineSystemRunner:
         if not system.prefetch and hasattr(policy, "clear_plan"):
             policy.clear_plan()  # no plans: the predictive policy is plain LRU
         self.window.started = False
+        if hasattr(loaded, "miss_path"):
+            loaded.miss_path = system.miss_path
         runtime = getattr(loaded, "runtime", None)
         if runtime is not None and hasattr(runtime, "row_truncation"):
             runtime.row_truncation = self._row_truncation  # priced at the loader's bandwidth
@@ -289,6 +329,7 @@ class EngineSystemRunner:
             settings={
                 "depth": self.depth,
                 "verification": self.system.verification,
+                "miss_path": self.system.miss_path,
                 "prefetch": self.system.prefetch,
                 "fused_draft": self.system.fused_draft,
                 "row_truncation": self.system.row_truncation,

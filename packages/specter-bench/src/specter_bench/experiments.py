@@ -37,6 +37,7 @@ __all__ = [
 
 TPOT_SYSTEMS = ("hf", "hf-default", "lru", "spec-lru", "specter")
 ABLATIONS = (
+    "specter-acquire",
     "specter-no-hot",
     "specter-no-prefetch",
     "specter-token-verify",

@@ -15,6 +15,7 @@ from typing import Any
 
 from specter_cache import ExpertCache, RoutingCounter
 from specter_models.row_truncation import RowTruncation
+from specter_models.streamed_misses import MISS_PATHS, STREAM_MAX_ROWS, StreamRecord
 
 VERIFICATION_KINDS = ("expert", "token")
 
@@ -73,6 +74,48 @@ class ExpertsRuntime:
         self.row_truncation: RowTruncation | None = None
         self.rows_kept: int | None = None
         self.bandwidth: Callable[[], float | None] | None = None
+        # The streamed miss path (streamed_misses.py): its record while it is on.
+        self._miss_path = "load"
+        self.stream_record: StreamRecord | None = None
+
+    @property
+    def miss_path(self) -> str:
+        """``"load"`` (missing experts acquired in waves) or ``"stream"`` (read in place from
+        pinned host memory; ``streamed_misses``). Set it between forwards."""
+        return self._miss_path
+
+    def set_miss_path(self, path: str, top_k: int) -> None:
+        """Switch the miss path (``top_k``: routed experts per row, for the stream record).
+
+        Raises:
+            ValueError: an unknown path.
+        """
+        if path not in MISS_PATHS:
+            raise ValueError(
+                f"miss_path must be one of {MISS_PATHS} (acquire missing experts in waves, or "
+                f"read them in place from pinned host memory), got {path!r}"
+            )
+        cache = self.cache
+        if path == "stream" and cache.device.type == "cuda" and not cache.store.is_pinned:
+            raise ValueError(
+                "miss_path='stream' reads experts in place from the host store, which must be "
+                f"pinned memory on CUDA; this one is not ({cache.store.pinning_note}): load "
+                "with pin_memory=True, or keep miss_path='load'"
+            )
+        self._miss_path = path
+        cache.streaming = path == "stream"
+        if path == "stream" and self.stream_record is None:
+            self.stream_record = StreamRecord(
+                self.cache.num_layers, self.cache.num_experts, top_k, self.cache.device
+            )
+
+    def streams(self, rows: int) -> bool:
+        """Whether a target forward of ``rows`` rows takes the streamed miss path."""
+        return (
+            self._miss_path == "stream"
+            and self._verification == "expert"
+            and 1 <= rows <= STREAM_MAX_ROWS
+        )
 
     @contextlib.contextmanager
     def splitting_experts(self, split: Callable[..., Any] | None) -> Iterator[None]:

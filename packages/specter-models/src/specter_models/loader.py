@@ -58,6 +58,7 @@ from specter_models.random_weights import init_non_expert_weights, random_expert
 from specter_models.row_truncation import RowTruncation
 from specter_models.spec_adapters import SharedKV
 from specter_models.specter_model import MemoryReport, SpecterModel
+from specter_models.streamed_misses import MISS_PATHS
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -89,6 +90,7 @@ def load(
     fused_mlp: bool = True,
     row_truncation: bool | RowTruncation = False,
     hot_experts: Sequence[Sequence[int]] | None = None,
+    miss_path: str = "load",
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -147,6 +149,10 @@ def load(
             and the memory that frees buys more slots (``plan_memory``'s
             ``hot_experts_per_layer``). ``choose_hot_experts`` picks them from a calibration
             routing. None (default): no pins, every expert has an INT4 copy.
+        miss_path: ``"load"`` (default: a verification acquires its missing experts, loaded
+            into slots and computed in waves) or ``"stream"`` (the expert kernel reads them
+            in place from the pinned host store, so a budgeted verification is one CUDA
+            graph; ``streamed_misses``). Switchable later (``SpecterModel.miss_path``).
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -178,6 +184,11 @@ def load(
         )
     if piecewise_graphs is None:
         piecewise_graphs = cuda_graphs
+    if miss_path not in MISS_PATHS:
+        raise ValueError(
+            f"miss_path must be one of {MISS_PATHS} (acquire missing experts in waves, or read "
+            f"them in place from pinned host memory), got {miss_path!r}"
+        )
     folder, preset_name = _resolve_source(path_or_preset)
     config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
     arch = architecture_for(config)
@@ -322,6 +333,8 @@ def load(
         source=source,
         max_verify_rows=max_verify_rows,
     )
+    if miss_path != "load":
+        loaded.miss_path = miss_path
     if cuda_graphs:
         loaded.enable_step_graphs(piecewise=piecewise_graphs)
     return loaded

@@ -172,11 +172,14 @@ class TargetModel(_Adapter):
         self.kv.cache.crop_to(start_pos)  # drop the draft's scratch rows
         rows = input_ids.shape[1]
         runtime, policy = self.runtime, self.runtime.row_truncation
+        # The streamed miss path (streamed_misses): no host decision per layer, so no row cut.
+        record = runtime.stream_record if runtime.streams(rows) else None
         truncating = (
             policy is not None
             and self.allow_row_truncation
             and rows > 1
             and runtime.verification == "expert"
+            and record is None
         )
         if truncating:
             self._observe_previous(policy, start_pos)
@@ -184,10 +187,18 @@ class TargetModel(_Adapter):
                 policy.measured_bandwidth = runtime.bandwidth()
             runtime.rows_kept = rows
         started = time.perf_counter()
+        if record is not None:
+            record.begin(runtime.cache)
         try:
             logits = self._run(input_ids, start_pos)
+        except BaseException:
+            if record is not None:
+                record.active = False
+            raise
         finally:
             kept, runtime.rows_kept = runtime.rows_kept, None
+        if record is not None:
+            record.end(runtime.cache, rows)
         self.verified_rows = kept if truncating and kept is not None and kept < rows else None
         if truncating:
             self._last_verify = (start_pos, kept or rows, started)

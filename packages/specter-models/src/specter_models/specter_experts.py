@@ -35,6 +35,7 @@ from torch import nn
 from specter_kernels import (
     BatchInvariantMode,
     Int4Weight,
+    StreamedExperts,
     dequantize_int4,
     fused_moe_w4a16,
     grouped_moe_fp16,
@@ -84,6 +85,7 @@ class SpecterExperts(nn.Module):
         self._int4_index: torch.Tensor | None = None  # int32 [E]: INT4 entry, -1 if hot
         self._hot_checked = False
         self._all_mask: torch.Tensor | None = None
+        self._streamed: StreamedExperts | None = None
 
     def extra_repr(self) -> str:
         return (
@@ -260,6 +262,10 @@ class SpecterExperts(nn.Module):
         return rows
 
     def _target(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        record = self.runtime.stream_record
+        streaming = record is not None and record.active
+        if streaming:
+            record.ids[self.layer, : x.shape[0]].copy_(ids)  # read after the forward
         if self._fully_resident():
             # Every expert of this layer sits in its own slot and nothing can evict it: one
             # wave over all experts, no host sync and no cache bookkeeping (hits of this
@@ -270,12 +276,69 @@ class SpecterExperts(nn.Module):
                 self._needed(ids)  # the trace needs the ids on the host (a sync)
             self._compute_wave(x, ids, weights, None, None, out)
             return self._finish(out, x.dtype)
+        if streaming:
+            return self._target_streamed(x, ids, weights, record.flags[self.layer])
         out = self._accumulator(x, ids)
         rows = self._needed(ids)
         needed = list(dict.fromkeys(e for row in rows for e in row))
         for wave in self.runtime.cache.acquire(self.layer, needed):
             self._compute_wave(x, ids, weights, wave.experts, wave.slots, out)
         return self._finish(out, x.dtype)
+
+    def _target_streamed(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, flags: torch.Tensor
+    ) -> torch.Tensor:
+        """The streamed miss path (``streamed_misses``): every routed pair in one wave, each
+        expert read from its slot or, without one, in place from the host store; the kernel
+        flags the streamed ones in ``flags [2, E]``. No host sync: it can be graphed."""
+        out = self._accumulator(x, ids, zeroed=not self.runtime.batch_invariant)
+        if self.runtime.routing_trace is not None:
+            self._needed(ids)  # the trace needs the ids on the host (a sync)
+        cache = self.runtime.cache
+        slots = cache.slot_tensors(self.layer)
+        mapping = cache.expert_to_slot(self.layer)
+        if x.dtype == torch.float16:
+            grouped_moe_fp16(
+                x, ids, weights, slots["gate_up"], slots["down"], mapping,
+                self._all_experts_mask(x.device), out, None, self._streamed_experts(x.device),
+                flags,
+            )  # fmt: skip
+            return self._finish(out, x.dtype)
+        # float32/float64 reference: the same choice per expert, in plain torch.
+        slot_of = mapping.tolist()
+        experts = []
+        for e in torch.unique(ids).tolist():
+            if slot_of[e] >= 0:
+                experts.append((e, slots["gate_up"][slot_of[e]], slots["down"][slot_of[e]]))
+                continue
+            flags[:, e] = 1
+            host = self._streamed_experts(x.device)
+            experts.append((e, host.w13[e].to(x.device), host.w2[e].to(x.device)))
+        if out.dim() == 3:
+            with BatchInvariantMode():
+                write_expert_pairs(x, ids, weights, experts, out)
+        else:
+            accumulate_experts(x, ids, weights, experts, out)
+        return self._finish(out, x.dtype)
+
+    def _streamed_experts(self, device: torch.device) -> StreamedExperts:
+        """This layer's experts in the host store, addressed for a kernel on ``device``
+        (built once; every expert is read into the store first where it is lazy)."""
+        if self._streamed is None or self._streamed.w13_addresses.device != device:
+            cache = self.runtime.cache
+            w13 = cache.host_tensors(self.layer, "gate_up")
+            w2 = cache.host_tensors(self.layer, "down")
+            if w13[0].dtype != torch.float16:
+                # Reference models (float32/float64) read the tensors themselves.
+                self._streamed = StreamedExperts(
+                    torch.zeros(len(w13), dtype=torch.int64, device=device),
+                    torch.zeros(len(w2), dtype=torch.int64, device=device),
+                    tuple(w13),
+                    tuple(w2),
+                )
+            else:
+                self._streamed = StreamedExperts.from_tensors(w13, w2, device)
+        return self._streamed
 
     def _truncate_rows(self, rows: list[list[int]]) -> list[list[int]]:
         """Miss-aware row truncation (``row_truncation``): the leading rows worth verifying

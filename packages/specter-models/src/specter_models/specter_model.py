@@ -133,6 +133,18 @@ class SpecterModel:
         self.runtime.verification = kind
 
     @property
+    def miss_path(self) -> str:
+        """How a verification meets experts without a slot: ``"load"`` (acquired in waves:
+        loaded, then computed as they land) or ``"stream"`` (read in place from the pinned
+        host store by the expert kernel; no host decision, so the verification is one CUDA
+        graph under a budget too; ``streamed_misses``)."""
+        return self.runtime.miss_path
+
+    @miss_path.setter
+    def miss_path(self, path: str) -> None:
+        self.runtime.set_miss_path(path, top_k=int(self.config.num_experts_per_tok))
+
+    @property
     def batch_invariant(self) -> bool:
         """Whether target forwards are batch-invariant (see ``load(batch_invariant=)``)."""
         return self.runtime.batch_invariant
@@ -182,8 +194,11 @@ class SpecterModel:
         runtime, cache = self.runtime, self.kv.cache
 
         def target_applies() -> bool:
-            # Token-wise verification with every expert resident is the same single wave.
-            return runtime.routing_trace is None and self.cache.every_layer_resident()
+            # Token-wise verification with every expert resident is the same single wave; the
+            # streamed miss path takes no host decision either (verifications fit its rows).
+            if runtime.routing_trace is not None:
+                return False
+            return self.cache.every_layer_resident() or runtime.streams(self.max_verify_rows)
 
         self.target.graphs = StepGraphs(
             self.model,

@@ -1,0 +1,77 @@
+"""The streamed miss path: a verification that needs no host decision under a budget.
+
+Expert-wise verification with waves (``ExpertCache.acquire``) asks the host, at every MoE
+layer, which experts the rows routed to: one sync per layer, then the cache's bookkeeping,
+the loads and a launch per wave, while the GPU waits. On the streamed path
+(``miss_path="stream"``) a layer is one launch of the grouped FP16 kernel over every routed
+pair: an expert holding a slot is read from it, and one without a slot is read in place
+from the host store's pinned memory over PCIe (specter-kernels' ``StreamedExperts``), with
+the same bits either way. Nothing in the forward waits on the host, so the whole
+verification is one CUDA graph, as it is with no budget.
+
+The cache then changes only through prefetches, which the draft's routing plans while it
+drafts. Two rules keep a streamed verification from reading a slot that is being
+rewritten (``ExpertCache.streaming``): a load takes its victim off the device map before
+overwriting it, on a side stream the verification waits for (``stream_guard``), and it
+overwrites only after the last streamed verification (``mark_streamed_use``).
+
+What a streamed verification did is recorded on the device as it runs (``StreamRecord``:
+the routed ids of every layer, and which experts the kernel read from the host) and handed
+to the cache after the forward in one read (``ExpertCache.record_streamed``), so hit rate,
+bytes moved and the policy's recency stay as exact as on the acquire path.
+
+Forwards of more than ``STREAM_MAX_ROWS`` rows (a prefill) and token-wise verification
+keep the acquire path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specter_cache import ExpertCache
+
+MISS_PATHS = ("load", "stream")
+"""``load``: missing experts are acquired (loaded into slots, computed in waves);
+``stream``: they are read in place from pinned host memory (see the module docstring)."""
+
+STREAM_MAX_ROWS = 64
+"""Forwards of at most this many rows take the streamed path (verifications; a prefill of
+more rows acquires, since a kernel block of a streamed expert re-reads it per row block)."""
+
+
+class StreamRecord:
+    """What one streamed forward routed and streamed, on the device (filled by the graph).
+
+    Args:
+        num_layers: MoE layers ``L``.
+        num_experts: ``E``.
+        top_k: routed experts per row ``k``.
+        device: the model's device.
+
+    Attributes:
+        ids: int64 ``[L, STREAM_MAX_ROWS, k]``: each layer writes its rows' routed experts.
+        flags: uint8 ``[L, 2, E]``: the kernel sets 1 where it read an expert's gate_up
+            (row 0) or down (row 1) weights from the host.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int, top_k: int, device: torch.device):
+        self.ids = torch.zeros(num_layers, STREAM_MAX_ROWS, top_k, dtype=torch.int64, device=device)
+        self.flags = torch.zeros(num_layers, 2, num_experts, dtype=torch.uint8, device=device)
+        self.active = False
+
+    def begin(self, cache: ExpertCache) -> None:
+        """Before a streamed forward: clear the flags and wait for the map to be safe."""
+        self.flags.zero_()
+        cache.stream_guard()
+        self.active = True
+
+    def end(self, cache: ExpertCache, rows: int) -> None:
+        """After a streamed forward of ``rows`` real rows (the padding rows repeat the last
+        one): mark the slots used, then read the record (one host sync) into the cache."""
+        self.active = False
+        cache.mark_streamed_use()
+        ids = self.ids[:, :rows].reshape(self.ids.shape[0], -1).cpu()
+        flags = self.flags.amax(dim=1).cpu()
+        for layer, (routed, streamed) in enumerate(zip(ids.tolist(), flags.tolist(), strict=True)):
+            needed = list(dict.fromkeys(routed))
+            cache.record_streamed(layer, needed, [e for e, f in enumerate(streamed) if f])
