@@ -52,6 +52,12 @@ def main() -> int:
         "random-weight presets) instead of a synthetic 200-token prompt; a hot set chosen "
         "on HumanEval prompts then routes as in the benchmark",
     )
+    p.add_argument(
+        "--miss-path",
+        default="load",
+        choices=("load", "stream"),
+        help="load(miss_path=): acquire missing experts, or stream them from the pinned store",
+    )
     args = p.parse_args()
     hot = None
     if args.hot_experts:
@@ -66,6 +72,7 @@ def main() -> int:
         gpu_memory_gb=args.budget_gb,
         row_truncation=args.row_truncation,
         hot_experts=hot,
+        miss_path=args.miss_path,
     )
     print(f"built {lm!r} in {time.perf_counter() - t:.1f} s", flush=True)
     vocab = lm.model.config.vocab_size

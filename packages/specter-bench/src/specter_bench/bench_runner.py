@@ -386,9 +386,15 @@ class BenchRunner:
         load_s = time.perf_counter() - started
         self.log(f"loaded {loaded!r} in {load_s:.1f} s")
         if getattr(loaded, "cuda_graphs", False):
-            # Every decode step's graph is captured here, before any measurement.
+            # Every decode step's graph is captured here, before any measurement: for each
+            # miss path of the stage's systems (a streamed verification is one graph, an
+            # acquiring one is pieces).
             started = time.perf_counter()
-            captured = loaded.capture_step_graphs(self.max_seq_len)
+            captured = {}
+            for path in sorted({ENGINE_SYSTEMS[s].miss_path for s in stage.systems}):
+                if hasattr(loaded, "miss_path"):
+                    loaded.miss_path = path
+                captured[path] = loaded.capture_step_graphs(self.max_seq_len)
             self.log(f"captured CUDA graphs {captured} in {time.perf_counter() - started:.1f} s")
         runs: list[tuple[EncodedPrompt, SystemRun]] = []
         experiments: list[ExperimentRecord] = []
@@ -528,6 +534,8 @@ class BenchRunner:
             )  # fmt: skip
             try:
                 if getattr(loaded, "cuda_graphs", False):
+                    if hasattr(loaded, "miss_path"):
+                        loaded.miss_path = ENGINE_SYSTEMS["specter"].miss_path
                     loaded.capture_step_graphs(self.max_seq_len)
                 runner = EngineSystemRunner(
                     loaded, ENGINE_SYSTEMS["specter"], cfg.depth, max_depth=cfg.max_depth

@@ -227,8 +227,9 @@ class SpecterModel:
         (default: the KV cache's ``max_seq_len``), so that no decode pays for a capture;
         then empty the KV cache and the routing counts the capturing forwards left.
 
-        The target's graphs are captured only where they apply (every expert resident, or
-        piecewise graphs).
+        The target's graphs are captured only where they apply (every expert resident, the
+        streamed miss path, or piecewise graphs), for the current ``miss_path`` (switching it
+        later needs the other path's graphs: capture again).
 
         Returns:
             Graphs captured per role.
@@ -242,8 +243,19 @@ class SpecterModel:
         try:
             for role, adapter in (("target", self.target), ("draft", self.draft)):
                 graphs = adapter.graphs if adapter is not None else None
-                if graphs is not None and graphs.applies(1):
+                if graphs is None or not graphs.applies(1):
+                    continue
+                # On the streamed miss path the target's forwards record as they stream (the
+                # record of these capturing forwards is not counted).
+                record = self.runtime.stream_record if role == "target" else None
+                if record is not None and self.runtime.streams(1):
+                    record.begin(self.cache)
+                try:
                     captured[role] = graphs.capture_ahead(max_length)
+                finally:
+                    if record is not None and record.active:
+                        record.active = False
+                        self.cache.mark_streamed_use()
         finally:
             self.kv.reset()
             self.counter.clear()
