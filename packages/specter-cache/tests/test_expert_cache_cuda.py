@@ -168,3 +168,19 @@ def test_streaming_loads_take_experts_off_the_map_early_and_wait_for_the_last_re
     torch.testing.assert_close(out.cpu(), x.cpu() @ ref[(0, 1)]["w"].T, rtol=1e-3, atol=1e-3)
     assert cache.expert_to_slot(0).tolist() == [-1, -1, 0, -1]
     torch.testing.assert_close(cache.slot_tensors(0)["w"][0].cpu(), ref[(0, 2)]["w"])
+
+
+def test_streaming_loads_keep_a_waves_map_entry_until_the_wave_ran():
+    # A wave's kernel reads expert_to_slot for its experts and cannot take a -1: the side
+    # stream's invalidation waits for the wave's last use like the data copy does.
+    store, _ = build_store(1, 4, LAYOUT, seed=6)
+    cache = ExpertCache(store, slots_per_layer=1, device="cuda")
+    cache.streaming = True
+    for wave in cache.acquire(0, [1]):
+        torch.cuda._sleep(SLEEP_CYCLES)  # the wave's kernel starts late
+        seen = cache.expert_to_slot(0)[1].clone()
+        wave.release()
+    cache.prefetch({0: [2]})  # evicts expert 1 while the wave is still queued
+    torch.cuda.synchronize()
+    assert int(seen) == 0
+    assert cache.expert_to_slot(0).tolist() == [-1, -1, 0, -1]

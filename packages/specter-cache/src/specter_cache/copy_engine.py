@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -69,9 +69,12 @@ class CopyEngine(ABC):
     def wait_for(self, event: TransferEvent | None) -> None:
         """Make later copies wait for ``event`` (a compute stream's last use of a slot)."""
 
-    def invalidate(self, dst: torch.Tensor, src: torch.Tensor, after: TransferEvent | None) -> None:
+    def invalidate(
+        self, dst: torch.Tensor, src: torch.Tensor, after: Sequence[TransferEvent | None]
+    ) -> None:
         """Copy a small map entry ahead of the data copies that follow it (inside
-        ``copy_context``), once ``after`` (the entry's previous update) is done.
+        ``copy_context``), once the events ``after`` are done (the entry's previous update,
+        and the last kernel that read the entry expecting the old value).
 
         Engines whose copies complete in order of issue (the CPU ones) just copy. The CUDA
         engine copies on a side stream that carries nothing else, so a consumer can wait for
@@ -324,11 +327,15 @@ class CudaCopyEngine(CopyEngine):
         ev.record(self.stream)
         return CudaEvent(ev)
 
-    def invalidate(self, dst: torch.Tensor, src: torch.Tensor, after: TransferEvent | None) -> None:
-        if after is not None:
-            if not isinstance(after, CudaEvent):
-                raise TypeError(f"a CUDA map stream cannot wait on {type(after).__name__}")
-            self.map_stream.wait_event(after.event)
+    def invalidate(
+        self, dst: torch.Tensor, src: torch.Tensor, after: Sequence[TransferEvent | None]
+    ) -> None:
+        for event in after:
+            if event is None:
+                continue
+            if not isinstance(event, CudaEvent):
+                raise TypeError(f"a CUDA map stream cannot wait on {type(event).__name__}")
+            self.map_stream.wait_event(event.event)
         with torch.cuda.stream(self.map_stream):
             dst.copy_(src, non_blocking=True)
         ev = torch.cuda.Event()

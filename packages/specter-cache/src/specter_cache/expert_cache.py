@@ -908,10 +908,16 @@ class ExpertCache:
         if self._streaming:
             # A streamed verification may read any slot: overwrite after the last one, and
             # take the old expert off the map first, so that no later verification reads
-            # the slot under its old name (``stream_guard``).
+            # the slot under its old name (``stream_guard``). The map entry itself changes
+            # after its last wave (which reads it, and cannot take a -1) and after the load
+            # that wrote it; a streamed kernel that finds -1 reads the expert from the host.
             engine.wait_for(self._streamed_use)
             if old >= 0:
-                engine.invalidate(pool.map_views[old], self._slot_id_views[0], pool.ready[slot])
+                engine.invalidate(
+                    pool.map_views[old],
+                    self._slot_id_views[0],
+                    (pool.ready[slot], pool.last_use[slot]),
+                )
         elif old >= 0:
             engine.copy(pool.map_views[old], self._slot_id_views[0])
         for dst, name in zip(pool.slot_views[slot], pool.names, strict=True):
