@@ -124,3 +124,21 @@ def test_bad_miss_paths_are_refused(checkpoints):
     lm.miss_path = "stream"
     lm.verification = "token"  # token-wise verification keeps the acquire path
     assert not lm.runtime.streams(1)
+
+
+def test_padding_rows_of_a_window_step_stream_nothing(checkpoints, arch_name):
+    # Window mode pads 9 rows to the 12-row bucket by repeating the last token; at their own
+    # positions those rows route elsewhere, and on the streamed path they route nowhere.
+    folder = checkpoints[arch_name]
+    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=2, miss_path="stream")
+    lm.enable_step_graphs(capture=False)  # window mode, eager: what a graph records
+    assert lm.target.graphs.padded_rows(9, 0) == 12
+    ids = random_prompt(9, lm.config.vocab_size, seed=11)
+    got = lm.target.forward(ids, 0)
+    torch.testing.assert_close(
+        got, _logits(reference_from_checkpoint(folder), ids), rtol=0, atol=1e-10
+    )
+    routed = _routed_per_layer(lm, folder, ids)
+    for layer, st in enumerate(lm.cache.stats()["per_layer"]):
+        resident = set(lm.cache.resident_experts(layer))
+        assert st["streamed_reads"] == len(set(routed[layer]) - resident)  # real rows only

@@ -188,7 +188,7 @@ class TargetModel(_Adapter):
             runtime.rows_kept = rows
         started = time.perf_counter()
         if record is not None:
-            record.begin(runtime.cache)
+            record.begin(runtime.cache, rows)
         try:
             logits = self._run(input_ids, start_pos)
         except BaseException:

@@ -258,20 +258,22 @@ class SpecterExperts(nn.Module):
             rows = self._truncate_rows(rows)  # the rows still verified need experts
         trace = self.runtime.routing_trace
         if trace is not None:
-            trace[self.layer].append(sorted({e for row in rows for e in row}))
+            trace[self.layer].append(sorted({e for row in rows for e in row if e >= 0}))
         return rows
 
     def _target(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         record = self.runtime.stream_record
         streaming = record is not None and record.active
         if streaming:
+            ids = record.real_pairs(ids)  # padding rows of a graphed step: no experts
             record.ids[self.layer, : x.shape[0]].copy_(ids)  # read after the forward
         if self._fully_resident():
             # Every expert of this layer sits in its own slot and nothing can evict it: one
             # wave over all experts, no host sync and no cache bookkeeping (hits of this
             # layer are not counted). That wave writes every routed pair, so a per-pair
             # accumulator needs no zeros first.
-            out = self._accumulator(x, ids, zeroed=not self.runtime.batch_invariant)
+            # (Streaming, padding rows route nowhere: their pairs need the zeros.)
+            out = self._accumulator(x, ids, zeroed=streaming or not self.runtime.batch_invariant)
             if self.runtime.routing_trace is not None:
                 self._needed(ids)  # the trace needs the ids on the host (a sync)
             self._compute_wave(x, ids, weights, None, None, out)
@@ -291,7 +293,7 @@ class SpecterExperts(nn.Module):
         """The streamed miss path (``streamed_misses``): every routed pair in one wave, each
         expert read from its slot or, without one, in place from the host store; the kernel
         flags the streamed ones in ``flags [2, E]``. No host sync: it can be graphed."""
-        out = self._accumulator(x, ids, zeroed=not self.runtime.batch_invariant)
+        out = self._accumulator(x, ids)  # zeros: padding rows' pairs are not written
         if self.runtime.routing_trace is not None:
             self._needed(ids)  # the trace needs the ids on the host (a sync)
         cache = self.runtime.cache
@@ -307,7 +309,7 @@ class SpecterExperts(nn.Module):
         # float32/float64 reference: the same choice per expert, in plain torch.
         slot_of = mapping.tolist()
         experts = []
-        for e in torch.unique(ids).tolist():
+        for e in torch.unique(ids[ids >= 0]).tolist():
             if slot_of[e] >= 0:
                 experts.append((e, slots["gate_up"][slot_of[e]], slots["down"][slot_of[e]]))
                 continue

@@ -57,13 +57,25 @@ class StreamRecord:
     def __init__(self, num_layers: int, num_experts: int, top_k: int, device: torch.device):
         self.ids = torch.zeros(num_layers, STREAM_MAX_ROWS, top_k, dtype=torch.int64, device=device)
         self.flags = torch.zeros(num_layers, 2, num_experts, dtype=torch.uint8, device=device)
+        self.rows = torch.zeros((), dtype=torch.int64, device=device)
+        self._row_index = torch.arange(STREAM_MAX_ROWS, device=device)
         self.active = False
 
-    def begin(self, cache: ExpertCache) -> None:
-        """Before a streamed forward: clear the flags and wait for the map to be safe."""
+    def begin(self, cache: ExpertCache, rows: int = STREAM_MAX_ROWS) -> None:
+        """Before a streamed forward of ``rows`` real rows: clear the flags, set the row
+        count the graph reads, and wait for the map to be safe."""
         self.flags.zero_()
+        self.rows.fill_(rows)  # a device-side write: no sync
         cache.stream_guard()
         self.active = True
+
+    def real_pairs(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids [T, k]`` with the pairs of padding rows (past ``rows``) routed nowhere (-1).
+
+        A graphed step pads its rows by repeating the last token; at other positions those
+        rows route elsewhere, and streaming their experts would move bytes for nothing."""
+        real = self._row_index[: ids.shape[0], None] < self.rows
+        return torch.where(real, ids, -1)
 
     def end(self, cache: ExpertCache, rows: int) -> None:
         """After a streamed forward of ``rows`` real rows (the padding rows repeat the last
