@@ -142,3 +142,11 @@ def test_padding_rows_of_a_window_step_stream_nothing(checkpoints, arch_name):
     for layer, st in enumerate(lm.cache.stats()["per_layer"]):
         resident = set(lm.cache.resident_experts(layer))
         assert st["streamed_reads"] == len(set(routed[layer]) - resident)  # real rows only
+
+
+def test_with_every_expert_resident_nothing_streams_or_is_recorded(checkpoints):
+    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, miss_path="stream")
+    assert lm.cache.every_layer_resident()
+    assert not lm.runtime.streams(1)  # the all-resident single wave, no record to read
+    lm.target.forward(random_prompt(3, lm.config.vocab_size, seed=1), 0)
+    assert lm.cache.stats()["total"]["acquires"] == 0

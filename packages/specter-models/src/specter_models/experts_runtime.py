@@ -110,11 +110,13 @@ class ExpertsRuntime:
             )
 
     def streams(self, rows: int) -> bool:
-        """Whether a target forward of ``rows`` rows takes the streamed miss path."""
+        """Whether a target forward of ``rows`` rows takes the streamed miss path (never
+        with every expert resident: nothing is missing, and there is nothing to record)."""
         return (
             self._miss_path == "stream"
             and self._verification == "expert"
             and 1 <= rows <= STREAM_MAX_ROWS
+            and not self.cache.every_layer_resident()
         )
 
     @contextlib.contextmanager
