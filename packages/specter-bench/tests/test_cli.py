@@ -58,6 +58,24 @@ def test_generate_on_a_preset_streams_and_prints_statistics(capsys):
     assert stats["device"] == "cpu"
 
 
+def test_generate_streams_missing_experts_on_request(capsys):
+    argv = ("generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "8", "--json",
+            "--no-stream", "--slots-per-layer", "2", "--depth", "3", "hi")  # fmt: skip
+    runs = {}
+    for path in ("load", "stream"):
+        code, out, err = _run(capsys, *argv, "--miss-path", path)
+        assert code == 0, err
+        runs[path] = out.strip().splitlines()
+    stats = {path: json.loads(lines[-1]) for path, lines in runs.items()}
+    assert runs["stream"][:-1] == runs["load"][:-1]  # the same text
+    assert stats["stream"]["miss_path"] == "stream"
+    assert stats["stream"]["streamed_mb_per_token"] > 0
+    assert stats["load"]["streamed_mb_per_token"] == 0
+    code, _, err = _run(capsys, "generate", "--miss-path", "copy", "hi")
+    assert code != 0
+    assert "invalid choice: 'copy'" in err
+
+
 def test_generate_demo_defaults_apply_to_the_built_in_model_only():
     import argparse
 

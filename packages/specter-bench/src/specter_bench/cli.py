@@ -175,6 +175,14 @@ def _add_model_args(
         help="with CUDA graphs, graph the target under a budget too, piecewise between its "
         "routed-expert calls (default auto: whenever CUDA graphs are on)",
     )
+    p.add_argument(
+        "--miss-path",
+        default="load",
+        choices=("load", "stream"),
+        help="how a verification under a budget meets experts without a slot: load them "
+        "into slots (default), or stream them in place from pinned host memory, so the "
+        "verification is one CUDA graph (bench systems choose their own)",
+    )
 
 
 def _add_prompt_source_args(p: argparse.ArgumentParser) -> None:

@@ -116,16 +116,24 @@ class EngineOptions:
         cuda_graphs: decode steps as CUDA graphs (None: the loader decides, on for CUDA).
         piecewise_graphs: graph the target under a budget too, piecewise (None: the
             loader decides, on with CUDA graphs).
+        miss_path: ``"load"`` or ``"stream"`` (``specter_models.load(miss_path=)``); the
+            bench's systems set their own before each decode.
     """
 
     batch_invariant: bool | None = None
     cuda_graphs: bool | None = None
     piecewise_graphs: bool | None = None
+    miss_path: str = "load"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineOptions:
         """The switches of a parsed ``specter`` command line (its model arguments)."""
-        return cls(args.batch_invariant, args.cuda_graphs, args.piecewise_graphs)
+        return cls(
+            args.batch_invariant,
+            args.cuda_graphs,
+            args.piecewise_graphs,
+            getattr(args, "miss_path", "load"),
+        )
 
     def load_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``specter_models.load``."""

@@ -89,6 +89,10 @@ def generation_summary(loaded: Any, stats: Any, peak_gpu_bytes: int | None) -> d
         "prefetch_recall": cache["prefetch_recall"],
         "h2d_mb_per_token": cache["bytes_moved"] / 1e6 / tokens if tokens else None,
         "stall_ms_per_token": 1e3 * cache["stall_seconds"] / tokens if tokens else None,
+        "miss_path": getattr(loaded, "miss_path", "load"),
+        "streamed_mb_per_token": (
+            cache.get("streamed_bytes", 0) / 1e6 / tokens if tokens else None
+        ),
         "slots_per_layer": loaded.memory.plan.slots_per_layer,
         "hot_experts_per_layer": loaded.memory.plan.hot_experts_per_layer,
         "num_experts": loaded.memory.plan.num_experts,
@@ -113,6 +117,8 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         ),
         ("host-to-device MB per token", summary["h2d_mb_per_token"]),
         ("transfer stall ms per token", summary["stall_ms_per_token"]),
+        ("miss path", summary["miss_path"]),
+        ("streamed MB per token", summary["streamed_mb_per_token"]),
         ("expert slots per layer", f"{summary['slots_per_layer']}/{summary['num_experts']}"),
         ("pinned hot experts per layer", summary["hot_experts_per_layer"]),
         ("peak GPU memory (GB)", summary["peak_gpu_memory_gb"]),
