@@ -56,7 +56,10 @@ def main() -> int:
                 times = []
                 for r in range(args.repeats + 1):
                     out.zero_()
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a, b = (
+                        torch.cuda.Event(enable_timing=True),
+                        torch.cuda.Event(enable_timing=True),
+                    )
                     a.record()
                     _sum_kernel[(grid0, count)](addrs, out, n, BLOCK=block, CHUNKS=chunks)
                     b.record()
