@@ -15,7 +15,7 @@ from typing import Any
 
 from specter_cache import ExpertCache, RoutingCounter
 from specter_models.row_truncation import RowTruncation
-from specter_models.streamed_misses import MISS_PATHS, STREAM_MAX_ROWS, StreamRecord
+from specter_models.streamed_misses import STREAM_MAX_ROWS, StreamRecord, check_miss_path
 
 VERIFICATION_KINDS = ("expert", "token")
 
@@ -90,11 +90,7 @@ class ExpertsRuntime:
         Raises:
             ValueError: an unknown path.
         """
-        if path not in MISS_PATHS:
-            raise ValueError(
-                f"miss_path must be one of {MISS_PATHS} (acquire missing experts in waves, or "
-                f"read them in place from pinned host memory), got {path!r}"
-            )
+        check_miss_path(path)
         cache = self.cache
         if path == "stream" and cache.device.type == "cuda" and not cache.store.is_pinned:
             raise ValueError(
@@ -106,7 +102,7 @@ class ExpertsRuntime:
         cache.streaming = path == "stream"
         if path == "stream" and self.stream_record is None:
             self.stream_record = StreamRecord(
-                self.cache.num_layers, self.cache.num_experts, top_k, self.cache.device
+                cache.num_layers, cache.num_experts, top_k, cache.device
             )
 
     def streams(self, rows: int) -> bool:

@@ -58,7 +58,7 @@ from specter_models.random_weights import init_non_expert_weights, random_expert
 from specter_models.row_truncation import RowTruncation
 from specter_models.spec_adapters import SharedKV
 from specter_models.specter_model import MemoryReport, SpecterModel
-from specter_models.streamed_misses import MISS_PATHS
+from specter_models.streamed_misses import check_miss_path
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -184,11 +184,7 @@ def load(
         )
     if piecewise_graphs is None:
         piecewise_graphs = cuda_graphs
-    if miss_path not in MISS_PATHS:
-        raise ValueError(
-            f"miss_path must be one of {MISS_PATHS} (acquire missing experts in waves, or read "
-            f"them in place from pinned host memory), got {miss_path!r}"
-        )
+    check_miss_path(miss_path)  # before the load, which takes a while
     folder, preset_name = _resolve_source(path_or_preset)
     config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
     arch = architecture_for(config)

@@ -187,18 +187,14 @@ class TargetModel(_Adapter):
                 policy.measured_bandwidth = runtime.bandwidth()
             runtime.rows_kept = rows
         started = time.perf_counter()
-        if record is not None:
-            record.begin(runtime.cache, rows)
+        streamed = (
+            record.forward(runtime.cache, rows) if record is not None else contextlib.nullcontext()
+        )
         try:
-            logits = self._run(input_ids, start_pos)
-        except BaseException:
-            if record is not None:
-                record.active = False
-            raise
+            with streamed:
+                logits = self._run(input_ids, start_pos)
         finally:
             kept, runtime.rows_kept = runtime.rows_kept, None
-        if record is not None:
-            record.end(runtime.cache, rows)
         self.verified_rows = kept if truncating and kept is not None and kept < rows else None
         if truncating:
             self._last_verify = (start_pos, kept or rows, started)

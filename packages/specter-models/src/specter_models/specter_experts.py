@@ -306,16 +306,18 @@ class SpecterExperts(nn.Module):
                 flags,
             )  # fmt: skip
             return self._finish(out, x.dtype)
-        # float32/float64 reference: the same choice per expert, in plain torch.
+        # float32/float64 reference (CPU tests, host syncs allowed): the same choice per
+        # expert, in plain torch, the host store's tensors read where there is no slot.
         slot_of = mapping.tolist()
+        store = cache.store
         experts = []
         for e in torch.unique(ids[ids >= 0]).tolist():
             if slot_of[e] >= 0:
                 experts.append((e, slots["gate_up"][slot_of[e]], slots["down"][slot_of[e]]))
                 continue
             flags[:, e] = 1
-            host = self._streamed_experts(x.device)
-            experts.append((e, host.w13[e].to(x.device), host.w2[e].to(x.device)))
+            host = store.get(self.layer, e)
+            experts.append((e, host["gate_up"].to(x.device), host["down"].to(x.device)))
         if out.dim() == 3:
             with BatchInvariantMode():
                 write_expert_pairs(x, ids, weights, experts, out)
@@ -324,22 +326,15 @@ class SpecterExperts(nn.Module):
         return self._finish(out, x.dtype)
 
     def _streamed_experts(self, device: torch.device) -> StreamedExperts:
-        """This layer's experts in the host store, addressed for a kernel on ``device``
+        """This layer's fp16 experts in the host store, addressed for a kernel on ``device``
         (built once; every expert is read into the store first where it is lazy)."""
         if self._streamed is None or self._streamed.w13_addresses.device != device:
             cache = self.runtime.cache
-            w13 = cache.host_tensors(self.layer, "gate_up")
-            w2 = cache.host_tensors(self.layer, "down")
-            if w13[0].dtype != torch.float16:
-                # Reference models (float32/float64) read the tensors themselves.
-                self._streamed = StreamedExperts(
-                    torch.zeros(len(w13), dtype=torch.int64, device=device),
-                    torch.zeros(len(w2), dtype=torch.int64, device=device),
-                    tuple(w13),
-                    tuple(w2),
-                )
-            else:
-                self._streamed = StreamedExperts.from_tensors(w13, w2, device)
+            self._streamed = StreamedExperts.from_tensors(
+                cache.host_tensors(self.layer, "gate_up"),
+                cache.host_tensors(self.layer, "down"),
+                device,
+            )
         return self._streamed
 
     def _truncate_rows(self, rows: list[list[int]]) -> list[list[int]]:

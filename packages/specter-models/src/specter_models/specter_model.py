@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from specter_models.memory_plan import DEFAULT_MAX_VERIFY_ROWS, MemoryPlan
 from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
 from specter_models.specter_experts import SpecterExperts
 from specter_models.step_graphs import DEFAULT_WINDOW_STEP, StepGraphs
+from specter_models.streamed_misses import STREAM_MAX_ROWS
 
 
 @dataclass
@@ -247,15 +249,14 @@ class SpecterModel:
                     continue
                 # On the streamed miss path the target's forwards record as they stream (the
                 # record of these capturing forwards is not counted).
-                record = self.runtime.stream_record if role == "target" else None
-                if record is not None and self.runtime.streams(1):
-                    record.begin(self.cache)
-                try:
+                record = self.runtime.stream_record
+                streamed = (
+                    record.forward(self.cache, STREAM_MAX_ROWS, count=False)
+                    if role == "target" and record is not None and self.runtime.streams(1)
+                    else contextlib.nullcontext()
+                )
+                with streamed:
                     captured[role] = graphs.capture_ahead(max_length)
-                finally:
-                    if record is not None and record.active:
-                        record.active = False
-                        self.cache.mark_streamed_use()
         finally:
             self.kv.reset()
             self.counter.clear()

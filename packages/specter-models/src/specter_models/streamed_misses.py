@@ -26,6 +26,9 @@ keep the acquire path.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from specter_cache import ExpertCache
@@ -33,6 +36,16 @@ from specter_cache import ExpertCache
 MISS_PATHS = ("load", "stream")
 """``load``: missing experts are acquired (loaded into slots, computed in waves);
 ``stream``: they are read in place from pinned host memory (see the module docstring)."""
+
+
+def check_miss_path(path: object) -> None:
+    """Raise ``ValueError`` naming ``path`` unless it is one of ``MISS_PATHS``."""
+    if path not in MISS_PATHS:
+        raise ValueError(
+            f"miss_path must be one of {MISS_PATHS} (acquire missing experts in waves, or read "
+            f"them in place from pinned host memory), got {path!r}"
+        )
+
 
 STREAM_MAX_ROWS = 64
 """Forwards of at most this many rows take the streamed path (verifications; a prefill of
@@ -61,13 +74,23 @@ class StreamRecord:
         self._row_index = torch.arange(STREAM_MAX_ROWS, device=device)
         self.active = False
 
-    def begin(self, cache: ExpertCache, rows: int = STREAM_MAX_ROWS) -> None:
-        """Before a streamed forward of ``rows`` real rows: clear the flags, set the row
-        count the graph reads, and wait for the map to be safe."""
+    @contextlib.contextmanager
+    def forward(self, cache: ExpertCache, rows: int, *, count: bool = True) -> Iterator[None]:
+        """Around a streamed forward of ``rows`` real rows (the padding rows repeat the last
+        one): before it, clear the flags, set the row count the graph reads and wait for the
+        map to be safe; after it (also after a failure), mark the slots used. With ``count``
+        a forward that succeeded is read into the cache (one host sync)."""
         self.flags.zero_()
         self.rows.fill_(rows)  # a device-side write: no sync
         cache.stream_guard()
         self.active = True
+        try:
+            yield
+        finally:
+            self.active = False
+            cache.mark_streamed_use()
+        if count:
+            self._count(cache, rows)
 
     def real_pairs(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [T, k]`` with the pairs of padding rows (past ``rows``) routed nowhere (-1).
@@ -77,13 +100,8 @@ class StreamRecord:
         real = self._row_index[: ids.shape[0], None] < self.rows
         return torch.where(real, ids, -1)
 
-    def end(self, cache: ExpertCache, rows: int) -> None:
-        """After a streamed forward of ``rows`` real rows (the padding rows repeat the last
-        one): mark the slots used, then read the record (one host sync) into the cache."""
-        self.active = False
-        cache.mark_streamed_use()
+    def _count(self, cache: ExpertCache, rows: int) -> None:
         ids = self.ids[:, :rows].reshape(self.ids.shape[0], -1).cpu()
         flags = self.flags.amax(dim=1).cpu()
         for layer, (routed, streamed) in enumerate(zip(ids.tolist(), flags.tolist(), strict=True)):
-            needed = list(dict.fromkeys(routed))
-            cache.record_streamed(layer, needed, [e for e, f in enumerate(streamed) if f])
+            cache.record_streamed(layer, routed, [e for e, f in enumerate(streamed) if f])
