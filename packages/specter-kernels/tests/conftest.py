@@ -162,6 +162,7 @@ def poisoned(monkeypatch, triton_backend):
         moe_align_triton,
         routed_pair_sum_triton,
         router_topk_triton,
+        streamed_fills_triton,
         w4a16_triton,
     )
 
@@ -173,6 +174,7 @@ def poisoned(monkeypatch, triton_backend):
         router_topk_triton,
         mla_attention_triton,
         routed_pair_sum_triton,
+        streamed_fills_triton,
     ):
         monkeypatch.setattr(module, "torch", PoisonedTorch())
 

@@ -115,6 +115,45 @@ def test_streamed_experts_from_pinned_memory_on_the_gpu(seed, T, pair_blocks):
     assert torch.equal(flags.bool(), missing.expand(2, E))
 
 
+@pytest.mark.parametrize("T", [1, 6, 40])
+def test_streamed_fills_on_the_gpu(seed, T):
+    # Streamed experts also written into spare slots: whole, same output bits, graphable.
+    H, I, E, k = 2048, 1408, 16, 6
+    x = torch.randn(T, H, device="cuda").half()
+    ids = torch.topk(torch.randn(T, E, device="cuda"), k).indices
+    weights = torch.rand(T, k, device="cuda")
+    w13 = (torch.randn(E, 2 * I, H) * 0.02).half().pin_memory()
+    w2 = (torch.randn(E, H, I) * 0.02).half().pin_memory()
+    streamed = sk.StreamedExperts.from_tensors(list(w13), list(w2), "cuda")
+    every = torch.ones(E, dtype=torch.bool, device="cuda")
+    resident = torch.arange(E) % 4 == 0
+    slot_of = torch.where(resident, torch.arange(E) // 4, -1).int().cuda()
+    spares = 6
+    slots13 = torch.cat([w13[resident], torch.full((spares, 2 * I, H), float("nan")).half()])
+    slots2 = torch.cat([w2[resident], torch.full((spares, H, I), float("nan")).half()])
+    slots13, slots2 = slots13.cuda(), slots2.cuda()
+    spare_ids = torch.arange(4, 4 + spares, dtype=torch.int32, device="cuda")
+    plain = torch.zeros(T, k, H, device="cuda")
+    sk.grouped_moe_fp16(x, ids, weights, slots13, slots2, slot_of, every, plain, None, streamed)
+    fill = torch.empty(E, dtype=torch.int32, device="cuda")
+    out = torch.zeros(T, k, H, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sk.assign_fill_slots(ids, slot_of, spare_ids, fill)
+        sk.grouped_moe_fp16(
+            x, ids, weights, slots13, slots2, slot_of, every, out, None, streamed, None, fill
+        )  # fmt: skip
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, plain)
+    assert torch.equal(fill.cpu(), sk.assign_fill_slots_reference(ids, slot_of, spare_ids).cpu())
+    filled = [(e, s) for e, s in enumerate(fill.tolist()) if s >= 0]
+    assert filled
+    for e, s in filled:
+        assert torch.equal(slots13[s].cpu(), w13[e])
+        assert torch.equal(slots2[s].cpu(), w2[e])
+
+
 @pytest.mark.parametrize("S", [1, 5, 300])
 def test_rotary_complex_on_the_gpu(seed, monkeypatch, S):
     # DeepSeek-V2-Lite's shapes: 16 heads, a 64-wide rope slice of a 192-wide query head.

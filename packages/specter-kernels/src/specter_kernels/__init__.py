@@ -62,6 +62,7 @@ from specter_kernels.rotary import (
 from specter_kernels.router_topk import router_topk, router_topk_reference
 from specter_kernels.silu_and_mul import silu_and_mul, silu_and_mul_reference
 from specter_kernels.streamed_experts import StreamedExperts
+from specter_kernels.streamed_fills import assign_fill_slots, assign_fill_slots_reference
 
 __version__ = "0.1.0"
 
@@ -74,6 +75,8 @@ __all__ = [
     "MatmulConfig",
     "StreamedExperts",
     "__version__",
+    "assign_fill_slots",
+    "assign_fill_slots_reference",
     "batch_invariant",
     "concat_gate_up",
     "dequantize_int4",

@@ -19,6 +19,12 @@ its row in a block, so it has the aligned launch's bits.
 ``STREAM`` (a ``StreamedExperts``): an expert whose ``expert_to_slot`` entry is -1 reads its
 weights from its streamed address (pinned host memory, over PCIe) instead of a slot, and
 its first program flags it; the arithmetic does not change, so neither do the bits.
+
+``FILL`` (``fill_slots``, see ``streamed_fills``): a streamed expert with a fill slot also has
+every weight tile its first block's programs load stored into that slot (which nothing else
+reads), so after the launch the slot holds the whole expert. Only the first block of an
+expert stores (an expert's blocks are contiguous after alignment; under ``PAIR_BLOCKS`` the
+launcher allows fills for one row only, whose pairs have distinct experts).
 """
 
 from __future__ import annotations
@@ -86,6 +92,20 @@ def _expert_weights(
 
 
 @triton.jit
+def _fill_target(
+    w_ptr, slot, stride_ws, expert, fill_ptr, expert_ids_ptr, pid_m, PAIR_BLOCKS: tl.constexpr
+):
+    """(base, on) of the fill: the base pointer of ``expert``'s fill slot (``fill_ptr``) and
+    whether this program stores there (a streamed expert with a fill slot, first block)."""
+    fill_slot = tl.load(fill_ptr + expert).to(tl.int64)
+    on = (slot < 0) & (fill_slot >= 0)
+    if not PAIR_BLOCKS:
+        previous = tl.load(expert_ids_ptr + tl.maximum(pid_m - 1, 0))
+        on = on & ((pid_m == 0) | (previous != expert))
+    return w_ptr + tl.maximum(fill_slot, 0) * stride_ws, on
+
+
+@triton.jit
 def _grouped_gate_up_kernel(
     x_ptr,
     sorted_ids_ptr,
@@ -107,11 +127,13 @@ def _grouped_gate_up_kernel(
     num_experts,
     stream_w_ptr,
     streamed_ptr,
+    fill_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PAIR_BLOCKS: tl.constexpr = False,
     STREAM: tl.constexpr = False,
+    FILL: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -137,6 +159,12 @@ def _grouped_gate_up_kernel(
     )
     w_gate = w_base + offs_n[None, :] * stride_wn
     w_up = w_gate + I * stride_wn
+    if FILL:
+        fill_base, fill_on = _fill_target(
+            w_ptr, slot, stride_ws, expert, fill_ptr, expert_ids_ptr, pid_m, PAIR_BLOCKS
+        )
+        fill_gate = fill_base + offs_n[None, :] * stride_wn
+        fill_up = fill_gate + I * stride_wn
     x_rows = x_ptr + tokens[:, None] * stride_xt
     acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -145,8 +173,13 @@ def _grouped_gate_up_kernel(
         k_mask = kk < K
         x = tl.load(x_rows + kk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w_mask = k_mask[:, None] & n_mask[None, :]
-        acc_gate = tl.dot(x, tl.load(w_gate + kk[:, None], mask=w_mask, other=0.0), acc_gate)
-        acc_up = tl.dot(x, tl.load(w_up + kk[:, None], mask=w_mask, other=0.0), acc_up)
+        gate = tl.load(w_gate + kk[:, None], mask=w_mask, other=0.0)
+        up = tl.load(w_up + kk[:, None], mask=w_mask, other=0.0)
+        if FILL:
+            tl.store(fill_gate + kk[:, None], gate, mask=w_mask & fill_on)
+            tl.store(fill_up + kk[:, None], up, mask=w_mask & fill_on)
+        acc_gate = tl.dot(x, gate, acc_gate)
+        acc_up = tl.dot(x, up, acc_up)
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up
     tl.store(
         h_ptr + pairs[:, None] * stride_ht + offs_n[None, :],
@@ -179,12 +212,14 @@ def _grouped_down_kernel(
     num_experts,
     stream_w_ptr,
     streamed_ptr,
+    fill_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PER_PAIR: tl.constexpr = False,
     PAIR_BLOCKS: tl.constexpr = False,
     STREAM: tl.constexpr = False,
+    FILL: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -212,6 +247,11 @@ def _grouped_down_kernel(
         w_ptr, slot, stride_ws, expert, stream_w_ptr, streamed_ptr, first, STREAM
     )
     w_rows = w_base + offs_n[None, :] * stride_wn
+    if FILL:
+        fill_base, fill_on = _fill_target(
+            w_ptr, slot, stride_ws, expert, fill_ptr, expert_ids_ptr, pid_m, PAIR_BLOCKS
+        )
+        fill_rows = fill_base + offs_n[None, :] * stride_wn
     h_rows = h_ptr + pairs[:, None] * stride_ht
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
@@ -220,7 +260,10 @@ def _grouped_down_kernel(
         kk = k0 + offs_k
         k_mask = kk < k_end
         a = tl.load(h_rows + kk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_rows + kk[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        w_mask = k_mask[:, None] & n_mask[None, :]
+        w = tl.load(w_rows + kk[:, None], mask=w_mask, other=0.0)
+        if FILL:
+            tl.store(fill_rows + kk[:, None], w, mask=w_mask & fill_on)
         acc = tl.dot(a, w, acc)
     if PER_PAIR:
         # out is [T, k, H]: pair t*k+j owns row t*k+j, so a plain store (one
@@ -282,10 +325,12 @@ def launch_grouped(
     pair_blocks: bool | None = None,
     streamed: StreamedExperts | None = None,
     streamed_flags: torch.Tensor | None = None,
+    fill_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Align the wave's pairs (unless ``pair_blocks``) and run both launches (arguments
     validated by the caller). With ``streamed``, experts without a slot read their
-    weights from its addresses and flag ``streamed_flags [2, E]`` (gate_up, down).
+    weights from its addresses and flag ``streamed_flags [2, E]`` (gate_up, down); with
+    ``fill_slots [E]`` too, each is also stored into its fill slot (-1: none).
 
     A per-pair ``out [T, k, H]`` always uses :func:`per_pair_configs` (given
     configs are ignored: a T-dependent tile would break batch invariance).
@@ -310,6 +355,12 @@ def launch_grouped(
     # does not depend on its row in a block, so the bits are those of the aligned launch.
     if pair_blocks is None:
         pair_blocks = T == 1
+    fill = fill_slots is not None
+    if fill and pair_blocks and T > 1:
+        raise ValueError(
+            f"fill_slots with pair_blocks needs one row (its pairs have distinct experts, so "
+            f"each expert has one block to fill from), got {T} rows: align them instead"
+        )
     if pair_blocks:
         sorted_ids = expert_ids = num_post_padded = ids  # unread under PAIR_BLOCKS
         max_blocks = num_pairs
@@ -325,14 +376,15 @@ def launch_grouped(
         flags = (streamed_flags[0], streamed_flags[1])
     else:
         addresses = flags = (ids, ids)  # unread without STREAM
+    fills = fill_slots if fill else ids  # unread without FILL
     c = gate_up_config
     _grouped_gate_up_kernel[(max_blocks, triton.cdiv(I, c.block_n))](
         x, sorted_ids, expert_ids, num_post_padded, expert_to_slot, w13_slots, h,
         H, I, top_k, num_pairs,
         x.stride(0), w13_slots.stride(0), w13_slots.stride(1), h.stride(0), ids, mask, E,
-        addresses[0], flags[0],
+        addresses[0], flags[0], fills,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PAIR_BLOCKS=pair_blocks,
-        STREAM=stream, num_warps=c.num_warps, num_stages=c.num_stages,
+        STREAM=stream, FILL=fill, num_warps=c.num_warps, num_stages=c.num_stages,
     )  # fmt: skip
     c = down_config
     per_split = triton.cdiv(triton.cdiv(I, c.split_k), c.block_k) * c.block_k
@@ -342,8 +394,9 @@ def launch_grouped(
         w2_slots, out,
         I, H, top_k, num_pairs, per_split,
         h.stride(0), w2_slots.stride(0), w2_slots.stride(1), out.stride(-2), ids, mask, E,
-        addresses[1], flags[1],
+        addresses[1], flags[1], fills,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PER_PAIR=per_pair,
-        PAIR_BLOCKS=pair_blocks, STREAM=stream, num_warps=c.num_warps, num_stages=c.num_stages,
+        PAIR_BLOCKS=pair_blocks, STREAM=stream, FILL=fill, num_warps=c.num_warps,
+        num_stages=c.num_stages,
     )  # fmt: skip
     return out

@@ -132,6 +132,30 @@ def _check_streamed(
         )
 
 
+def _check_fills(
+    fill_slots: torch.Tensor | None,
+    streamed: StreamedExperts | None,
+    x: torch.Tensor,
+    num_experts: int,
+) -> None:
+    if fill_slots is None:
+        return
+    if streamed is None:
+        raise ValueError(
+            "fill_slots is given without streamed experts: only a streamed expert fills a slot"
+        )
+    if (
+        fill_slots.dtype != torch.int32
+        or tuple(fill_slots.shape) != (num_experts,)
+        or not fill_slots.is_contiguous()
+        or fill_slots.device != x.device
+    ):
+        raise TypeError(
+            f"fill_slots must be a contiguous int32 [E={num_experts}] tensor on {x.device}, "
+            f"got {fill_slots.dtype} {list(fill_slots.shape)} on {fill_slots.device}"
+        )
+
+
 def grouped_moe_fp16(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -144,6 +168,7 @@ def grouped_moe_fp16(
     pair_blocks: bool | None = None,
     streamed: StreamedExperts | None = None,
     streamed_flags: torch.Tensor | None = None,
+    fill_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Add the masked experts' routing-weighted FP16 expert outputs into ``out``.
 
@@ -173,6 +198,11 @@ def grouped_moe_fp16(
         streamed_flags: uint8 ``[2, E]``, with ``streamed``: set to 1 where an expert's
             gate_up (row 0) or down (row 1) weights were read from ``streamed`` (entries
             of the others are left as they were: zero it first).
+        fill_slots: int32 ``[E]``, with ``streamed`` (``streamed_fills``): a streamed
+            expert whose entry is a slot ``s >= 0`` is also written whole into slot ``s`` of
+            ``w13_slots`` and ``w2_slots`` as it is read, for no extra transfer. The fill
+            slots must hold no expert this call reads (``assign_fill_slots`` gives spares).
+            With ``pair_blocks``, one row only.
 
     Returns:
         ``out``.
@@ -183,6 +213,7 @@ def grouped_moe_fp16(
     _check_inputs(x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out)
     E = expert_mask.shape[0]
     _check_streamed(streamed, streamed_flags, w13_slots, w2_slots, x, E)
+    _check_fills(fill_slots, streamed, x, E)
     if x.shape[0] == 0:
         return out
     if streamed is not None and streamed_flags is None:
@@ -190,13 +221,14 @@ def grouped_moe_fp16(
     if select_backend(x.device) == "torch":
         return grouped_moe_fp16_reference(
             x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out,
-            streamed, streamed_flags,
+            streamed, streamed_flags, fill_slots,
         )  # fmt: skip
     from specter_kernels import grouped_fp16_triton
 
     return grouped_fp16_triton.launch_grouped(
         x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out,
         pair_blocks=pair_blocks, streamed=streamed, streamed_flags=streamed_flags,
+        fill_slots=fill_slots,
     )  # fmt: skip
 
 
@@ -211,12 +243,14 @@ def grouped_moe_fp16_reference(
     out: torch.Tensor,
     streamed: StreamedExperts | None = None,
     streamed_flags: torch.Tensor | None = None,
+    fill_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain torch reference of :func:`grouped_moe_fp16` (loops over experts; syncs)."""
     _check_inputs(x, topk_ids, topk_weights, w13_slots, w2_slots, expert_to_slot, expert_mask, out)
     I = w2_slots.shape[2]
     E = expert_mask.shape[0]
     _check_streamed(streamed, streamed_flags, w13_slots, w2_slots, x, E)
+    _check_fills(fill_slots, streamed, x, E)
     routed = topk_ids.long()
     in_wave = (routed >= 0) & (routed < E)
     in_wave &= expert_mask[routed.clamp(0, E - 1)]
@@ -224,6 +258,10 @@ def grouped_moe_fp16_reference(
         tokens, slots = torch.nonzero((routed == expert) & in_wave, as_tuple=True)
         slot = int(expert_to_slot[expert])
         w13, w2 = _expert_weights(w13_slots, w2_slots, slot, expert, streamed, streamed_flags)
+        fill = int(fill_slots[expert]) if fill_slots is not None and slot < 0 else -1
+        if fill >= 0:
+            w13_slots[fill].copy_(w13)
+            w2_slots[fill].copy_(w2)
         weights = topk_weights[tokens, slots].float().unsqueeze(1)
         if out.dim() == 3:
             # Per-pair (batch-invariant) mode: one row at a time, so a pair's
