@@ -57,7 +57,14 @@ class SlotInfo(NamedTuple):
 class _LayerPool:
     """Slots of one layer: device tensors plus the host bookkeeping that mirrors them."""
 
-    def __init__(self, store: ExpertStore, layer: int, slots: int, device: torch.device):
+    def __init__(
+        self,
+        store: ExpertStore,
+        layer: int,
+        slots: int,
+        device: torch.device,
+        expert_to_slot: torch.Tensor,
+    ):
         layout = store.layout(layer)
         self.num_slots = slots
         self.names = layout.names
@@ -67,7 +74,7 @@ class _LayerPool:
         }
         # Per-slot views, made once: the load path stays free of view construction.
         self.slot_views = [[self.tensors[n][s] for n in self.names] for s in range(slots)]
-        self.expert_to_slot = torch.full((store.num_experts,), -1, dtype=torch.int32, device=device)
+        self.expert_to_slot = expert_to_slot  # a row of the cache's [L, E + 1] maps
         self.map_views = [self.expert_to_slot[e : e + 1] for e in range(store.num_experts)]
         self.slot_expert = [-1] * slots
         self.expert_slot: dict[int, int] = {}
@@ -415,7 +422,13 @@ class ExpertCache:
         self._coalesce_arrivals = bool(coalesce_arrivals)
         self._policy = make_policy(policy)
         self._policy.reset(L, E)
-        self._pools = [_LayerPool(store, layer, slots[layer], device) for layer in range(L)]
+        # Every layer's device map in one tensor (row views per pool), with a spare column E
+        # that scatters aim at for entries they must leave alone (``commit_fills``).
+        self._maps = torch.full((L, E + 1), -1, dtype=torch.int32, device=device)
+        self._pools = [
+            _LayerPool(store, layer, slots[layer], device, self._maps[layer, :E])
+            for layer in range(L)
+        ]
         self._resident_layers: set[int] = set()  # all_resident() answers that stay True
         # Constant slot-id table the map updates copy from: entry s + 1 holds s, entry 0 holds -1.
         ids = torch.arange(-1, max(slots), dtype=torch.int32)
@@ -749,7 +762,105 @@ class ExpertCache:
         overwrite no slot before it is done (it may have read any of them)."""
         self._streamed_use = self._engine.record_compute()
 
-    def record_streamed(self, layer: int, needed: object, streamed: object) -> None:
+    def prepare_fills(self, spares_per_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Before a streamed verification with fills: spare slots, and the host's map.
+
+        A *fill* (specter-kernels' ``streamed_fills``) writes an expert the verification
+        streams into a spare slot as it reads it, so the expert is resident afterwards with
+        no load. A spare is a slot that holds no expert. Each layer gets up to
+        ``spares_per_layer`` of them: its empty slots, then slots freed by evicting
+        policy-chosen experts that are neither protected (pinned, claimed), prefetched and
+        not yet used (the draft's predictions for this verification) nor still loading.
+        Evicted experts leave the device map on the current (compute) stream, before the
+        verification, so it streams them if it needs them.
+
+        Args:
+            spares_per_layer: the most spare slots per layer (>= 1).
+
+        Returns:
+            ``(spares, claimed)``: CPU int32 ``[L, F]`` spare slots per layer (-1 after the
+            last; ``F = spares_per_layer``) and ``[L, E]`` the host's slot of each expert,
+            loads in flight included (-1: none). Only experts with -1 there may be filled:
+            one still loading holds a slot already. Hand both to the verification.
+
+        Raises:
+            ValueError: ``spares_per_layer`` is not an int >= 1.
+        """
+        if not isinstance(spares_per_layer, int) or spares_per_layer < 1:
+            raise ValueError(
+                f"spares_per_layer must be an int >= 1 (spare slots per layer for streamed "
+                f"fills), got {spares_per_layer!r}"
+            )
+        L, E = self.num_layers, self.num_experts
+        spares = torch.full((L, spares_per_layer), -1, dtype=torch.int32)
+        claimed = torch.full((L, E), -1, dtype=torch.int32)
+        evicted: list[int] = []
+        for layer, pool in enumerate(self._pools):
+            want = spares_per_layer - len(pool.empty)
+            if want > 0:
+                candidates = [
+                    e
+                    for s, e in enumerate(pool.slot_expert)
+                    if e >= 0
+                    and pool.protect[s] == 0
+                    and e not in pool.prefetched
+                    and (pool.ready[s] is None or pool.ready[s].query())
+                ]
+                for _ in range(min(want, len(candidates))):
+                    victim = self._policy.choose_victim(layer, candidates)
+                    candidates.remove(victim)
+                    slot = pool.expert_slot.pop(victim)
+                    pool.slot_expert[slot] = -1
+                    pool.empty.append(slot)
+                    self._policy.on_evict(layer, victim)
+                    self._stats.layers[layer].evictions += 1
+                    evicted.append(layer * (E + 1) + victim)
+            row = pool.empty[::-1][:spares_per_layer]  # the order pop() would hand them out
+            spares[layer, : len(row)] = torch.tensor(row, dtype=torch.int32)
+            for e, slot in pool.expert_slot.items():
+                claimed[layer, e] = slot
+        if evicted:
+            index = torch.tensor(evicted, dtype=torch.int64).to(self._device, non_blocking=True)
+            self._maps.view(-1).index_fill_(0, index, -1)  # only these entries are written
+        return spares, claimed
+
+    def commit_fills(self, fills: torch.Tensor) -> None:
+        """Put the experts a streamed verification filled on the device map, on the current
+        stream after it (no host sync): ``map[l, e] = fills[l, e]`` where that is a slot.
+
+        Only those entries are written (a scatter, no read-modify-write of the others),
+        since the copy stream may be changing other entries meanwhile. Call
+        ``record_streamed(..., filled=)`` with the same fills once they are on the host.
+
+        Args:
+            fills: int32 ``[L, E]`` on the cache's device: each layer's fill slots
+                (``assign_fill_slots``), -1 where nothing was filled.
+
+        Raises:
+            TypeError: a wrong dtype, shape or device.
+        """
+        L, E = self.num_layers, self.num_experts
+        if (
+            fills.dtype != torch.int32
+            or tuple(fills.shape) != (L, E)
+            or fills.device != self._device
+        ):
+            raise TypeError(
+                f"fills must be int32 [L={L}, E={E}] on {self._device}, got {fills.dtype} "
+                f"{tuple(fills.shape)} on {fills.device}"
+            )
+        filled = fills >= 0
+        columns = torch.arange(E, device=self._device).expand(L, E)
+        target = torch.where(filled, columns, E)  # the others aim at the spare column
+        self._maps.scatter_(1, target, torch.where(filled, fills, -1))
+
+    def record_streamed(
+        self,
+        layer: int,
+        needed: object,
+        streamed: object,
+        filled: Mapping[int, int] | None = None,
+    ) -> None:
         """Count a streamed verification of ``layer``: ``needed`` (the experts it routed to)
         hit where they held a slot, and ``streamed`` (those it read from host memory) missed.
 
@@ -757,8 +868,13 @@ class ExpertCache:
         in ``bytes_moved``), prefetches used, the policy's recency and the window of needed
         experts (``take_needed``). Nothing is loaded.
 
+        ``filled`` (expert -> spare slot): streamed experts the verification also wrote into
+        spare slots of ``prepare_fills`` (``commit_fills`` put them on the device map). They
+        now hold those slots, ready once the verification is done (``streamed_fills``).
+
         Raises:
-            ValueError: bad layer or expert ids, or a streamed expert that was not needed.
+            ValueError: bad layer or expert ids, a streamed expert that was not needed, or a
+                fill that is not a streamed expert into a spare slot.
         """
         layer = self._check_layer(layer)
         pool = self._pools[layer]
@@ -772,6 +888,21 @@ class ExpertCache:
                 f"record_streamed(layer={layer}): streamed experts {sorted(streamed_ids)} must "
                 f"be among the needed ones {needed_ids}"
             )
+        for e, slot in (filled or {}).items():
+            if e not in streamed_ids or e in pool.expert_slot or slot not in pool.empty:
+                raise ValueError(
+                    f"record_streamed(layer={layer}): fill of expert {e} into slot {slot} "
+                    "must be a streamed expert holding no slot, into a spare slot of "
+                    "prepare_fills"
+                )
+            pool.empty.remove(slot)
+            pool.slot_expert[slot] = e
+            pool.expert_slot[e] = slot
+            pool.ready[slot] = pool.last_use[slot] = self._streamed_use
+            self._load_seq += 1
+            pool.load_seq[slot] = self._load_seq
+            self._policy.on_insert(layer, e)
+            st.streamed_fills += 1
         nbytes = self._store.expert_bytes(layer)
         st.acquires += 1
         st.misses += len(streamed_ids)
