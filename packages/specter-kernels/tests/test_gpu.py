@@ -133,20 +133,24 @@ def test_streamed_fills_on_the_gpu(seed, T):
     slots2 = torch.cat([w2[resident], torch.full((spares, H, I), float("nan")).half()])
     slots13, slots2 = slots13.cuda(), slots2.cuda()
     spare_ids = torch.arange(4, 4 + spares, dtype=torch.int32, device="cuda")
+    holders = torch.full((spares,), -1, dtype=torch.int32, device="cuda")
     plain = torch.zeros(T, k, H, device="cuda")
     sk.grouped_moe_fp16(x, ids, weights, slots13, slots2, slot_of, every, plain, None, streamed)
     fill = torch.empty(E, dtype=torch.int32, device="cuda")
     out = torch.zeros(T, k, H, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sk.assign_fill_slots(ids, slot_of, spare_ids, fill)
+        sk.assign_fill_slots(ids, slot_of, spare_ids, holders, slot_of.clone(), fill)
         sk.grouped_moe_fp16(
             x, ids, weights, slots13, slots2, slot_of, every, out, None, streamed, None, fill
         )  # fmt: skip
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, plain)
-    assert torch.equal(fill.cpu(), sk.assign_fill_slots_reference(ids, slot_of, spare_ids).cpu())
+    expected_fill = sk.assign_fill_slots_reference(
+        ids, slot_of, spare_ids, holders, slot_of.clone()
+    )
+    assert torch.equal(fill, expected_fill)
     filled = [(e, s) for e, s in enumerate(fill.tolist()) if s >= 0]
     assert filled
     for e, s in filled:

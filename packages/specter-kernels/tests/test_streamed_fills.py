@@ -15,31 +15,63 @@ def with_spares(w13_slots, w2_slots, count):
     return torch.cat([w13_slots, pad13]), torch.cat([w2_slots, pad2])
 
 
+def expected_assignment(ids, claimed, spare_slots, spare_experts, device_map):
+    """The rule, written out: (fills, device map after)."""
+    E = claimed.numel()
+    routed = sorted({e for e in ids.reshape(-1).tolist() if 0 <= e < E})
+    missing = [e for e in routed if claimed[e] < 0]
+    usable = [
+        (int(s), int(h))
+        for s, h in zip(spare_slots.tolist(), spare_experts.tolist(), strict=True)
+        if s >= 0 and h not in routed
+    ]
+    fills, after = [-1] * E, device_map.tolist()
+    for e, (slot, holder) in zip(missing, usable, strict=False):
+        fills[e] = slot
+        if holder >= 0:
+            after[holder] = -1
+    return fills, after
+
+
 @pytest.mark.parametrize("T", [1, 4, 9])
-def test_assignment_matches_the_reference(seed, backend, T):
+def test_assignment_matches_the_rule_and_the_reference(seed, backend, T):
     E, k = 12, 3
     ids, _ = random_routing(T, k, E)
     ids[0, -1] = -1  # a padding pair routes nowhere
-    slot_of = torch.where(torch.rand(E) < 0.5, torch.arange(E), -1).to(torch.int32)
-    for spares in ([9, 4], [5, 8, 2, 11, 7, -1, -1], [], [6, -1]):
-        spares = torch.tensor(spares, dtype=torch.int32)
+    claimed = torch.where(torch.rand(E) < 0.5, torch.arange(E), -1).to(torch.int32)
+    holders = [e for e in range(E) if claimed[e] >= 0]
+    cases = (
+        ([9, 4], [-1, -1]),
+        ([5, 8, 2, 11, 7, -1, -1], [-1, *holders[:4], -1, -1]),
+        ([], []),
+        ([6, -1], [holders[0] if holders else -1, -1]),
+    )
+    for slots, owners in cases:
+        owners = (owners + [-1] * len(slots))[: len(slots)]
+        slots = torch.tensor(slots, dtype=torch.int32)
+        owners = torch.tensor(owners, dtype=torch.int32)
+        device_map = claimed.clone()
         out = torch.full((E,), 99, dtype=torch.int32)
-        fill = sk.assign_fill_slots(ids, slot_of, spares, out)
+        want_fills, want_map = expected_assignment(ids, claimed, slots, owners, device_map)
+        fill = sk.assign_fill_slots(ids, claimed, slots, owners, device_map, out)
         assert fill is out
-        routed = sorted({e for e in ids.reshape(-1).tolist() if e >= 0})
-        missing = [e for e in routed if slot_of[e] < 0]
-        expected = [-1] * E
-        for rank, e in enumerate(missing[: spares.numel()]):
-            expected[e] = int(spares[rank])
-        assert fill.tolist() == expected
-        assert torch.equal(fill, sk.assign_fill_slots_reference(ids, slot_of, spares))
+        assert fill.tolist() == want_fills
+        assert device_map.tolist() == want_map
+        ref_map = claimed.clone()
+        ref = sk.assign_fill_slots_reference(ids, claimed, slots, owners, ref_map)
+        assert torch.equal(fill, ref)
+        assert torch.equal(device_map, ref_map)
 
 
 def test_assignment_example(backend):
-    ids = torch.tensor([[3, 1], [5, 1]])
-    slot_of = torch.tensor([0, -1, 1, -1, 2, -1], dtype=torch.int32)
-    fill = sk.assign_fill_slots(ids, slot_of, torch.tensor([7, 6], dtype=torch.int32))
-    assert fill.tolist() == [-1, 7, -1, 6, -1, -1]  # expert 5 ranks third: no spare left
+    ids = torch.tensor([[3, 1], [5, 2]])
+    claimed = torch.tensor([0, -1, 1, -1, 2, -1], dtype=torch.int32)
+    device_map = claimed.clone()
+    slots = torch.tensor([1, 2, 5], dtype=torch.int32)
+    holders = torch.tensor([2, 4, -1], dtype=torch.int32)
+    fill = sk.assign_fill_slots(ids, claimed, slots, holders, device_map)
+    assert fill.tolist() == [-1, 2, -1, 5, -1, -1]  # slot 1's expert 2 is routed: kept
+    assert device_map.tolist() == [0, -1, 1, -1, -1, -1]  # expert 4 evicted for expert 1
 
 
 @pytest.mark.parametrize(("T", "resident", "spares"), [(1, 3, 2), (6, 2, 3), (40, 1, 8)])
@@ -56,6 +88,7 @@ def test_fills_hold_the_streamed_experts_and_change_no_bit(
     first_spare = w13_slots.shape[0]
     w13_slots, w2_slots = with_spares(w13_slots, w2_slots, spares)
     spare_ids = torch.arange(first_spare, first_spare + spares, dtype=torch.int32)
+    no_holders = torch.full((spares,), -1, dtype=torch.int32)
     before13, before2 = w13_slots.clone(), w2_slots.clone()
     shape = (T, k, H) if per_pair else (T, H)
     every = torch.ones(E, dtype=torch.bool)
@@ -63,7 +96,7 @@ def test_fills_hold_the_streamed_experts_and_change_no_bit(
     sk.grouped_moe_fp16(
         x, ids, weights, w13_slots, w2_slots, slot_of, every, plain, None, streamed, flags_plain
     )  # fmt: skip
-    fill = sk.assign_fill_slots(ids, slot_of, spare_ids)
+    fill = sk.assign_fill_slots(ids, slot_of, spare_ids, no_holders, slot_of.clone())
     out, flags = torch.zeros(shape), torch.zeros(2, E, dtype=torch.uint8)
     sk.grouped_moe_fp16(
         x, ids, weights, w13_slots, w2_slots, slot_of, every, out, None, streamed, flags, fill
@@ -101,7 +134,8 @@ def test_reference_fills_like_the_kernel(seed, poisoned):
     x, ids, weights, _, _, w13_slots, w2_slots, slot_of, streamed = problem(T, H, I, E, k, 3)
     w13_slots, w2_slots = with_spares(w13_slots, w2_slots, 2)
     spare_ids = torch.tensor([w13_slots.shape[0] - 1, w13_slots.shape[0] - 2], dtype=torch.int32)
-    fill = sk.assign_fill_slots_reference(ids, slot_of, spare_ids)
+    no_holders = torch.full((2,), -1, dtype=torch.int32)
+    fill = sk.assign_fill_slots_reference(ids, slot_of, spare_ids, no_holders, slot_of.clone())
     every = torch.ones(E, dtype=torch.bool)
     results = []
     for run in ("kernel", "reference"):
@@ -131,9 +165,14 @@ def test_bad_fills_are_refused(triton_backend):
         sk.grouped_moe_fp16(*args, None, streamed, None, fill.long())
     with pytest.raises(ValueError, match="fill_slots with pair_blocks needs one row"):
         sk.grouped_moe_fp16(*args, True, streamed, None, fill)
-    with pytest.raises(TypeError, match="spares must be a contiguous int32 vector"):
-        sk.assign_fill_slots(ids, slot_of, torch.tensor([1, 2]))
+    spare = torch.tensor([1, 2], dtype=torch.int32)
+    with pytest.raises(TypeError, match="spare_slots must be a contiguous int32 vector"):
+        sk.assign_fill_slots(ids, slot_of, spare.long(), spare, slot_of)
+    with pytest.raises(ValueError, match=r"spare_experts needs one entry per spare slot \(2\)"):
+        sk.assign_fill_slots(ids, slot_of, spare, spare[:1], slot_of)
+    with pytest.raises(ValueError, match="claimed and expert_to_slot need one entry per expert"):
+        sk.assign_fill_slots(ids, slot_of, spare, spare, slot_of[:3])
     with pytest.raises(TypeError, match=r"out must be a contiguous int32 \[E=4\]"):
-        sk.assign_fill_slots(ids, slot_of, fill, torch.zeros(3, dtype=torch.int32))
+        sk.assign_fill_slots(ids, slot_of, spare, spare, slot_of, torch.zeros(3, dtype=torch.int32))
     with pytest.raises(TypeError, match="topk_ids must be int32 or int64"):
-        sk.assign_fill_slots(ids.float(), slot_of, fill)
+        sk.assign_fill_slots(ids.float(), slot_of, spare, spare, slot_of)

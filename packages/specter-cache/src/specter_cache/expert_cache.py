@@ -86,6 +86,7 @@ class _LayerPool:
         self.prefetched: set[int] = set()  # loaded by prefetch, not yet used by an acquire
         self.pinned: set[int] = set()  # kept resident until unpinned (one protect count each)
         self.needed_window: set[int] = set()  # needed by acquires since take_needed()
+        self.fill_candidates: dict[int, int] = {}  # slot -> expert of the last prepare_fills
 
 
 def _as_expert_list(experts: object, num_experts: int, where: str) -> list[int]:
@@ -762,42 +763,51 @@ class ExpertCache:
         overwrite no slot before it is done (it may have read any of them)."""
         self._streamed_use = self._engine.record_compute()
 
-    def prepare_fills(self, spares_per_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Before a streamed verification with fills: spare slots, and the host's map.
+    def prepare_fills(
+        self, spares_per_layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Before a streamed verification with fills: each layer's candidate slots.
 
         A *fill* (specter-kernels' ``streamed_fills``) writes an expert the verification
-        streams into a spare slot as it reads it, so the expert is resident afterwards with
-        no load. A spare is a slot that holds no expert. Each layer gets up to
-        ``spares_per_layer`` of them: its empty slots, then slots freed by evicting
-        policy-chosen experts that are neither protected (pinned, claimed), prefetched and
-        not yet used (the draft's predictions for this verification) nor still loading.
-        Evicted experts leave the device map on the current (compute) stream, before the
-        verification, so it streams them if it needs them.
+        streams into a slot as it reads it, so the expert is resident afterwards with no
+        load. Each layer offers up to ``spares_per_layer`` candidates, the first to take
+        first: its empty slots, then the slots of the experts the policy would evict first
+        among those neither protected (pinned, claimed), prefetched and not yet used (the
+        draft's predictions for this verification) nor still loading. Nothing is evicted
+        here: the verification evicts a candidate's expert only to fill its slot, and only
+        where the layer does not route to that expert (``assign_fill_slots``).
 
         Args:
-            spares_per_layer: the most spare slots per layer (>= 1).
+            spares_per_layer: the most candidates per layer (>= 1).
 
         Returns:
-            ``(spares, claimed)``: CPU int32 ``[L, F]`` spare slots per layer (-1 after the
-            last; ``F = spares_per_layer``) and ``[L, E]`` the host's slot of each expert,
-            loads in flight included (-1: none). Only experts with -1 there may be filled:
-            one still loading holds a slot already. Hand both to the verification.
+            ``(spare_slots, spare_experts, claimed)``: CPU int32 ``[L, F]`` candidate slots
+            per layer (-1 after the last; ``F = spares_per_layer``), ``[L, F]`` the expert
+            each holds (-1: empty), and ``[L, E]`` the host's slot of each expert, loads in
+            flight included (-1: none; only those experts may be filled, since one still
+            loading holds a slot already). Hand them to the verification, then its fills
+            to ``commit_fills`` and ``record_streamed``.
 
         Raises:
             ValueError: ``spares_per_layer`` is not an int >= 1.
         """
-        if not isinstance(spares_per_layer, int) or spares_per_layer < 1:
+        if (
+            not isinstance(spares_per_layer, int)
+            or isinstance(spares_per_layer, bool)
+            or spares_per_layer < 1
+        ):
             raise ValueError(
-                f"spares_per_layer must be an int >= 1 (spare slots per layer for streamed "
-                f"fills), got {spares_per_layer!r}"
+                f"spares_per_layer must be an int >= 1 (candidate slots per layer for "
+                f"streamed fills), got {spares_per_layer!r}"
             )
-        L, E = self.num_layers, self.num_experts
-        spares = torch.full((L, spares_per_layer), -1, dtype=torch.int32)
+        L, E, F = self.num_layers, self.num_experts, spares_per_layer
+        slots_out = torch.full((L, F), -1, dtype=torch.int32)
+        experts_out = torch.full((L, F), -1, dtype=torch.int32)
         claimed = torch.full((L, E), -1, dtype=torch.int32)
-        evicted: list[int] = []
         for layer, pool in enumerate(self._pools):
-            want = spares_per_layer - len(pool.empty)
-            if want > 0:
+            order = pool.empty[::-1][:F]  # the order pop() would hand them out
+            holders = [-1] * len(order)
+            if len(order) < F:
                 candidates = [
                     e
                     for s, e in enumerate(pool.slot_expert)
@@ -806,23 +816,18 @@ class ExpertCache:
                     and e not in pool.prefetched
                     and (pool.ready[s] is None or pool.ready[s].query())
                 ]
-                for _ in range(min(want, len(candidates))):
+                while candidates and len(order) < F:
                     victim = self._policy.choose_victim(layer, candidates)
                     candidates.remove(victim)
-                    slot = pool.expert_slot.pop(victim)
-                    pool.slot_expert[slot] = -1
-                    pool.empty.append(slot)
-                    self._policy.on_evict(layer, victim)
-                    self._stats.layers[layer].evictions += 1
-                    evicted.append(layer * (E + 1) + victim)
-            row = pool.empty[::-1][:spares_per_layer]  # the order pop() would hand them out
-            spares[layer, : len(row)] = torch.tensor(row, dtype=torch.int32)
+                    order.append(pool.expert_slot[victim])
+                    holders.append(victim)
+            pool.fill_candidates = dict(zip(order, holders, strict=True))
+            if order:
+                slots_out[layer, : len(order)] = torch.tensor(order, dtype=torch.int32)
+                experts_out[layer, : len(order)] = torch.tensor(holders, dtype=torch.int32)
             for e, slot in pool.expert_slot.items():
                 claimed[layer, e] = slot
-        if evicted:
-            index = torch.tensor(evicted, dtype=torch.int64).to(self._device, non_blocking=True)
-            self._maps.view(-1).index_fill_(0, index, -1)  # only these entries are written
-        return spares, claimed
+        return slots_out, experts_out, claimed
 
     def commit_fills(self, fills: torch.Tensor) -> None:
         """Put the experts a streamed verification filled on the device map, on the current
@@ -868,9 +873,10 @@ class ExpertCache:
         in ``bytes_moved``), prefetches used, the policy's recency and the window of needed
         experts (``take_needed``). Nothing is loaded.
 
-        ``filled`` (expert -> spare slot): streamed experts the verification also wrote into
-        spare slots of ``prepare_fills`` (``commit_fills`` put them on the device map). They
-        now hold those slots, ready once the verification is done (``streamed_fills``).
+        ``filled`` (expert -> slot): streamed experts the verification also wrote into
+        candidate slots of ``prepare_fills`` (``commit_fills`` put them on the device map).
+        They now hold those slots, ready once the verification is done, and the experts the
+        slots held are evicted (``streamed_fills``).
 
         Raises:
             ValueError: bad layer or expert ids, a streamed expert that was not needed, or a
@@ -888,14 +894,26 @@ class ExpertCache:
                 f"record_streamed(layer={layer}): streamed experts {sorted(streamed_ids)} must "
                 f"be among the needed ones {needed_ids}"
             )
+        candidates, pool.fill_candidates = pool.fill_candidates, {}
         for e, slot in (filled or {}).items():
-            if e not in streamed_ids or e in pool.expert_slot or slot not in pool.empty:
+            if (
+                e not in streamed_ids
+                or e in pool.expert_slot
+                or slot not in candidates
+                or candidates[slot] != pool.slot_expert[slot]
+            ):
                 raise ValueError(
                     f"record_streamed(layer={layer}): fill of expert {e} into slot {slot} "
-                    "must be a streamed expert holding no slot, into a spare slot of "
-                    "prepare_fills"
+                    "must be a streamed expert holding no slot, into a candidate slot of "
+                    "the last prepare_fills"
                 )
-            pool.empty.remove(slot)
+            old = pool.slot_expert[slot]
+            if old >= 0:  # the verification took it off the device map
+                del pool.expert_slot[old]
+                self._policy.on_evict(layer, old)
+                st.evictions += 1
+            else:
+                pool.empty.remove(slot)
             pool.slot_expert[slot] = e
             pool.expert_slot[e] = slot
             pool.ready[slot] = pool.last_use[slot] = self._streamed_use
