@@ -317,6 +317,11 @@ def test_cuda_streamed_misses_graph_the_budgeted_target_whole_and_keep_greedy_to
     total = lm.cache.stats()["total"]
     assert total["streamed_reads"] > 0
     assert total["prefetch_loads"] > 0
+    assert total["streamed_fills"] > 0  # streamed experts filled into candidate slots
+    torch.cuda.synchronize()
+    for layer in range(lm.cache.num_layers):  # the device map is the host's, fills included
+        expected_map = [lm.cache.slot_of(layer, e) for e in range(lm.cache.num_experts)]
+        assert lm.cache.expert_to_slot(layer).tolist() == expected_map
     rows = torch.tensor([[5, 6, 7]], device="cuda")
     start = lm.target.kv_length
     record = lm.runtime.stream_record

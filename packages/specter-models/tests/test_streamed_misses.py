@@ -78,6 +78,10 @@ def test_greedy_speculation_on_the_streamed_path_equals_transformers(checkpoints
     total = lm.cache.stats()["total"]
     assert total["streamed_reads"] > 0
     assert total["prefetch_loads"] > 0  # the draft's routing still fills the slots
+    assert total["streamed_fills"] > 0
+    for layer in range(lm.cache.num_layers):  # the device map is the host's, fills included
+        expected_map = [lm.cache.slot_of(layer, e) for e in range(lm.cache.num_experts)]
+        assert lm.cache.expert_to_slot(layer).tolist() == expected_map
 
 
 def test_experts_still_in_flight_are_streamed(checkpoints):
@@ -96,6 +100,7 @@ def test_experts_still_in_flight_are_streamed(checkpoints):
     )
     total = cache.stats()["total"]
     assert total["streamed_reads"] == total["misses"] == total["hits"] + total["misses"]
+    assert total["streamed_fills"] == 0  # every expert holds a slot already: none is filled
     engine.synchronize()
     assert cache.every_layer_resident()
 
@@ -134,14 +139,80 @@ def test_padding_rows_of_a_window_step_stream_nothing(checkpoints, arch_name):
     lm.enable_step_graphs(capture=False)  # window mode, eager: what a graph records
     assert lm.target.graphs.padded_rows(9, 0) == 12
     ids = random_prompt(9, lm.config.vocab_size, seed=11)
+    before = [set(lm.cache.resident_experts(layer)) for layer in range(lm.cache.num_layers)]
     got = lm.target.forward(ids, 0)
     torch.testing.assert_close(
         got, _logits(reference_from_checkpoint(folder), ids), rtol=0, atol=1e-10
     )
     routed = _routed_per_layer(lm, folder, ids)
     for layer, st in enumerate(lm.cache.stats()["per_layer"]):
-        resident = set(lm.cache.resident_experts(layer))
-        assert st["streamed_reads"] == len(set(routed[layer]) - resident)  # real rows only
+        assert st["streamed_reads"] == len(set(routed[layer]) - before[layer])  # real rows only
+        filled = set(lm.cache.resident_experts(layer)) - before[layer]
+        assert filled <= set(routed[layer])  # nor are padding rows' experts filled
+        assert st["streamed_fills"] == len(filled)
+
+
+def test_fills_make_streamed_experts_resident_for_no_transfer(checkpoints, arch_name):
+    folder = checkpoints[arch_name]
+    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream")
+    assert lm.stream_fills == 8
+    cache, store = lm.cache, lm.cache.store
+    ids = random_prompt(6, lm.config.vocab_size, seed=21)
+    reference = _logits(reference_from_checkpoint(folder), ids)
+    torch.testing.assert_close(lm.target.forward(ids, 0), reference, rtol=0, atol=1e-10)
+    routed = _routed_per_layer(lm, folder, ids)
+    total = cache.stats()["total"]
+    assert total["streamed_fills"] > 0
+    assert total["demand_loads"] == total["prefetch_loads"] == 0  # nothing was copied in
+    assert total["bytes_moved"] == total["streamed_bytes"]
+    for layer in range(cache.num_layers):
+        resident = cache.resident_experts(layer)
+        assert set(resident) <= set(routed[layer])
+        assert len(resident) == min(4, len(set(routed[layer])))  # the first 4 missing, by id
+        assert (
+            resident == sorted(set(routed[layer]))[: len(resident)]
+            or sorted(resident) == (sorted(set(routed[layer]))[: len(resident)])
+        )
+        for e in resident:  # a filled slot holds the store's expert, and the map says so
+            slot = cache.slot_of(layer, e)
+            assert cache.expert_to_slot(layer)[e].item() == slot
+            for name, tensor in cache.slot_tensors(layer).items():
+                assert torch.equal(tensor[slot], store.get(layer, e)[name])
+        missing = [e for e in range(cache.num_experts) if e not in resident]
+        assert (cache.expert_to_slot(layer)[missing] == -1).all()
+    # The same rows again: the filled experts hit, and the result does not change.
+    cache.reset_stats()
+    lm.kv.reset()
+    torch.testing.assert_close(lm.target.forward(ids, 0), reference, rtol=0, atol=1e-10)
+    again = cache.stats()["total"]
+    assert again["hits"] == total["streamed_fills"]
+    assert again["streamed_reads"] == total["streamed_reads"] - total["streamed_fills"]
+
+
+def test_without_fills_a_streamed_forward_changes_no_slot(checkpoints):
+    folder = checkpoints["tiny-deepseek-v2"]
+    lm = load(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream",
+        stream_fills=0,
+    )  # fmt: skip
+    lm.target.forward(random_prompt(6, lm.config.vocab_size, seed=21), 0)
+    assert all(not lm.cache.resident_experts(layer) for layer in range(lm.cache.num_layers))
+    assert lm.cache.stats()["total"]["streamed_fills"] == 0
+    lm.stream_fills = 2  # back on, narrower than the record
+    lm.target.forward(random_prompt(1, lm.config.vocab_size, seed=22), 6)
+    filled = [len(lm.cache.resident_experts(layer)) for layer in range(lm.cache.num_layers)]
+    assert 0 < max(filled) <= 2
+
+
+def test_bad_stream_fills_are_refused(checkpoints):
+    folder = checkpoints["tiny-phimoe"]
+    with pytest.raises(ValueError, match=r"stream_fills must be an int >= 0.*-1"):
+        load(folder, device="cpu", dtype=torch.float32, stream_fills=-1)
+    lm = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=2, miss_path="stream")
+    with pytest.raises(ValueError, match="holds 8 candidate slots per layer, not 9"):
+        lm.stream_fills = 9
+    with pytest.raises(ValueError, match="stream_fills must be an int >= 0"):
+        lm.stream_fills = True
 
 
 def test_with_every_expert_resident_nothing_streams_or_is_recorded(checkpoints):

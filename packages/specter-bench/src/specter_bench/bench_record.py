@@ -49,12 +49,13 @@ SYSTEM_NAMES = (
     "specter-token-verify",
     "specter-unfused-draft",
     "specter-row-cut",
+    "specter-no-fill",
 )
 """Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft
-kernel, and with row truncation."""
+kernel, with row truncation, and without streamed fills."""
 
 EXPERIMENT_KINDS = (
     "working_set",

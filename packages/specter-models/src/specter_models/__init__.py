@@ -32,12 +32,15 @@ from specter_models.row_truncation import RowTruncation, choose_cutoff
 from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
 from specter_models.specter_experts import SpecterExperts
 from specter_models.specter_model import MemoryReport, SpecterModel
+from specter_models.streamed_misses import DEFAULT_STREAM_FILLS, MISS_PATHS
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_STREAM_FILLS",
     "DEMO_MODEL",
     "FULL_SIZE_PRESETS",
+    "MISS_PATHS",
     "PRESETS",
     "SUPPORTED_MODEL_TYPES",
     "TINY_PRESETS",

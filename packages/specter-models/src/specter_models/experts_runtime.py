@@ -15,7 +15,13 @@ from typing import Any
 
 from specter_cache import ExpertCache, RoutingCounter
 from specter_models.row_truncation import RowTruncation
-from specter_models.streamed_misses import STREAM_MAX_ROWS, StreamRecord, check_miss_path
+from specter_models.streamed_misses import (
+    DEFAULT_STREAM_FILLS,
+    STREAM_MAX_ROWS,
+    StreamRecord,
+    check_miss_path,
+    check_stream_fills,
+)
 
 VERIFICATION_KINDS = ("expert", "token")
 
@@ -77,6 +83,7 @@ class ExpertsRuntime:
         # The streamed miss path (streamed_misses.py): its record while it is on.
         self._miss_path = "load"
         self.stream_record: StreamRecord | None = None
+        self._stream_fills = DEFAULT_STREAM_FILLS
 
     @property
     def miss_path(self) -> str:
@@ -102,8 +109,21 @@ class ExpertsRuntime:
         cache.streaming = path == "stream"
         if path == "stream" and self.stream_record is None:
             self.stream_record = StreamRecord(
-                cache.num_layers, cache.num_experts, top_k, cache.device
+                cache.num_layers, cache.num_experts, top_k, cache.device, self._stream_fills
             )
+
+    @property
+    def stream_fills(self) -> int:
+        """Spare slots per layer that a streamed verification fills with experts it streams
+        (``streamed_misses``; 0: none). Set it between forwards."""
+        return self._stream_fills
+
+    @stream_fills.setter
+    def stream_fills(self, count: int) -> None:
+        count = check_stream_fills(count)
+        if self.stream_record is not None:
+            self.stream_record.set_spares_per_layer(count)
+        self._stream_fills = count
 
     def streams(self, rows: int) -> bool:
         """Whether a target forward of ``rows`` rows takes the streamed miss path (never

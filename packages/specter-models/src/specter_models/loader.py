@@ -58,7 +58,11 @@ from specter_models.random_weights import init_non_expert_weights, random_expert
 from specter_models.row_truncation import RowTruncation
 from specter_models.spec_adapters import SharedKV
 from specter_models.specter_model import MemoryReport, SpecterModel
-from specter_models.streamed_misses import check_miss_path
+from specter_models.streamed_misses import (
+    DEFAULT_STREAM_FILLS,
+    check_miss_path,
+    check_stream_fills,
+)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -91,6 +95,7 @@ def load(
     row_truncation: bool | RowTruncation = False,
     hot_experts: Sequence[Sequence[int]] | None = None,
     miss_path: str = "load",
+    stream_fills: int = DEFAULT_STREAM_FILLS,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -153,6 +158,9 @@ def load(
             into slots and computed in waves) or ``"stream"`` (the expert kernel reads them
             in place from the pinned host store, so a budgeted verification is one CUDA
             graph; ``streamed_misses``). Switchable later (``SpecterModel.miss_path``).
+        stream_fills: on the streamed path, spare slots per layer that a verification
+            fills with the experts it streams (resident afterwards for no extra transfer;
+            0: none). Default ``DEFAULT_STREAM_FILLS``.
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -185,6 +193,7 @@ def load(
     if piecewise_graphs is None:
         piecewise_graphs = cuda_graphs
     check_miss_path(miss_path)  # before the load, which takes a while
+    check_stream_fills(stream_fills)
     folder, preset_name = _resolve_source(path_or_preset)
     config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
     arch = architecture_for(config)
@@ -329,6 +338,7 @@ def load(
         source=source,
         max_verify_rows=max_verify_rows,
     )
+    loaded.stream_fills = stream_fills
     if miss_path != "load":
         loaded.miss_path = miss_path
     if cuda_graphs:

@@ -36,6 +36,7 @@ from specter_kernels import (
     BatchInvariantMode,
     Int4Weight,
     StreamedExperts,
+    assign_fill_slots,
     dequantize_int4,
     fused_moe_w4a16,
     grouped_moe_fp16,
@@ -43,6 +44,7 @@ from specter_kernels import (
 )
 from specter_models.expert_math import accumulate_experts, write_expert_pairs
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
+from specter_models.streamed_misses import StreamRecord
 
 PAIR_BLOCK_ROWS = 16
 """Waves of a budgeted layer with at most this many rows run a block per routed pair
@@ -279,7 +281,7 @@ class SpecterExperts(nn.Module):
             self._compute_wave(x, ids, weights, None, None, out)
             return self._finish(out, x.dtype)
         if streaming:
-            return self._target_streamed(x, ids, weights, record.flags[self.layer])
+            return self._target_streamed(x, ids, weights, record)
         out = self._accumulator(x, ids)
         rows = self._needed(ids)
         needed = list(dict.fromkeys(e for row in rows for e in row))
@@ -288,22 +290,31 @@ class SpecterExperts(nn.Module):
         return self._finish(out, x.dtype)
 
     def _target_streamed(
-        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, flags: torch.Tensor
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, record: StreamRecord
     ) -> torch.Tensor:
         """The streamed miss path (``streamed_misses``): every routed pair in one wave, each
         expert read from its slot or, without one, in place from the host store; the kernel
-        flags the streamed ones in ``flags [2, E]``. No host sync: it can be graphed."""
+        flags the streamed ones in the record's flags and fills its spare slots with the
+        first ones. No host sync: it can be graphed."""
+        layer = self.layer
+        flags, fills = record.flags[layer], record.fills[layer]
         out = self._accumulator(x, ids)  # zeros: padding rows' pairs are not written
         if self.runtime.routing_trace is not None:
             self._needed(ids)  # the trace needs the ids on the host (a sync)
         cache = self.runtime.cache
-        slots = cache.slot_tensors(self.layer)
-        mapping = cache.expert_to_slot(self.layer)
+        slots = cache.slot_tensors(layer)
+        mapping = cache.expert_to_slot(layer)
+        # Missing routed experts the host has no slot for (loads in flight keep theirs),
+        # ranked onto this layer's candidate slots (their experts leave the map here).
+        assign_fill_slots(
+            ids, record.claimed[layer], record.spare_slots[layer], record.spare_experts[layer],
+            mapping, fills,
+        )  # fmt: skip
         if x.dtype == torch.float16:
             grouped_moe_fp16(
                 x, ids, weights, slots["gate_up"], slots["down"], mapping,
                 self._all_experts_mask(x.device), out, None, self._streamed_experts(x.device),
-                flags,
+                flags, fills,
             )  # fmt: skip
             return self._finish(out, x.dtype)
         # float32/float64 reference (CPU tests, host syncs allowed): the same choice per
@@ -316,8 +327,12 @@ class SpecterExperts(nn.Module):
                 experts.append((e, slots["gate_up"][slot_of[e]], slots["down"][slot_of[e]]))
                 continue
             flags[:, e] = 1
-            host = store.get(self.layer, e)
+            host = store.get(layer, e)
             experts.append((e, host["gate_up"].to(x.device), host["down"].to(x.device)))
+            fill = int(fills[e])
+            if fill >= 0:  # what the kernel's fill does: the streamed expert into its spare
+                slots["gate_up"][fill].copy_(host["gate_up"])
+                slots["down"][fill].copy_(host["down"])
         if out.dim() == 3:
             with BatchInvariantMode():
                 write_expert_pairs(x, ids, weights, experts, out)

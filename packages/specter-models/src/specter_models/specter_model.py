@@ -147,6 +147,18 @@ class SpecterModel:
         self.runtime.set_miss_path(path, top_k=int(self.config.num_experts_per_tok))
 
     @property
+    def stream_fills(self) -> int:
+        """On the streamed miss path, spare slots per layer a verification fills with the
+        experts it streams, which are then resident for no extra transfer (0: none;
+        ``streamed_misses``). Set it between forwards, at most the value of the first
+        streamed forward (its record's width)."""
+        return self.runtime.stream_fills
+
+    @stream_fills.setter
+    def stream_fills(self, count: int) -> None:
+        self.runtime.stream_fills = count
+
+    @property
     def batch_invariant(self) -> bool:
         """Whether target forwards are batch-invariant (see ``load(batch_invariant=)``)."""
         return self.runtime.batch_invariant

@@ -20,6 +20,17 @@ the routed ids of every layer, and which experts the kernel read from the host) 
 to the cache after the forward in one read (``ExpertCache.record_streamed``), so hit rate,
 bytes moved and the policy's recency stay as exact as on the acquire path.
 
+A streamed expert's bytes cross PCIe and are gone, so routing that repeats would read it
+again. *Fills* keep them (specter-kernels' ``streamed_fills``): before a verification the
+cache offers every layer a few candidate slots, coldest first (``prepare_fills``: empty
+slots, then the policy's next victims), the layer ranks its missing routed experts onto
+the candidates whose experts it does not route to, evicting those on the device
+(``assign_fill_slots``), and the kernel writes each such expert into its slot as it
+streams it. After the forward the cache puts them on the device map (``commit_fills``) and
+adopts them when it reads the record: they are resident, as if loaded, for no extra
+transfer. ``StreamRecord.spares_per_layer`` sets how many candidates a layer gets (0: no
+fills; the graphs are the same either way).
+
 Forwards of more than ``STREAM_MAX_ROWS`` rows (a prefill) and token-wise verification
 keep the acquire path.
 """
@@ -51,6 +62,20 @@ STREAM_MAX_ROWS = 64
 """Forwards of at most this many rows take the streamed path (verifications; a prefill of
 more rows acquires, since a kernel block of a streamed expert re-reads it per row block)."""
 
+DEFAULT_STREAM_FILLS = 8
+"""Candidate slots per layer a streamed verification may fill
+(``StreamRecord.spares_per_layer``)."""
+
+
+def check_stream_fills(count: object) -> int:
+    """``count`` as spare slots per layer for streamed fills; ``ValueError`` unless an int >= 0."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError(
+            f"stream_fills must be an int >= 0 (candidate slots per layer that a streamed "
+            f"verification fills with the experts it streams; 0 turns fills off), got {count!r}"
+        )
+    return count
+
 
 class StreamRecord:
     """What one streamed forward routed and streamed, on the device (filled by the graph).
@@ -60,34 +85,82 @@ class StreamRecord:
         num_experts: ``E``.
         top_k: routed experts per row ``k``.
         device: the model's device.
+        spares_per_layer: candidate slots per layer to fill (0: no fills).
 
     Attributes:
         ids: int64 ``[L, STREAM_MAX_ROWS, k]``: each layer writes its rows' routed experts.
         flags: uint8 ``[L, 2, E]``: the kernel sets 1 where it read an expert's gate_up
             (row 0) or down (row 1) weights from the host.
+        spare_slots: int32 ``[L, F]``: each layer's candidate slots for this forward, the
+            first to take first (-1 after the last),
+            ``F = max(spares_per_layer, DEFAULT_STREAM_FILLS)``.
+        spare_experts: int32 ``[L, F]``: the expert each candidate holds (-1: empty).
+        claimed: int32 ``[L, E]``: the host's slot of each expert, loads in flight included
+            (only experts with -1 may be filled).
+        fills: int32 ``[L, E]``: the slot each layer filled each expert into (-1: none).
     """
 
-    def __init__(self, num_layers: int, num_experts: int, top_k: int, device: torch.device):
+    def __init__(
+        self,
+        num_layers: int,
+        num_experts: int,
+        top_k: int,
+        device: torch.device,
+        spares_per_layer: int = DEFAULT_STREAM_FILLS,
+    ):
         self.ids = torch.zeros(num_layers, STREAM_MAX_ROWS, top_k, dtype=torch.int64, device=device)
         self.flags = torch.zeros(num_layers, 2, num_experts, dtype=torch.uint8, device=device)
         self.rows = torch.zeros((), dtype=torch.int64, device=device)
         self._row_index = torch.arange(STREAM_MAX_ROWS, device=device)
+        self.spares_per_layer = check_stream_fills(spares_per_layer)
+        width = max(self.spares_per_layer, DEFAULT_STREAM_FILLS)
+        self.spare_slots = torch.full((num_layers, width), -1, dtype=torch.int32, device=device)
+        self.spare_experts = torch.full_like(self.spare_slots, -1)
+        self.claimed = torch.full((num_layers, num_experts), -1, dtype=torch.int32, device=device)
+        self.fills = torch.full((num_layers, num_experts), -1, dtype=torch.int32, device=device)
         self.active = False
+
+    def set_spares_per_layer(self, count: int) -> None:
+        """Candidate slots per layer from the next forward on (0: no fills). More than the
+        width the record was made with needs a new record (the graphs read its tensors)."""
+        count = check_stream_fills(count)
+        width = self.spare_slots.shape[1]
+        if count > width:
+            raise ValueError(
+                f"this stream record holds {width} candidate slots per layer, not {count}: "
+                "set stream_fills before the first streamed forward"
+            )
+        self.spares_per_layer = count
 
     @contextlib.contextmanager
     def forward(self, cache: ExpertCache, rows: int, *, count: bool = True) -> Iterator[None]:
         """Around a streamed forward of ``rows`` real rows (the padding rows repeat the last
-        one): before it, clear the flags, set the row count the graph reads and wait for the
-        map to be safe; after it (also after a failure), mark the slots used. With ``count``
-        a forward that succeeded is read into the cache (one host sync)."""
+        one): before it, clear the flags, set the row count the graph reads, hand out the
+        candidate slots (with ``count`` and fills on) and wait for the map to be safe; after it
+        (also after a failure), mark the slots used. With ``count`` a forward that succeeded
+        puts its fills on the map and is read into the cache (one host sync)."""
         self.flags.zero_()
+        self.fills.fill_(-1)
         self.rows.fill_(rows)  # a device-side write: no sync
+        filling = count and self.spares_per_layer > 0
+        if filling:
+            slots, experts, claimed = cache.prepare_fills(self.spares_per_layer)
+            self.spare_slots.fill_(-1)
+            self.spare_slots[:, : slots.shape[1]].copy_(slots, non_blocking=True)
+            self.spare_experts[:, : experts.shape[1]].copy_(experts, non_blocking=True)
+            self.claimed.copy_(claimed, non_blocking=True)
+        else:
+            self.spare_slots.fill_(-1)  # the graph's fill ranks find no candidate: no fills
         cache.stream_guard()
         self.active = True
+        succeeded = False
         try:
             yield
+            succeeded = True
         finally:
             self.active = False
+            if succeeded and filling:
+                cache.commit_fills(self.fills)
             cache.mark_streamed_use()
         if count:
             self._count(cache, rows)
@@ -101,7 +174,12 @@ class StreamRecord:
         return torch.where(real, ids, -1)
 
     def _count(self, cache: ExpertCache, rows: int) -> None:
-        ids = self.ids[:, :rows].reshape(self.ids.shape[0], -1).cpu()
-        flags = self.flags.amax(dim=1).cpu()
-        for layer, (routed, streamed) in enumerate(zip(ids.tolist(), flags.tolist(), strict=True)):
-            cache.record_streamed(layer, routed, [e for e, f in enumerate(streamed) if f])
+        L, E = self.flags.shape[0], self.flags.shape[2]
+        ids = self.ids[:, :rows].reshape(L, -1)
+        # One read: routed ids, streamed flags and fills of every layer side by side.
+        both = torch.cat([ids, self.flags.amax(dim=1).long(), self.fills.long()], dim=1).tolist()
+        width = ids.shape[1]
+        for layer, row in enumerate(both):
+            streamed = [e for e, f in enumerate(row[width : width + E]) if f]
+            filled = {e: s for e, s in enumerate(row[width + E :]) if s >= 0}
+            cache.record_streamed(layer, row[:width], streamed, filled=filled or None)
