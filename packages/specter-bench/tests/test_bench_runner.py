@@ -237,14 +237,14 @@ def test_each_budget_pins_the_hot_set_its_calibration_chose(default_run):
         pinned = r["extra"]["settings"]["hot_experts_per_layer"]
         if r["system"] in ("specter", "specter-acquire", "specter-no-prefetch",
                            "specter-token-verify", "specter-row-cut",
-                           "specter-no-fill"):  # fmt: skip
+                           "specter-fill"):  # fmt: skip
             assert pinned == hot[r["budget_gb"]]["per_layer"]
             assert r["slots_per_layer"][0] == hot[r["budget_gb"]]["slots_per_layer"]
         else:
             assert pinned == 0
 
 
-def test_streaming_systems_fill_unless_told_not_to(default_run):
+def test_only_specter_fill_fills(default_run):
     _, result = default_run
     seen = set()
     for r in result.records:
@@ -256,15 +256,15 @@ def test_streaming_systems_fill_unless_told_not_to(default_run):
             assert cache["streamed_fills"] == 0
             continue
         seen.add(r["system"])
-        assert settings["stream_fills"] == (0 if r["system"] == "specter-no-fill" else 8)
-        if r["system"] == "specter-no-fill":
+        assert settings["stream_fills"] == (8 if r["system"] == "specter-fill" else 0)
+        if r["system"] != "specter-fill":
             assert cache["streamed_fills"] == 0
         assert cache["streamed_fills"] <= cache["streamed_reads"]
-    assert {"specter", "specter-no-fill"} <= seen
+    assert {"specter", "specter-fill"} <= seen
     fills = [
         r["extra"]["cache"]["streamed_fills"]
         for r in result.records
-        if r["kind"] == "tpot" and r["system"] == "specter" and r["budget_gb"] is not None
+        if r["kind"] == "tpot" and r["system"] == "specter-fill" and r["budget_gb"] is not None
     ]
     assert sum(fills) > 0  # a budget small enough to stream fills some slots
 

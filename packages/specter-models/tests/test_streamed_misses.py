@@ -71,7 +71,10 @@ def test_stream_and_load_paths_give_the_same_bits(checkpoints, arch_name, dtype)
 @pytest.mark.parametrize("depth", [1, 4])
 def test_greedy_speculation_on_the_streamed_path_equals_transformers(checkpoints, arch_name, depth):
     folder = checkpoints[arch_name]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream")
+    lm = load(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
+        stream_fills=8,
+    )  # fmt: skip
     prompt = random_prompt(6, lm.config.vocab_size, seed=depth + 40)
     result, expected = speculate_beside_transformers(lm, folder, prompt, depth, 20)
     assert result.tokens == expected
@@ -154,7 +157,10 @@ def test_padding_rows_of_a_window_step_stream_nothing(checkpoints, arch_name):
 
 def test_fills_make_streamed_experts_resident_for_no_transfer(checkpoints, arch_name):
     folder = checkpoints[arch_name]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream")
+    lm = load(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream",
+        stream_fills=8,
+    )  # fmt: skip
     assert lm.stream_fills == 8
     cache, store = lm.cache, lm.cache.store
     ids = random_prompt(6, lm.config.vocab_size, seed=21)
@@ -191,10 +197,16 @@ def test_fills_make_streamed_experts_resident_for_no_transfer(checkpoints, arch_
 
 def test_without_fills_a_streamed_forward_changes_no_slot(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
+    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream")
+    assert lm.stream_fills == 0  # the default
+    assert lm.runtime.stream_record.width == 0
+    lm.target.forward(random_prompt(6, lm.config.vocab_size, seed=21), 0)
+    assert all(not lm.cache.resident_experts(layer) for layer in range(lm.cache.num_layers))
     lm = load(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream",
-        stream_fills=0,
+        stream_fills=4,
     )  # fmt: skip
+    lm.stream_fills = 0  # off for now: the record keeps its width
     lm.target.forward(random_prompt(6, lm.config.vocab_size, seed=21), 0)
     assert all(not lm.cache.resident_experts(layer) for layer in range(lm.cache.num_layers))
     assert lm.cache.stats()["total"]["streamed_fills"] == 0
@@ -209,7 +221,9 @@ def test_bad_stream_fills_are_refused(checkpoints):
     with pytest.raises(ValueError, match=r"stream_fills must be an int >= 0.*-1"):
         load(folder, device="cpu", dtype=torch.float32, stream_fills=-1)
     lm = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=2, miss_path="stream")
-    with pytest.raises(ValueError, match="holds 8 candidate slots per layer, not 9"):
+    with pytest.raises(
+        ValueError, match=r"holds 0 candidate slots per layer, not 9.*stream_fills=9"
+    ):
         lm.stream_fills = 9
     with pytest.raises(ValueError, match="stream_fills must be an int >= 0"):
         lm.stream_fills = True

@@ -49,13 +49,13 @@ SYSTEM_NAMES = (
     "specter-token-verify",
     "specter-unfused-draft",
     "specter-row-cut",
-    "specter-no-fill",
+    "specter-fill",
 )
 """Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft
-kernel, with row truncation, and without streamed fills."""
+kernel, with row truncation, and with streamed fills."""
 
 EXPERIMENT_KINDS = (
     "working_set",

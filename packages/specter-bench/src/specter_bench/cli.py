@@ -259,6 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
         'record at --gpu-memory-gb, or JSON {"hot_experts": [[ids], ...]}; auto: chosen on '
         "the prompt's routing at --gpu-memory-gb (one extra target-only load)",
     )
+    gen.add_argument(
+        "--stream-fills",
+        type=_non_negative_int,
+        default=0,
+        help="with --miss-path stream: candidate slots per layer a verification fills with "
+        "the experts it streams, so they stay resident for no extra transfer (default 0: "
+        "none)",
+    )
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end only")
     gen.add_argument("--json", action="store_true", help="print statistics as one JSON object")
 

@@ -16,7 +16,7 @@ specter-no-prefetch    yes          no        expert-wise   INT4 + hot  predicti
 specter-token-verify   yes          yes       token-wise    INT4 + hot  predictive   load
 specter-unfused-draft  yes          yes       expert-wise   per-expert  predictive   stream
 specter-row-cut        yes          yes       expert-wise   INT4 + hot  predictive   load
-specter-no-fill        yes          yes       expert-wise   INT4 + hot  predictive   stream*
+specter-fill           yes          yes       expert-wise   INT4 + hot  predictive   stream*
 =====================  ===========  ========  ============  ==========  ===========  ======
 
 "misses": how a verification meets experts without a slot (specter-models' ``miss_path``):
@@ -24,11 +24,10 @@ specter-no-fill        yes          yes       expert-wise   INT4 + hot  predicti
 decision per layer); ``stream`` reads them in place from the pinned host store inside the
 expert kernel, so a verification under a budget is one CUDA graph (``streamed_misses``);
 ``specter-acquire`` is ``specter`` on the acquire path. Token-wise verification and row
-truncation are host decisions per layer, so they acquire. Streaming systems fill: each
-verification writes up to ``stream_fills`` of the experts it streams per layer into slots
-it frees from the policy's coldest experts, so those are resident afterwards for no extra
-transfer (specter-models' ``stream_fills``); ``specter-no-fill`` (stream*) is ``specter``
-whose streamed experts stay in host memory.
+truncation are host decisions per layer, so they acquire. ``specter-fill`` (stream*) is
+``specter`` with streamed fills: each verification writes up to ``FILL_CANDIDATES`` of the
+experts it streams per layer into slots it takes from the policy's coldest experts, so
+those are resident afterwards for no extra transfer (specter-models' ``stream_fills``).
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
 ``hot_experts``): the experts ``choose_hot_experts`` picks from a calibration routing stay
@@ -56,9 +55,10 @@ from typing import Any
 
 import torch
 
+from specter_bench.model_loading import FILL_CANDIDATES
 from specter_bench.system_run import SystemRun
 from specter_bench.unfused_draft import unfused_draft_kernel
-from specter_models import DEFAULT_STREAM_FILLS, RowTruncation
+from specter_models import RowTruncation
 from specter_spec import AdaptiveDepth, AdaptiveDepthConfig, SpecController
 
 __all__ = [
@@ -86,7 +86,7 @@ class EngineSystem:
         hot_experts: under a budget, load with the pinned hot set chosen for it.
         miss_path: ``"load"`` (acquire missing experts) or ``"stream"`` (read them in place).
         stream_fills: on the streamed path, candidate slots per layer a verification fills
-            with the experts it streams (None: specter-models' default; 0: no fills).
+            with the experts it streams (0: no fills).
     """
 
     name: str
@@ -99,7 +99,7 @@ class EngineSystem:
     row_truncation: bool = False
     hot_experts: bool = False
     miss_path: str = "load"
-    stream_fills: int | None = None
+    stream_fills: int = 0
 
 
 ENGINE_SYSTEMS: dict[str, EngineSystem] = {
@@ -155,7 +155,7 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
             hot_experts=True,
         ),
         EngineSystem(
-            "specter-no-fill",
+            "specter-fill",
             True,
             True,
             "expert",
@@ -163,7 +163,7 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
             "predictive",
             hot_experts=True,
             miss_path="stream",
-            stream_fills=0,
+            stream_fills=FILL_CANDIDATES,
         ),
     )
 }
@@ -300,8 +300,7 @@ class EngineSystemRunner:
         if hasattr(loaded, "miss_path"):
             loaded.miss_path = system.miss_path
         if hasattr(loaded, "stream_fills"):
-            fills = system.stream_fills
-            loaded.stream_fills = DEFAULT_STREAM_FILLS if fills is None else fills
+            loaded.stream_fills = system.stream_fills
         runtime = getattr(loaded, "runtime", None)
         if runtime is not None and hasattr(runtime, "row_truncation"):
             runtime.row_truncation = self._row_truncation  # priced at the loader's bandwidth

@@ -43,7 +43,7 @@ ABLATIONS = (
     "specter-token-verify",
     "specter-unfused-draft",
     "specter-row-cut",
-    "specter-no-fill",
+    "specter-fill",
 )
 HF_SYSTEMS = ("hf", "hf-default")
 DEFAULT_SWEEP_DEPTHS = (0, 2, 4, 8, 16, 32)

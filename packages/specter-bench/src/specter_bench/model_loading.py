@@ -106,6 +106,11 @@ def tokenizer_name(tokenizer: Any) -> str:
     return f"{type(tokenizer).__name__} (vocab {len(tokenizer)})"
 
 
+FILL_CANDIDATES = 8
+"""Candidate slots per layer of the bench's ``specter-fill`` (and the width of every bench
+load's stream record, so any system can fill)."""
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """The ``specter_models.load`` switches every engine system of a run shares.
@@ -118,12 +123,16 @@ class EngineOptions:
             loader decides, on with CUDA graphs).
         miss_path: ``"load"`` or ``"stream"`` (``specter_models.load(miss_path=)``); the
             bench's systems set their own before each decode.
+        stream_fills: ``specter_models.load(stream_fills=)``: candidate slots per layer a
+            streamed verification fills, at most (default ``FILL_CANDIDATES``, the most any
+            bench system uses; each sets its own before a decode).
     """
 
     batch_invariant: bool | None = None
     cuda_graphs: bool | None = None
     piecewise_graphs: bool | None = None
     miss_path: str = "load"
+    stream_fills: int = FILL_CANDIDATES
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineOptions:
@@ -133,6 +142,7 @@ class EngineOptions:
             args.cuda_graphs,
             args.piecewise_graphs,
             getattr(args, "miss_path", "load"),
+            getattr(args, "stream_fills", FILL_CANDIDATES),
         )
 
     def load_kwargs(self) -> dict[str, Any]:

@@ -93,6 +93,8 @@ def generation_summary(loaded: Any, stats: Any, peak_gpu_bytes: int | None) -> d
         "streamed_mb_per_token": (
             cache.get("streamed_bytes", 0) / 1e6 / tokens if tokens else None
         ),
+        "stream_fills": getattr(loaded, "stream_fills", 0),
+        "streamed_fills": cache.get("streamed_fills", 0),
         "slots_per_layer": loaded.memory.plan.slots_per_layer,
         "hot_experts_per_layer": loaded.memory.plan.hot_experts_per_layer,
         "num_experts": loaded.memory.plan.num_experts,
@@ -119,6 +121,10 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         ("transfer stall ms per token", summary["stall_ms_per_token"]),
         ("miss path", summary["miss_path"]),
         ("streamed MB per token", summary["streamed_mb_per_token"]),
+        (
+            "streamed fills (candidates per layer)",
+            (summary["streamed_fills"], summary["stream_fills"]),
+        ),
         ("expert slots per layer", f"{summary['slots_per_layer']}/{summary['num_experts']}"),
         ("pinned hot experts per layer", summary["hot_experts_per_layer"]),
         ("peak GPU memory (GB)", summary["peak_gpu_memory_gb"]),

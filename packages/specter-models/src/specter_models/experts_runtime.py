@@ -114,8 +114,10 @@ class ExpertsRuntime:
 
     @property
     def stream_fills(self) -> int:
-        """Spare slots per layer that a streamed verification fills with experts it streams
-        (``streamed_misses``; 0: none). Set it between forwards."""
+        """Candidate slots per layer that a streamed verification fills with experts it
+        streams (``streamed_misses``; 0: none). Set it between forwards; the stream record
+        made when the path first switches to ``"stream"`` takes the value then as its width,
+        the most it can be raised to."""
         return self._stream_fills
 
     @stream_fills.setter

@@ -158,9 +158,10 @@ def load(
             into slots and computed in waves) or ``"stream"`` (the expert kernel reads them
             in place from the pinned host store, so a budgeted verification is one CUDA
             graph; ``streamed_misses``). Switchable later (``SpecterModel.miss_path``).
-        stream_fills: on the streamed path, spare slots per layer that a verification
-            fills with the experts it streams (resident afterwards for no extra transfer;
-            0: none). Default ``DEFAULT_STREAM_FILLS``.
+        stream_fills: on the streamed path, candidate slots per layer that a verification
+            fills with the experts it streams (resident afterwards for no extra transfer,
+            evicting the policy's coldest; ``streamed_misses``). 0 (default): none, and no
+            fill launches; ``SpecterModel.stream_fills`` can lower it later, not raise it.
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,

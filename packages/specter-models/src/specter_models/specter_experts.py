@@ -297,19 +297,21 @@ class SpecterExperts(nn.Module):
         flags the streamed ones in the record's flags and fills its spare slots with the
         first ones. No host sync: it can be graphed."""
         layer = self.layer
-        flags, fills = record.flags[layer], record.fills[layer]
+        flags = record.flags[layer]
+        fills = record.fills[layer] if record.width else None  # width 0: no fill launches
         out = self._accumulator(x, ids)  # zeros: padding rows' pairs are not written
         if self.runtime.routing_trace is not None:
             self._needed(ids)  # the trace needs the ids on the host (a sync)
         cache = self.runtime.cache
         slots = cache.slot_tensors(layer)
         mapping = cache.expert_to_slot(layer)
-        # Missing routed experts the host has no slot for (loads in flight keep theirs),
-        # ranked onto this layer's candidate slots (their experts leave the map here).
-        assign_fill_slots(
-            ids, record.claimed[layer], record.spare_slots[layer], record.spare_experts[layer],
-            mapping, fills,
-        )  # fmt: skip
+        if fills is not None:
+            # Missing routed experts the host has no slot for (loads in flight keep theirs),
+            # ranked onto this layer's candidate slots (their experts leave the map here).
+            assign_fill_slots(
+                ids, record.claimed[layer], record.spare_slots[layer],
+                record.spare_experts[layer], mapping, fills,
+            )  # fmt: skip
         if x.dtype == torch.float16:
             grouped_moe_fp16(
                 x, ids, weights, slots["gate_up"], slots["down"], mapping,
@@ -329,7 +331,7 @@ class SpecterExperts(nn.Module):
             flags[:, e] = 1
             host = store.get(layer, e)
             experts.append((e, host["gate_up"].to(x.device), host["down"].to(x.device)))
-            fill = int(fills[e])
+            fill = -1 if fills is None else int(fills[e])
             if fill >= 0:  # what the kernel's fill does: the streamed expert into its spare
                 slots["gate_up"][fill].copy_(host["gate_up"])
                 slots["down"][fill].copy_(host["down"])

@@ -148,10 +148,10 @@ class SpecterModel:
 
     @property
     def stream_fills(self) -> int:
-        """On the streamed miss path, spare slots per layer a verification fills with the
-        experts it streams, which are then resident for no extra transfer (0: none;
-        ``streamed_misses``). Set it between forwards, at most the value of the first
-        streamed forward (its record's width)."""
+        """On the streamed miss path, candidate slots per layer a verification fills with
+        the experts it streams, which are then resident for no extra transfer (0, the
+        default: none; ``streamed_misses``). Set it between forwards, at most the value
+        ``load(stream_fills=)`` gave (the stream record's width)."""
         return self.runtime.stream_fills
 
     @stream_fills.setter

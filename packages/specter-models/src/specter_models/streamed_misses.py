@@ -28,8 +28,12 @@ the candidates whose experts it does not route to, evicting those on the device
 (``assign_fill_slots``), and the kernel writes each such expert into its slot as it
 streams it. After the forward the cache puts them on the device map (``commit_fills``) and
 adopts them when it reads the record: they are resident, as if loaded, for no extra
-transfer. ``StreamRecord.spares_per_layer`` sets how many candidates a layer gets (0: no
-fills; the graphs are the same either way).
+transfer. ``StreamRecord.spares_per_layer`` sets how many candidates a layer gets, up to the
+record's ``width``, fixed when it is made (``load(stream_fills=)``); a record of width 0 has
+no fill launches at all. Fills are off by default: on DeepSeek-V2-Lite at 24 GB and
+Qwen1.5-MoE at 14 GB (docs/benchmarks.md) they changed the bytes moved by 0-5% and the time
+per token by less than the spread between two systems of one process, since the few slots a
+tight budget leaves beside the hot set hold the draft's prefetches.
 
 Forwards of more than ``STREAM_MAX_ROWS`` rows (a prefill) and token-wise verification
 keep the acquire path.
@@ -62,9 +66,9 @@ STREAM_MAX_ROWS = 64
 """Forwards of at most this many rows take the streamed path (verifications; a prefill of
 more rows acquires, since a kernel block of a streamed expert re-reads it per row block)."""
 
-DEFAULT_STREAM_FILLS = 8
-"""Candidate slots per layer a streamed verification may fill
-(``StreamRecord.spares_per_layer``)."""
+DEFAULT_STREAM_FILLS = 0
+"""Candidate slots per layer a streamed verification fills by default: none (see the module
+docstring)."""
 
 
 def check_stream_fills(count: object) -> int:
@@ -86,14 +90,15 @@ class StreamRecord:
         top_k: routed experts per row ``k``.
         device: the model's device.
         spares_per_layer: candidate slots per layer to fill (0: no fills).
+        width: the most ``spares_per_layer`` can be raised to later (default: the given
+            ``spares_per_layer``; 0: the record's forwards launch nothing for fills).
 
     Attributes:
         ids: int64 ``[L, STREAM_MAX_ROWS, k]``: each layer writes its rows' routed experts.
         flags: uint8 ``[L, 2, E]``: the kernel sets 1 where it read an expert's gate_up
             (row 0) or down (row 1) weights from the host.
         spare_slots: int32 ``[L, F]``: each layer's candidate slots for this forward, the
-            first to take first (-1 after the last),
-            ``F = max(spares_per_layer, DEFAULT_STREAM_FILLS)``.
+            first to take first (-1 after the last), ``F = width``.
         spare_experts: int32 ``[L, F]``: the expert each candidate holds (-1: empty).
         claimed: int32 ``[L, E]``: the host's slot of each expert, loads in flight included
             (only experts with -1 may be filled).
@@ -107,13 +112,14 @@ class StreamRecord:
         top_k: int,
         device: torch.device,
         spares_per_layer: int = DEFAULT_STREAM_FILLS,
+        width: int | None = None,
     ):
         self.ids = torch.zeros(num_layers, STREAM_MAX_ROWS, top_k, dtype=torch.int64, device=device)
         self.flags = torch.zeros(num_layers, 2, num_experts, dtype=torch.uint8, device=device)
         self.rows = torch.zeros((), dtype=torch.int64, device=device)
         self._row_index = torch.arange(STREAM_MAX_ROWS, device=device)
         self.spares_per_layer = check_stream_fills(spares_per_layer)
-        width = max(self.spares_per_layer, DEFAULT_STREAM_FILLS)
+        width = max(self.spares_per_layer, check_stream_fills(width or 0))
         self.spare_slots = torch.full((num_layers, width), -1, dtype=torch.int32, device=device)
         self.spare_experts = torch.full_like(self.spare_slots, -1)
         self.claimed = torch.full((num_layers, num_experts), -1, dtype=torch.int32, device=device)
@@ -124,13 +130,18 @@ class StreamRecord:
         """Candidate slots per layer from the next forward on (0: no fills). More than the
         width the record was made with needs a new record (the graphs read its tensors)."""
         count = check_stream_fills(count)
-        width = self.spare_slots.shape[1]
-        if count > width:
+        if count > self.width:
             raise ValueError(
-                f"this stream record holds {width} candidate slots per layer, not {count}: "
-                "set stream_fills before the first streamed forward"
+                f"this stream record holds {self.width} candidate slots per layer, not "
+                f"{count}: load with stream_fills={count} (or more), or set it before the first "
+                "streamed forward"
             )
         self.spares_per_layer = count
+
+    @property
+    def width(self) -> int:
+        """The most candidate slots per layer this record can hand out (0: no fills)."""
+        return self.spare_slots.shape[1]
 
     @contextlib.contextmanager
     def forward(self, cache: ExpertCache, rows: int, *, count: bool = True) -> Iterator[None]:
