@@ -79,7 +79,7 @@ def test_every_record_kind_is_written_and_readable(default_run):
 def test_every_system_decodes_what_hf_decodes(default_run):
     _, result = default_run
     tpot = [r for r in result.records if r["kind"] == "tpot"]
-    assert len(tpot) == 2 * 17
+    assert len(tpot) == 2 * 18
     for r in tpot:
         assert r["new_tokens"] == NEW_TOKENS
         assert r["tpot_ms"] > 0

@@ -11,6 +11,7 @@ from specter_bench.engine_systems import (
     make_depth_policy,
 )
 from specter_bench.hf_baseline import HFRunner
+from specter_bench.model_loading import FILL_CANDIDATES
 from specter_bench.unfused_draft import per_expert_w4a16, unfused_draft_kernel
 from specter_models import build_reference_model
 
@@ -26,11 +27,13 @@ def _prompt(seed: int, vocab: int, length: int = 9) -> list[int]:
 def test_every_engine_system_matches_transformers_greedy(arch):
     # float64 keeps near-tie argmaxes from flipping between summation orders.
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
-    spec_load = specter_models.load(arch, slots_per_layer=3, policy="predictive", **kwargs)
+    fills = {"stream_fills": FILL_CANDIDATES}  # specter-fill fills
+    spec_load = specter_models.load(arch, slots_per_layer=3, policy="predictive", **fills, **kwargs)
     layers = spec_load.cache.num_layers
     hot_load = specter_models.load(
-        arch, slots_per_layer=3, policy="predictive", hot_experts=[[0, 5]] * layers, **kwargs
-    )
+        arch, slots_per_layer=3, policy="predictive", hot_experts=[[0, 5]] * layers, **fills,
+        **kwargs,
+    )  # fmt: skip
     lru_load = specter_models.load(arch, slots_per_layer=3, policy="lru", draft=None, **kwargs)
     reference = build_reference_model(arch, seed=3, device="cpu", dtype=torch.float64)
     prompt = _prompt(1, spec_load.config.vocab_size)

@@ -216,13 +216,26 @@ def test_without_fills_a_streamed_forward_changes_no_slot(checkpoints):
     assert 0 < max(filled) <= 2
 
 
+def test_the_fill_width_is_loads_whatever_the_path_was_then(checkpoints):
+    # A model loaded with fills may turn them off before its first streamed forward and
+    # back on later: the stream record is made as wide as the load said.
+    folder = checkpoints["tiny-deepseek-v2"]
+    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, stream_fills=3)
+    lm.stream_fills = 0
+    lm.miss_path = "stream"
+    assert lm.runtime.stream_record.width == 3
+    lm.stream_fills = 3
+    lm.target.forward(random_prompt(6, lm.config.vocab_size, seed=21), 0)
+    assert lm.cache.stats()["total"]["streamed_fills"] > 0
+
+
 def test_bad_stream_fills_are_refused(checkpoints):
     folder = checkpoints["tiny-phimoe"]
     with pytest.raises(ValueError, match=r"stream_fills must be an int >= 0.*-1"):
         load(folder, device="cpu", dtype=torch.float32, stream_fills=-1)
     lm = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=2, miss_path="stream")
     with pytest.raises(
-        ValueError, match=r"holds 0 candidate slots per layer, not 9.*stream_fills=9"
+        ValueError, match=r"stream_fills=9 is above this model's 0 candidate slots.*stream_fills=9"
     ):
         lm.stream_fills = 9
     with pytest.raises(ValueError, match="stream_fills must be an int >= 0"):

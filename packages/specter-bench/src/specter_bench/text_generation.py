@@ -122,7 +122,7 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         ("miss path", summary["miss_path"]),
         ("streamed MB per token", summary["streamed_mb_per_token"]),
         (
-            "streamed fills (candidates per layer)",
+            "streamed fills (cap per layer)",
             (summary["streamed_fills"], summary["stream_fills"]),
         ),
         ("expert slots per layer", f"{summary['slots_per_layer']}/{summary['num_experts']}"),

@@ -84,6 +84,7 @@ class ExpertsRuntime:
         self._miss_path = "load"
         self.stream_record: StreamRecord | None = None
         self._stream_fills = DEFAULT_STREAM_FILLS
+        self.fill_width = DEFAULT_STREAM_FILLS  # the stream record's width (load's stream_fills)
 
     @property
     def miss_path(self) -> str:
@@ -109,20 +110,29 @@ class ExpertsRuntime:
         cache.streaming = path == "stream"
         if path == "stream" and self.stream_record is None:
             self.stream_record = StreamRecord(
-                cache.num_layers, cache.num_experts, top_k, cache.device, self._stream_fills
-            )
+                cache.num_layers, cache.num_experts, top_k, cache.device, self._stream_fills,
+                width=self.fill_width,
+            )  # fmt: skip
 
     @property
     def stream_fills(self) -> int:
         """Candidate slots per layer that a streamed verification fills with experts it
-        streams (``streamed_misses``; 0: none). Set it between forwards; the stream record
-        made when the path first switches to ``"stream"`` takes the value then as its width,
-        the most it can be raised to."""
+        streams (``streamed_misses``; 0: none). Set it between forwards, at most
+        ``fill_width`` (the width of the stream record, which ``load(stream_fills=)`` sets).
+
+        Raises:
+            ValueError: not an int >= 0, or above ``fill_width``.
+        """
         return self._stream_fills
 
     @stream_fills.setter
     def stream_fills(self, count: int) -> None:
         count = check_stream_fills(count)
+        if count > self.fill_width:
+            raise ValueError(
+                f"stream_fills={count} is above this model's {self.fill_width} candidate slots "
+                f"per layer: load with stream_fills={count} (or more) to fill that many"
+            )
         if self.stream_record is not None:
             self.stream_record.set_spares_per_layer(count)
         self._stream_fills = count

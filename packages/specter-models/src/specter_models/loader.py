@@ -339,6 +339,7 @@ def load(
         source=source,
         max_verify_rows=max_verify_rows,
     )
+    loaded.runtime.fill_width = stream_fills
     loaded.stream_fills = stream_fills
     if miss_path != "load":
         loaded.miss_path = miss_path
