@@ -1,5 +1,6 @@
 """AdaptiveDepth: acceptance and cost estimates, the depth they imply, recovery from K=0."""
 
+import itertools
 import random
 
 import pytest
@@ -109,6 +110,38 @@ def test_low_acceptance_and_expensive_drafting_turn_speculation_off():
     assert set(tail) <= {0, 1}  # only probes at K=1 interrupt plain decoding
 
 
+def test_probes_back_off_while_they_confirm_the_best_depth():
+    # Plain decoding wins throughout: each probe at K=1 confirms it, so probes thin out from
+    # every 8th iteration to every 32nd (where the fit still remembers the probed row count).
+    env = Environment(alpha=0.1, draft_cost=8e-3, verify_fixed=10e-3, verify_per_row=0.5e-3)
+    config = AdaptiveDepthConfig(max_depth=16, probe_interval=8, max_probe_interval=32)
+    policy = AdaptiveDepth(config)
+    depths = run(policy, env, 400)
+    assert policy.probe_interval == 32
+    assert policy.best_depth() == 0
+    probes = [i for i, d in enumerate(depths[20:], start=20) if d != 0]
+    assert len(probes) <= 400 // 32 + 2  # a fixed interval would probe about 50 times
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps
+    assert all(gap == 32 for gap in gaps[-5:])
+    fixed = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16, probe_interval=8, max_probe_interval=8))
+    assert sum(d != 0 for d in run(fixed, env, 400)[20:]) >= 45
+
+
+def test_a_probe_that_changes_the_best_depth_resets_the_interval():
+    policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16, probe_interval=4))
+    bad = Environment(alpha=0.05, draft_cost=5e-3, verify_fixed=10e-3, verify_per_row=0.2e-3)
+    good = Environment(alpha=0.97, draft_cost=0.2e-3, verify_fixed=10e-3, verify_per_row=0.2e-3)
+    run(policy, bad, 300)
+    assert policy.probe_interval == 32  # the default cap
+    seen = []
+    for _ in range(200):
+        depth = policy.choose_depth()
+        seen.append(policy.probe_interval)
+        policy.observe(good.iteration(depth))
+    assert 4 in seen  # the probe that found speculation paying brought probes back
+
+
 def test_recovers_from_plain_decoding_when_speculation_starts_to_pay():
     policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16, probe_interval=4))
     bad = Environment(alpha=0.05, draft_cost=5e-3, verify_fixed=10e-3, verify_per_row=0.2e-3)
@@ -127,6 +160,8 @@ def test_config_is_validated():
         AdaptiveDepthConfig(acceptance_decay=1.0)
     with pytest.raises(ValueError, match="probe_interval"):
         AdaptiveDepthConfig(probe_interval=1)
+    with pytest.raises(ValueError, match=r"max_probe_interval must be an int >= probe_interval=8"):
+        AdaptiveDepthConfig(probe_interval=8, max_probe_interval=4)
     with pytest.raises(ValueError, match="prior_acceptance"):
         AdaptiveDepthConfig(prior_acceptance=1.5)
 

@@ -43,6 +43,12 @@ class AdaptiveDepthConfig:
         probe_interval: every ``probe_interval``-th iteration runs a depth other
             than the best one (1 when the best is 0), so the estimates stay
             fresh and speculation can come back after K = 0 was chosen.
+        max_probe_interval: a probe that leaves the best depth unchanged doubles the
+            interval to the next one, up to this; one that changes it resets the
+            interval to ``probe_interval``. Probing costs where it keeps confirming
+            (a draft step dearer than a target step, with every expert resident). Keep
+            ``cost_decay ** max_probe_interval`` above about 0.03, or the verify-cost fit
+            forgets the probed row count between probes.
     """
 
     max_depth: int = 16
@@ -52,6 +58,7 @@ class AdaptiveDepthConfig:
     prior_acceptance: float = 0.5
     prior_trials: float = 1.0
     probe_interval: int = 8
+    max_probe_interval: int = 32
 
     def __post_init__(self) -> None:
         check_depth(self.max_depth, "AdaptiveDepthConfig.max_depth")
@@ -80,6 +87,14 @@ class AdaptiveDepthConfig:
             raise ValueError(
                 f"AdaptiveDepthConfig.probe_interval must be an int >= 2, "
                 f"got {self.probe_interval!r}."
+            )
+        if isinstance(self.max_probe_interval, bool) or not (
+            isinstance(self.max_probe_interval, int)
+            and self.max_probe_interval >= self.probe_interval
+        ):
+            raise ValueError(
+                f"AdaptiveDepthConfig.max_probe_interval must be an int >= probe_interval="
+                f"{self.probe_interval}, got {self.max_probe_interval!r}."
             )
 
 
@@ -129,12 +144,14 @@ class AdaptiveDepth:
 
     It then chooses ``argmax_K E(K) / (overhead + K * draft_cost + V(K + 1))``
     with ``E(K) = (1 - alpha^(K+1)) / (1 - alpha)``. K = 0 wins when drafting
-    costs more than it saves: that is plain target decoding. Every
-    ``probe_interval``-th iteration it tries a neighbouring depth (1 when the
-    best is 0; otherwise half or double the best), so a K = 0 decision is
-    revisited and the verify cost is measured at more than one ``n``. Until two
-    distinct ``n`` have been measured it alternates between ``initial_depth``
-    and a neighbour.
+    costs more than it saves: that is plain target decoding. Every so often it
+    probes a neighbouring depth (1 when the best is 0; otherwise half or double
+    the best), so a K = 0 decision is revisited and the verify cost is measured
+    at more than one ``n``: first after ``probe_interval`` iterations, then after
+    twice as many each time a probe leaves the best depth as it was (up to
+    ``max_probe_interval``), and after ``probe_interval`` again once one changes
+    it. Until two distinct ``n`` have been measured it alternates between
+    ``initial_depth`` and a neighbour.
 
     One instance keeps learning across ``generate`` calls; :meth:`reset`
     forgets everything.
@@ -163,6 +180,10 @@ class AdaptiveDepth:
         self._verify = _DecayingLinearFit(cfg.cost_decay)
         self._choices = 0
         self._last_depth = cfg.initial_depth
+        self._probes = 0  # neighbours tried so far (their parity picks down or up)
+        self._interval = cfg.probe_interval
+        self._next_probe = cfg.probe_interval  # the choice that probes next
+        self._probed_best: int | None = None  # the best depth when the last probe ran
 
     # -- estimates -------------------------------------------------------------------
 
@@ -206,14 +227,32 @@ class AdaptiveDepth:
 
     # -- policy ----------------------------------------------------------------------
 
+    @property
+    def probe_interval(self) -> int:
+        """Iterations from the last probe to the next one (see the class docstring)."""
+        return self._interval
+
     def choose_depth(self) -> int:
         """The depth of the next iteration (see the class docstring)."""
+        cfg = self.config
         self._choices += 1
         best = self.best_depth()
+        if self._probed_best is not None and best is not None:
+            # The last probe has been observed: back off while probes confirm the best.
+            confirmed = best == self._probed_best
+            self._interval = (
+                min(2 * self._interval, cfg.max_probe_interval)
+                if confirmed
+                else cfg.probe_interval
+            )
+            self._next_probe = self._choices - 1 + self._interval
+            self._probed_best = None
         if best is None:
             depth = self._neighbour(self._last_depth) if self._choices > 1 else self._last_depth
-        elif self._choices % self.config.probe_interval == 0:
+        elif self._choices >= self._next_probe:
             depth = self._neighbour(best)
+            self._probed_best = best
+            self._next_probe = self._choices + self._interval
         else:
             depth = best
         self._last_depth = depth
@@ -221,10 +260,11 @@ class AdaptiveDepth:
 
     def _neighbour(self, depth: int) -> int:
         """Another depth near ``depth``, alternating down and up, within [0, K_max]."""
+        self._probes += 1
         if depth == 0:
             return min(1, self.max_depth)
         down, up = depth // 2, min(2 * depth, self.max_depth)
-        if up == depth or (self._choices // self.config.probe_interval) % 2 == 0:
+        if up == depth or self._probes % 2 == 1:
             return down
         return up
 
