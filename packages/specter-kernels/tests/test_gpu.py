@@ -82,10 +82,9 @@ def test_grouped_fp16_waves_on_the_gpu(seed, T, pair_blocks):
     assert _rel_err(out / 2, ref) < 2e-3  # each mask ran twice into out
 
 
-@pytest.mark.parametrize("pair_blocks", [None, True])
-@pytest.mark.parametrize("T", [1, 6])
-def test_streamed_experts_from_pinned_memory_on_the_gpu(seed, T, pair_blocks):
-    # Missing experts read in place from pinned host memory: the bits of slots, flagged.
+def _streamed_problem(T):
+    """DeepSeek-V2-Lite-sized routing of T rows over 16 experts kept in pinned host memory:
+    ``(x, ids, weights, w13, w2, streamed)``."""
     H, I, E, k = 2048, 1408, 16, 6
     x = torch.randn(T, H, device="cuda").half()
     ids = torch.topk(torch.randn(T, E, device="cuda"), k).indices
@@ -93,6 +92,15 @@ def test_streamed_experts_from_pinned_memory_on_the_gpu(seed, T, pair_blocks):
     w13 = (torch.randn(E, 2 * I, H) * 0.02).half().pin_memory()
     w2 = (torch.randn(E, H, I) * 0.02).half().pin_memory()
     streamed = sk.StreamedExperts.from_tensors(list(w13), list(w2), "cuda")
+    return x, ids, weights, w13, w2, streamed
+
+
+@pytest.mark.parametrize("pair_blocks", [None, True])
+@pytest.mark.parametrize("T", [1, 6])
+def test_streamed_experts_from_pinned_memory_on_the_gpu(seed, T, pair_blocks):
+    # Missing experts read in place from pinned host memory: the bits of slots, flagged.
+    x, ids, weights, w13, w2, streamed = _streamed_problem(T)
+    E, H, k = w13.shape[0], x.shape[1], ids.shape[1]
     every = torch.ones(E, dtype=torch.bool, device="cuda")
     all_slots = torch.arange(E, device="cuda", dtype=torch.int32)
     expected = torch.zeros(T, k, H, device="cuda")
@@ -118,13 +126,8 @@ def test_streamed_experts_from_pinned_memory_on_the_gpu(seed, T, pair_blocks):
 @pytest.mark.parametrize("T", [1, 6, 40])
 def test_streamed_fills_on_the_gpu(seed, T):
     # Streamed experts also written into spare slots: whole, same output bits, graphable.
-    H, I, E, k = 2048, 1408, 16, 6
-    x = torch.randn(T, H, device="cuda").half()
-    ids = torch.topk(torch.randn(T, E, device="cuda"), k).indices
-    weights = torch.rand(T, k, device="cuda")
-    w13 = (torch.randn(E, 2 * I, H) * 0.02).half().pin_memory()
-    w2 = (torch.randn(E, H, I) * 0.02).half().pin_memory()
-    streamed = sk.StreamedExperts.from_tensors(list(w13), list(w2), "cuda")
+    x, ids, weights, w13, w2, streamed = _streamed_problem(T)
+    E, H, k, I = w13.shape[0], x.shape[1], ids.shape[1], w2.shape[2]
     every = torch.ones(E, dtype=torch.bool, device="cuda")
     resident = torch.arange(E) % 4 == 0
     slot_of = torch.where(resident, torch.arange(E) // 4, -1).int().cuda()
