@@ -241,9 +241,7 @@ class AdaptiveDepth:
             # The last probe has been observed: back off while probes confirm the best.
             confirmed = best == self._probed_best
             self._interval = (
-                min(2 * self._interval, cfg.max_probe_interval)
-                if confirmed
-                else cfg.probe_interval
+                min(2 * self._interval, cfg.max_probe_interval) if confirmed else cfg.probe_interval
             )
             self._next_probe = self._choices - 1 + self._interval
             self._probed_best = None
