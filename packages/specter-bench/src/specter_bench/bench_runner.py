@@ -380,7 +380,13 @@ class BenchRunner:
             dtype=cfg.dtype,
             seed=cfg.seed,
             max_seq_len=self.max_seq_len,
-            options=cfg.engine,
+            # A stream record as wide as the stage's systems fill (none fill: no fill launches).
+            options=dataclasses.replace(
+                cfg.engine,
+                stream_fills=max(
+                    (ENGINE_SYSTEMS[s].stream_fills for s in stage.systems), default=0
+                ),
+            ),
             hot_experts=hot,
         )
         load_s = time.perf_counter() - started

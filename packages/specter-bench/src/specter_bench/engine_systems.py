@@ -49,6 +49,7 @@ Every system prefills expert-wise; token-wise verification starts with the decod
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -102,69 +103,29 @@ class EngineSystem:
     stream_fills: int = 0
 
 
+_SPECTER = EngineSystem(
+    "specter", True, True, "expert", True, "predictive", hot_experts=True, miss_path="stream"
+)
+
+
+def _variant(name: str, **changes: Any) -> EngineSystem:
+    """``specter`` with ``changes`` (an ablation or variant of the table above)."""
+    return dataclasses.replace(_SPECTER, name=name, **changes)
+
+
 ENGINE_SYSTEMS: dict[str, EngineSystem] = {
     s.name: s
     for s in (
         EngineSystem("lru", False, False, "expert", False, "lru"),
         EngineSystem("spec-lru", True, False, "token", True, "predictive"),
-        EngineSystem(
-            "specter",
-            True,
-            True,
-            "expert",
-            True,
-            "predictive",
-            hot_experts=True,
-            miss_path="stream",
-        ),
-        EngineSystem("specter-acquire", True, True, "expert", True, "predictive", hot_experts=True),
-        EngineSystem(
-            "specter-no-hot", True, True, "expert", True, "predictive", miss_path="stream"
-        ),
-        EngineSystem(
-            "specter-no-prefetch",
-            True,
-            False,
-            "expert",
-            True,
-            "predictive",
-            hot_experts=True,
-            miss_path="stream",
-        ),
-        EngineSystem(
-            "specter-token-verify", True, True, "token", True, "predictive", hot_experts=True
-        ),
-        EngineSystem(
-            "specter-unfused-draft",
-            True,
-            True,
-            "expert",
-            True,
-            "predictive",
-            False,
-            miss_path="stream",
-        ),
-        EngineSystem(
-            "specter-row-cut",
-            True,
-            True,
-            "expert",
-            True,
-            "predictive",
-            row_truncation=True,
-            hot_experts=True,
-        ),
-        EngineSystem(
-            "specter-fill",
-            True,
-            True,
-            "expert",
-            True,
-            "predictive",
-            hot_experts=True,
-            miss_path="stream",
-            stream_fills=FILL_CANDIDATES,
-        ),
+        _SPECTER,
+        _variant("specter-acquire", miss_path="load"),
+        _variant("specter-no-hot", hot_experts=False),
+        _variant("specter-no-prefetch", prefetch=False),
+        _variant("specter-token-verify", verification="token", miss_path="load"),
+        _variant("specter-unfused-draft", fused_draft=False, hot_experts=False),
+        _variant("specter-row-cut", row_truncation=True, miss_path="load"),
+        _variant("specter-fill", stream_fills=FILL_CANDIDATES),
     )
 }
 """Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans

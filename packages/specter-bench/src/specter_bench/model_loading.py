@@ -107,8 +107,8 @@ def tokenizer_name(tokenizer: Any) -> str:
 
 
 FILL_CANDIDATES = 8
-"""Candidate slots per layer of the bench's ``specter-fill`` (and the width of every bench
-load's stream record, so any system can fill)."""
+"""Candidate slots per layer of the bench's ``specter-fill`` (a stage that runs it loads a
+stream record this wide)."""
 
 
 @dataclass(frozen=True)
@@ -124,15 +124,16 @@ class EngineOptions:
         miss_path: ``"load"`` or ``"stream"`` (``specter_models.load(miss_path=)``); the
             bench's systems set their own before each decode.
         stream_fills: ``specter_models.load(stream_fills=)``: candidate slots per layer a
-            streamed verification fills, at most (default ``FILL_CANDIDATES``, the most any
-            bench system uses; each sets its own before a decode).
+            streamed verification fills, at most (0: none, and no fill launches; a bench
+            stage loads with the most its systems use, and each sets its own before a
+            decode).
     """
 
     batch_invariant: bool | None = None
     cuda_graphs: bool | None = None
     piecewise_graphs: bool | None = None
     miss_path: str = "load"
-    stream_fills: int = FILL_CANDIDATES
+    stream_fills: int = 0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineOptions:
@@ -142,7 +143,7 @@ class EngineOptions:
             args.cuda_graphs,
             args.piecewise_graphs,
             getattr(args, "miss_path", "load"),
-            getattr(args, "stream_fills", FILL_CANDIDATES),
+            getattr(args, "stream_fills", 0),
         )
 
     def load_kwargs(self) -> dict[str, Any]:

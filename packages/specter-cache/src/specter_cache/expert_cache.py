@@ -443,6 +443,7 @@ class ExpertCache:
         self._transfers: list[tuple[int, TransferEvent, TransferEvent]] = []
         self._streaming = False
         self._streamed_use: TransferEvent | None = None
+        self._map_columns: torch.Tensor | None = None  # [L, E] column ids (commit_fills)
 
     @staticmethod
     def _resolve_slots(
@@ -800,10 +801,10 @@ class ExpertCache:
                 f"spares_per_layer must be an int >= 1 (candidate slots per layer for "
                 f"streamed fills), got {spares_per_layer!r}"
             )
-        L, E, F = self.num_layers, self.num_experts, spares_per_layer
-        slots_out = torch.full((L, F), -1, dtype=torch.int32)
-        experts_out = torch.full((L, F), -1, dtype=torch.int32)
-        claimed = torch.full((L, E), -1, dtype=torch.int32)
+        E, F = self.num_experts, spares_per_layer
+        slots_out: list[list[int]] = []
+        experts_out: list[list[int]] = []
+        claimed: list[list[int]] = []
         for layer, pool in enumerate(self._pools):
             order = pool.empty[::-1][:F]  # the order pop() would hand them out
             holders = [-1] * len(order)
@@ -822,12 +823,19 @@ class ExpertCache:
                     order.append(pool.expert_slot[victim])
                     holders.append(victim)
             pool.fill_candidates = dict(zip(order, holders, strict=True))
-            if order:
-                slots_out[layer, : len(order)] = torch.tensor(order, dtype=torch.int32)
-                experts_out[layer, : len(order)] = torch.tensor(holders, dtype=torch.int32)
+            pad = [-1] * (F - len(order))
+            slots_out.append(order + pad)
+            experts_out.append(holders + pad)
+            row = [-1] * E
             for e, slot in pool.expert_slot.items():
-                claimed[layer, e] = slot
-        return slots_out, experts_out, claimed
+                row[e] = slot
+            claimed.append(row)
+        # Built as lists, one tensor each: no per-element tensor writes on the host.
+        return (
+            torch.tensor(slots_out, dtype=torch.int32),
+            torch.tensor(experts_out, dtype=torch.int32),
+            torch.tensor(claimed, dtype=torch.int32),
+        )
 
     def commit_fills(self, fills: torch.Tensor) -> None:
         """Put the experts a streamed verification filled on the device map, on the current
@@ -855,8 +863,9 @@ class ExpertCache:
                 f"{tuple(fills.shape)} on {fills.device}"
             )
         filled = fills >= 0
-        columns = torch.arange(E, device=self._device).expand(L, E)
-        target = torch.where(filled, columns, E)  # the others aim at the spare column
+        if self._map_columns is None:
+            self._map_columns = torch.arange(E, device=self._device).expand(L, E)
+        target = torch.where(filled, self._map_columns, E)  # the others aim at the spare column
         self._maps.scatter_(1, target, torch.where(filled, fills, -1))
 
     def record_streamed(

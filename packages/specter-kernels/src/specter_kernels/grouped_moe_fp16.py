@@ -30,6 +30,7 @@ from specter_kernels.backend import select_backend
 from specter_kernels.invariant_matmul import invariant_bmm_reference
 from specter_kernels.routed_inputs import check_routed_inputs
 from specter_kernels.streamed_experts import StreamedExperts
+from specter_kernels.streamed_fills import check_fill_vector
 
 
 def _check_inputs(
@@ -144,16 +145,7 @@ def _check_fills(
         raise ValueError(
             "fill_slots is given without streamed experts: only a streamed expert fills a slot"
         )
-    if (
-        fill_slots.dtype != torch.int32
-        or tuple(fill_slots.shape) != (num_experts,)
-        or not fill_slots.is_contiguous()
-        or fill_slots.device != x.device
-    ):
-        raise TypeError(
-            f"fill_slots must be a contiguous int32 [E={num_experts}] tensor on {x.device}, "
-            f"got {fill_slots.dtype} {list(fill_slots.shape)} on {fill_slots.device}"
-        )
+    check_fill_vector(fill_slots, "fill_slots", num_experts, x.device)
 
 
 def grouped_moe_fp16(

@@ -60,6 +60,21 @@ def _check(
         )
 
 
+def check_fill_vector(t: torch.Tensor, name: str, num_experts: int, device: torch.device) -> None:
+    """``TypeError`` naming ``name`` unless ``t`` is a contiguous int32 ``[E]`` on ``device``
+    (a fill-slot vector: ``assign_fill_slots``' output, ``grouped_moe_fp16``'s input)."""
+    if (
+        t.dtype != torch.int32
+        or tuple(t.shape) != (num_experts,)
+        or not t.is_contiguous()
+        or t.device != device
+    ):
+        raise TypeError(
+            f"{name} must be a contiguous int32 [E={num_experts}] tensor on {device}, got "
+            f"{t.dtype} {list(t.shape)} on {t.device}"
+        )
+
+
 def assign_fill_slots_reference(
     topk_ids: torch.Tensor,
     claimed: torch.Tensor,
@@ -137,16 +152,8 @@ def assign_fill_slots(
     """
     _check(topk_ids, claimed, spare_slots, spare_experts, expert_to_slot)
     E = claimed.numel()
-    if out is not None and (
-        out.dtype != torch.int32
-        or tuple(out.shape) != (E,)
-        or not out.is_contiguous()
-        or out.device != topk_ids.device
-    ):
-        raise TypeError(
-            f"out must be a contiguous int32 [E={E}] tensor on {topk_ids.device}, got "
-            f"{out.dtype} {tuple(out.shape)} on {out.device}"
-        )
+    if out is not None:
+        check_fill_vector(out, "out", E, topk_ids.device)
     if select_backend(topk_ids.device) == "torch" or spare_slots.numel() == 0:
         fill = assign_fill_slots_reference(
             topk_ids, claimed, spare_slots, spare_experts, expert_to_slot

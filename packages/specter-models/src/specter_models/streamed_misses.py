@@ -151,17 +151,16 @@ class StreamRecord:
         (also after a failure), mark the slots used. With ``count`` a forward that succeeded
         puts its fills on the map and is read into the cache (one host sync)."""
         self.flags.zero_()
-        self.fills.fill_(-1)
         self.rows.fill_(rows)  # a device-side write: no sync
         filling = count and self.spares_per_layer > 0
+        if self.width:  # a record of width 0 has no fill launches, and its fills stay -1
+            self.fills.fill_(-1)
+            self.spare_slots.fill_(-1)  # no candidate, unless handed out below: no fills
         if filling:
             slots, experts, claimed = cache.prepare_fills(self.spares_per_layer)
-            self.spare_slots.fill_(-1)
             self.spare_slots[:, : slots.shape[1]].copy_(slots, non_blocking=True)
             self.spare_experts[:, : experts.shape[1]].copy_(experts, non_blocking=True)
             self.claimed.copy_(claimed, non_blocking=True)
-        else:
-            self.spare_slots.fill_(-1)  # the graph's fill ranks find no candidate: no fills
         cache.stream_guard()
         self.active = True
         succeeded = False
