@@ -112,7 +112,7 @@ def main() -> int:
                 hooks[name] = getattr(observer, name)
                 setattr(observer, name, _timed(stats, name, hooks[name]))
         try:
-            for run in range(2):  # the first one warms what the second measures
+            for _ in range(2):  # the first one warms what the second measures
                 stats.clear()
                 lm.reset()
                 controller = SpecController(lm.draft, lm.target, cache=observer, depth=args.depth)

@@ -68,3 +68,43 @@ def test_a_streaming_load_takes_the_old_expert_off_the_map_first(make_store, str
     assert cache.expert_to_slot(0).tolist() == [-1, -1, -1, 0]
     assert torch.equal(cache.slot_tensors(0)["down"][0], ref[(0, 3)]["down"])
     cache.stream_guard()  # CPU engines: nothing to wait for
+
+
+def test_a_streaming_prefetch_invalidates_every_evicted_expert_before_any_data_copy(make_store):
+    # One prefetch of two layers that evicts three experts: on the streamed path the batch
+    # takes all three off the maps first, then copies the data, each loaded expert's map
+    # entry after its own data; the slots of a layer share one readiness event, complete
+    # after the layer's last copy.
+    store, ref = make_store(2, 6)
+    engine = DeferredCopyEngine("cpu")
+    cache = ExpertCache(store, slots_per_layer=2, device="cpu", copy_engine=engine)
+    cache.prefetch({0: [0, 1], 1: [0]})
+    engine.synchronize()
+    cache.streaming = True
+    per_load = len(store.layout(0).names) + 1  # the data copies and the map entry
+    issued = cache.prefetch({0: [4, 5], 1: [3, 2]})
+    assert issued == {0: [4, 5], 1: [3, 2]}  # layer 1's empty slot and its one victim
+    assert engine.pending == 3 + 4 * per_load  # experts 0, 1 of layer 0 and 0 of layer 1
+    engine.step(3)
+    assert cache.expert_to_slot(0)[[0, 1]].tolist() == [-1, -1]
+    assert cache.expert_to_slot(1)[0].item() == -1
+    assert cache.expert_to_slot(0)[[4, 5]].tolist() == [-1, -1]  # no data copied yet
+    engine.step(per_load - 1)  # expert 4's data, not yet its map entry
+    slot4 = cache.slot_of(0, 4)
+    assert torch.equal(cache.slot_tensors(0)["down"][slot4], ref[(0, 4)]["down"])
+    assert cache.expert_to_slot(0)[4].item() == -1
+    engine.step(1)
+    assert cache.expert_to_slot(0)[4].item() == slot4
+    ready = [cache._pools[0].ready[s] for s in range(2)]
+    assert ready[0] is ready[1]
+    assert not ready[0].query()  # expert 5 is still to come
+    engine.step(per_load)
+    assert ready[0].query()
+    assert not cache._pools[1].ready[cache.slot_of(1, 3)].query()
+    engine.synchronize()
+    for layer, experts in ((0, [4, 5]), (1, [3, 2])):
+        for e in experts:
+            slot = cache.slot_of(layer, e)
+            assert cache.expert_to_slot(layer)[e].item() == slot
+            for name in store.layout(layer).names:
+                assert torch.equal(cache.slot_tensors(layer)[name][slot], ref[(layer, e)][name])

@@ -82,6 +82,17 @@ class CopyEngine(ABC):
         data copies queued before them."""
         self.copy(dst, src)
 
+    def invalidate_many(
+        self,
+        dsts: Sequence[torch.Tensor],
+        src: torch.Tensor,
+        after: Sequence[TransferEvent | None],
+    ) -> None:
+        """:meth:`invalidate` for several entries at once: each of ``dsts`` gets ``src``
+        ahead of the data copies that follow, once every event of ``after`` is done."""
+        for dst in dsts:
+            self.invalidate(dst, src, after)
+
     def invalidations_done(self) -> TransferEvent | None:
         """An event after every ``invalidate`` so far, for a consumer to wait on; None when
         nothing needs waiting for (the CPU engines)."""
@@ -302,6 +313,12 @@ class CudaCopyEngine(CopyEngine):
         self.stream = torch.cuda.Stream(device=device, priority=priority)
         self.map_stream = torch.cuda.Stream(device=device, priority=-1)
         self._invalidated: CudaEvent | None = None
+        # Inside copy_context: the events each stream already waits for. Every event of
+        # this package is recorded once (each ``record`` makes a new one), so a second wait
+        # on one is a no-op and is skipped. Emptied when the outermost context ends.
+        self._depth = 0
+        self._waited: dict[int, torch.cuda.Event] = {}
+        self._map_waited: dict[int, torch.cuda.Event] = {}
 
     @property
     def is_synchronous(self) -> bool:
@@ -309,18 +326,33 @@ class CudaCopyEngine(CopyEngine):
 
     @contextlib.contextmanager
     def copy_context(self) -> Iterator[None]:
-        with torch.cuda.stream(self.stream):
-            yield
+        self._depth += 1
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._waited.clear()
+                self._map_waited.clear()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         # Inside copy_context the current stream is the copy stream.
         dst.copy_(src, non_blocking=True)
 
+    @staticmethod
+    def _wait(stream: torch.cuda.Stream, event: TransferEvent, seen: dict | None) -> None:
+        if not isinstance(event, CudaEvent):
+            raise TypeError(f"a CUDA stream cannot wait on {type(event).__name__}")
+        if seen is not None:
+            if id(event.event) in seen:
+                return
+            seen[id(event.event)] = event.event  # kept alive: its id stays unique
+        stream.wait_event(event.event)
+
     def wait_for(self, event: TransferEvent | None) -> None:
         if event is not None:
-            if not isinstance(event, CudaEvent):
-                raise TypeError(f"a CUDA copy stream cannot wait on {type(event).__name__}")
-            self.stream.wait_event(event.event)
+            self._wait(self.stream, event, self._waited if self._depth else None)
 
     def record(self, timing: bool = False) -> TransferEvent:
         ev = torch.cuda.Event(enable_timing=timing)
@@ -330,14 +362,21 @@ class CudaCopyEngine(CopyEngine):
     def invalidate(
         self, dst: torch.Tensor, src: torch.Tensor, after: Sequence[TransferEvent | None]
     ) -> None:
+        self.invalidate_many([dst], src, after)
+
+    def invalidate_many(
+        self,
+        dsts: Sequence[torch.Tensor],
+        src: torch.Tensor,
+        after: Sequence[TransferEvent | None],
+    ) -> None:
+        seen = self._map_waited if self._depth else None
         for event in after:
-            if event is None:
-                continue
-            if not isinstance(event, CudaEvent):
-                raise TypeError(f"a CUDA map stream cannot wait on {type(event).__name__}")
-            self.map_stream.wait_event(event.event)
+            if event is not None:
+                self._wait(self.map_stream, event, seen)
         with torch.cuda.stream(self.map_stream):
-            dst.copy_(src, non_blocking=True)
+            for dst in dsts:
+                dst.copy_(src, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record(self.map_stream)
         self.stream.wait_event(ev)  # the data copies that follow overwrite after it

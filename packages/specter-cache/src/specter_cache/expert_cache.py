@@ -101,6 +101,11 @@ def _as_expert_list(experts: object, num_experts: int, where: str) -> list[int]:
         experts = experts.tolist()
     if isinstance(experts, int | str | bytes) or not isinstance(experts, Sequence):
         raise TypeError(f"{where}: experts must be a sequence of ints, got {type(experts)}")
+    # The common case in C loops: plain ints (no bools, no int subclasses) in range.
+    if all(type(e) is int for e in experts) and (
+        not experts or (min(experts) >= 0 and max(experts) < num_experts)
+    ):
+        return list(dict.fromkeys(experts))
     out: dict[int, None] = {}
     for e in experts:
         if not isinstance(e, int) or isinstance(e, bool) or not 0 <= e < num_experts:
@@ -438,6 +443,7 @@ class ExpertCache:
         self._slot_ids = ids
         self._slot_id_views = [ids[i : i + 1] for i in range(len(ids))]
         self._stats = CacheStats(L)
+        self._expert_bytes = [store.expert_bytes(layer) for layer in range(L)]
         self._load_seq = 0
         self._stall_events: list[tuple[int, TransferEvent, TransferEvent]] = []
         self._transfers: list[tuple[int, TransferEvent, TransferEvent]] = []
@@ -597,6 +603,11 @@ class ExpertCache:
         policy-chosen expert that is neither protected nor in the layer's plan. When no slot can
         be freed the rest of that layer's plan is dropped (counted as ``prefetch_dropped``).
 
+        The host decides every load of the plan first, then issues them as one batch: on the
+        streamed path the evicted experts leave the device map in one invalidation ahead of
+        every data copy, and each event the copy stream must wait for is waited for once
+        (the copies stay in plan order, one readiness event per load).
+
         Args:
             plan: ``layer -> ranked expert ids``.
 
@@ -604,40 +615,40 @@ class ExpertCache:
             ``layer -> experts whose loads were issued`` (each with a readiness event).
         """
         checked = self._check_plan(plan)
-        engine = self._engine
         issued: dict[int, list[int]] = {}
-        batch_bytes = 0
-        start: TransferEvent | None = None
-        with engine.copy_context():
-            for layer, experts in checked.items():
-                pool = self._pools[layer]
-                st = self._stats.layers[layer]
-                planned = set(experts)
-                loaded: list[int] = []
-                for i, e in enumerate(experts):
-                    if e in pool.expert_slot:
-                        continue
-                    slot = self._free_slot(layer, planned)
-                    if slot is None:
-                        st.prefetch_dropped += sum(
-                            1 for x in experts[i:] if x not in pool.expert_slot
-                        )
-                        break
-                    if start is None:
-                        # Time the batch from its first copy, not from waits on compute.
-                        engine.wait_for(pool.last_use[slot])
-                        start = engine.record(timing=True)
-                    self._load(layer, e, slot)
-                    pool.prefetched.add(e)
-                    loaded.append(e)
-                nbytes = len(loaded) * self._store.expert_bytes(layer)
-                st.prefetch_loads += len(loaded)
-                st.prefetch_bytes += nbytes
-                st.bytes_moved += nbytes
-                batch_bytes += nbytes
-                issued[layer] = loaded
-            if start is not None:
-                self._transfers.append((batch_bytes, start, engine.record(timing=True)))
+        loads: list[tuple[int, int, int, int]] = []  # (layer, expert, slot, evicted expert)
+        for layer, experts in checked.items():
+            pool = self._pools[layer]
+            st = self._stats.layers[layer]
+            planned = set(experts)
+            loaded: list[int] = []
+            evictable: list[int] | None = None  # slots a load may take, made on first need
+            for i, e in enumerate(experts):
+                if e in pool.expert_slot:
+                    continue
+                if pool.empty:
+                    slot = pool.empty.pop()
+                else:
+                    if evictable is None:
+                        evictable = [
+                            s
+                            for s, x in enumerate(pool.slot_expert)
+                            if pool.protect[s] == 0 and x not in planned
+                        ]
+                    slot = self._victim_slot(layer, evictable)
+                if slot is None:
+                    st.prefetch_dropped += sum(1 for x in experts[i:] if x not in pool.expert_slot)
+                    break
+                loads.append((layer, e, slot, self._assign(layer, e, slot)))
+                pool.prefetched.add(e)
+                loaded.append(e)
+            nbytes = len(loaded) * self._expert_bytes[layer]
+            st.prefetch_loads += len(loaded)
+            st.prefetch_bytes += nbytes
+            st.bytes_moved += nbytes
+            issued[layer] = loaded
+        if loads:
+            self._copy_in(loads)
         return issued
 
     def pin(self, layer: int, experts: object) -> list[int]:
@@ -1035,23 +1046,32 @@ class ExpertCache:
         pool = self._pools[layer]
         if pool.empty:
             return pool.empty.pop()
-        candidates = [
-            e for s, e in enumerate(pool.slot_expert) if pool.protect[s] == 0 and e not in keep
+        evictable = [
+            s for s, e in enumerate(pool.slot_expert) if pool.protect[s] == 0 and e not in keep
         ]
-        if not candidates:
+        return self._victim_slot(layer, evictable)
+
+    def _victim_slot(self, layer: int, evictable: list[int]) -> int | None:
+        """The slot of the policy's victim among the experts in ``evictable`` slots (removed
+        from the list: it will hold an expert that is kept), or None when it is empty."""
+        if not evictable:
             return None
+        pool = self._pools[layer]
+        candidates = [pool.slot_expert[s] for s in evictable]
         victim = self._policy.choose_victim(layer, candidates)
         if victim not in candidates:
             raise RuntimeError(
                 f"policy {self._policy.name!r} chose expert {victim!r} in layer {layer}, which "
                 f"is not one of the evictable candidates {candidates}"
             )
-        return pool.expert_slot[victim]
+        slot = pool.expert_slot[victim]
+        evictable.remove(slot)
+        return slot
 
-    def _load(self, layer: int, expert: int, slot: int) -> None:
-        """Enqueue loading ``expert`` into ``slot`` (inside ``copy_context``)."""
+    def _assign(self, layer: int, expert: int, slot: int) -> int:
+        """The host's side of a load: ``slot`` now holds ``expert``; returns the expert it
+        evicted (-1: the slot was empty). The copies are :meth:`_copy_in`'s."""
         pool = self._pools[layer]
-        engine = self._engine
         old = pool.slot_expert[slot]
         if old >= 0:
             del pool.expert_slot[old]
@@ -1061,32 +1081,67 @@ class ExpertCache:
             if old in pool.prefetched:
                 pool.prefetched.discard(old)
                 st.prefetch_wasted += 1
-        src = self._store.get(layer, expert)
-        engine.wait_for(pool.last_use[slot])
-        if self._streaming:
-            # A streamed verification may read any slot: overwrite after the last one, and
-            # take the old expert off the map first, so that no later verification reads
-            # the slot under its old name (``stream_guard``). The map entry itself changes
-            # after its last wave (which reads it, and cannot take a -1) and after the load
-            # that wrote it; a streamed kernel that finds -1 reads the expert from the host.
-            engine.wait_for(self._streamed_use)
-            if old >= 0:
-                engine.invalidate(
-                    pool.map_views[old],
-                    self._slot_id_views[0],
-                    (pool.ready[slot], pool.last_use[slot]),
-                )
-        elif old >= 0:
-            engine.copy(pool.map_views[old], self._slot_id_views[0])
-        for dst, name in zip(pool.slot_views[slot], pool.names, strict=True):
-            engine.copy(dst, src[name])
-        engine.copy(pool.map_views[expert], self._slot_id_views[slot + 1])
-        pool.ready[slot] = engine.record()
-        self._load_seq += 1
-        pool.load_seq[slot] = self._load_seq
         pool.slot_expert[slot] = expert
         pool.expert_slot[expert] = slot
         self._policy.on_insert(layer, expert)
+        return old
+
+    def _load(self, layer: int, expert: int, slot: int) -> None:
+        """Enqueue loading ``expert`` into ``slot`` (inside ``copy_context``)."""
+        self._copy_in([(layer, expert, slot, self._assign(layer, expert, slot))], timed=False)
+
+    def _copy_in(self, loads: Sequence[tuple[int, int, int, int]], timed: bool = True) -> None:
+        """Enqueue the copies of ``loads`` (``(layer, expert, slot, evicted expert)``, already
+        assigned on the host), in order, each with a readiness event.
+
+        A slot is overwritten only after its last use by compute. On the streamed path also
+        after the last streamed verification, and each evicted expert first leaves the
+        device map, after its slot's previous load and last wave (one invalidation for the
+        batch: a verification that then finds -1 reads the expert from the host). The map
+        entry of a loaded expert is written after its data. ``timed``: time the batch from
+        its first data copy, for the bandwidth estimate (``completed_transfers``).
+        """
+        engine = self._engine
+        with engine.copy_context():
+            for layer, _, slot, _ in loads:
+                engine.wait_for(self._pools[layer].last_use[slot])
+            if self._streaming:
+                engine.wait_for(self._streamed_use)
+                evicted = [(layer, old, slot) for layer, _, slot, old in loads if old >= 0]
+                if evicted:
+                    after: list[TransferEvent | None] = []
+                    for layer, _, slot in evicted:
+                        pool = self._pools[layer]
+                        after += (pool.ready[slot], pool.last_use[slot])
+                    engine.invalidate_many(
+                        [self._pools[layer].map_views[old] for layer, old, _ in evicted],
+                        self._slot_id_views[0],
+                        after,
+                    )
+            start = engine.record(timing=True) if timed else None
+            nbytes = 0
+            group: list[int] = []  # slots of the layer being loaded, ready at one event
+            for i, (layer, expert, slot, old) in enumerate(loads):
+                pool = self._pools[layer]
+                if not self._streaming and old >= 0:
+                    engine.copy(pool.map_views[old], self._slot_id_views[0])
+                src = self._store.get(layer, expert)
+                for dst, name in zip(pool.slot_views[slot], pool.names, strict=True):
+                    engine.copy(dst, src[name])
+                engine.copy(pool.map_views[expert], self._slot_id_views[slot + 1])
+                self._load_seq += 1
+                pool.load_seq[slot] = self._load_seq
+                nbytes += self._expert_bytes[layer]
+                group.append(slot)
+                if i + 1 == len(loads) or loads[i + 1][0] != layer:
+                    # One readiness event per layer of the batch, after its last load (its
+                    # map entries, which a streamed verification goes by, land one by one).
+                    ready = engine.record()
+                    for s in group:
+                        pool.ready[s] = ready
+                    group = []
+            if start is not None:
+                self._transfers.append((nbytes, start, engine.record(timing=True)))
 
     def _wait(self, layer: int, event: TransferEvent) -> None:
         """Make the compute stream wait for ``event``, timing the stall."""

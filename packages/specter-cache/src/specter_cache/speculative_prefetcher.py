@@ -195,7 +195,7 @@ class SpeculativePrefetcher:
         batch_experts = batch_bytes = remaining = 0
         for layer, experts in plan.items():
             self._planned[layer].update(experts)
-            new = [e for e in experts if cache.slot_of(layer, e) < 0]
+            new = cache.lookup(layer, experts)[1]
             batch_experts += len(new)
             batch_bytes += len(new) * cache.store.expert_bytes(layer)
             # Only evictable slots can take a prefetch: pinned ones (a hot set) hold their
