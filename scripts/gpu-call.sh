@@ -9,3 +9,23 @@ export TRITON_INTERPRET=0
 source scripts/gpu-env.sh
 out="${OUT:-/tmp/specter-out}"
 mkdir -p "$out"
+
+# cuda_tests_to FILE [pytest args...]: a CUDA test selection, its last lines printed and
+# appended to $out/FILE.
+cuda_tests_to() {
+    local file=$1
+    shift
+    timeout "${CUDA_TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -rfE \
+        --tb=short "$@" 2>&1 | grep -vE "^\s*$" | tail -14 | tee -a "$out/$file"
+}
+
+# ab_specter_24gb TAG: DeepSeek-V2-Lite's specter at 24 GB, fixed K = 6, 3 HumanEval prompts x
+# 64 tokens, one process (an A/B arm: run arms in turn, with PYTHONPATH naming each tree).
+ab_specter_24gb() {
+    local tag=$1
+    timeout 170 python3 -m specter_bench bench --experiment tpot --num-prompts 3 --depth 6 \
+        --tag "$tag" --max-minutes 2.4 --model deepseek-v2-lite --systems specter \
+        --budgets 24 --max-new-tokens 64 --out "$out" >"$out/log-$tag.txt" 2>&1
+    python3 -c "import specter_cache; print('$tag', specter_cache.__file__)"
+    tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error' | head -2 | cut -c1-200
+}

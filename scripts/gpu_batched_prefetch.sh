@@ -9,12 +9,8 @@
 # The unlimited cell is gpu_fills_unlimited.sh (another process).
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
-cuda_tests() {
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short "$@" 2>&1 \
-        | grep -vE "^\s*$" | tail -12 | tee -a "$out/gpu-tests-batched-prefetch.txt"
-}
-cuda_tests packages/specter-cache/tests/test_expert_cache_cuda.py
-cuda_tests packages/specter-models/tests/test_cuda.py -k "streamed or budget or hot"
+cuda_tests_to gpu-tests-batched-prefetch.txt packages/specter-cache/tests/test_expert_cache_cuda.py
+cuda_tests_to gpu-tests-batched-prefetch.txt packages/specter-models/tests/test_cuda.py -k "streamed or budget or hot"
 timeout 120 python3 scripts/draft_loop_probe.py --depth 4 --budget-gb 24 \
     --out "$out/draft-loop-probe.jsonl" 2>&1 | grep -vE "Warning|warn" | tail -3
 timeout 330 python3 -m specter_bench bench --experiment routing --num-prompts 3 \

@@ -5,10 +5,6 @@
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_cuda_suites.sh
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
-cuda_tests() {
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short "$@" 2>&1 \
-        | grep -vE "^\s*$" | tail -14 | tee -a "$out/gpu-tests-cuda-suites.txt"
-}
-cuda_tests packages/specter-kernels/tests/test_gpu.py
-cuda_tests packages/specter-cache/tests/test_expert_cache_cuda.py
-cuda_tests packages/specter-models/tests/test_cuda.py
+cuda_tests_to gpu-tests-cuda-suites.txt packages/specter-kernels/tests/test_gpu.py
+cuda_tests_to gpu-tests-cuda-suites.txt packages/specter-cache/tests/test_expert_cache_cuda.py
+cuda_tests_to gpu-tests-cuda-suites.txt packages/specter-models/tests/test_cuda.py

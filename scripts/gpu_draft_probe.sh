@@ -7,13 +7,9 @@
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_draft_probe.sh
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
-cuda_tests() {
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short "$@" 2>&1 \
-        | grep -vE "^\s*$" | tail -12 | tee -a "$out/gpu-tests-draft-probe.txt"
-}
-cuda_tests packages/specter-kernels/tests/test_gpu.py -k "fills or streamed"
-cuda_tests packages/specter-cache/tests/test_expert_cache_cuda.py
-cuda_tests packages/specter-models/tests/test_cuda.py -k "streamed or budget or hot"
+cuda_tests_to gpu-tests-draft-probe.txt packages/specter-kernels/tests/test_gpu.py -k "fills or streamed"
+cuda_tests_to gpu-tests-draft-probe.txt packages/specter-cache/tests/test_expert_cache_cuda.py
+cuda_tests_to gpu-tests-draft-probe.txt packages/specter-models/tests/test_cuda.py -k "streamed or budget or hot"
 for budget in "" 24; do
     timeout 150 python3 scripts/draft_loop_probe.py --depth 4 ${budget:+--budget-gb $budget} \
         --out "$out/draft-loop-probe.jsonl" 2>&1 | grep -vE "Warning|warn" | tail -6

@@ -11,15 +11,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 new_path="$PYTHONPATH"
 old_path="$PWD/ab_old/packages/specter-cache/src:$PYTHONPATH"
-run() {
-    local tag=$1
-    timeout 170 python3 -m specter_bench bench --experiment tpot --num-prompts 3 --depth 6 \
-        --tag "$tag" --max-minutes 2.4 --model deepseek-v2-lite --systems specter \
-        --budgets 24 --max-new-tokens 64 --out "$out" >"$out/log-$tag.txt" 2>&1
-    python3 -c "import specter_cache; print('$tag', specter_cache.__file__)"
-    tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error' | head -2 | cut -c1-200
-}
 timeout 60 python3 scripts/copy_queue_probe.py | tee "$out/copy-queue-probe.jsonl"
-PYTHONPATH="$new_path" run inval-ab-fill-1
-PYTHONPATH="$old_path" run inval-ab-copy
-PYTHONPATH="$new_path" run inval-ab-fill-2
+PYTHONPATH="$new_path" ab_specter_24gb inval-ab-fill-1
+PYTHONPATH="$old_path" ab_specter_24gb inval-ab-copy
+PYTHONPATH="$new_path" ab_specter_24gb inval-ab-fill-2

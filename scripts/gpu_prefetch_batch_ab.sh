@@ -9,17 +9,9 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 new_path="$PYTHONPATH"
 old_path="$PWD/ab_old/packages/specter-cache/src:$PYTHONPATH"
-run() {
-    local tag=$1
-    timeout 170 python3 -m specter_bench bench --experiment tpot --num-prompts 3 --depth 6 \
-        --tag "$tag" --max-minutes 2.4 --model deepseek-v2-lite --systems specter \
-        --budgets 24 --max-new-tokens 64 --out "$out" >"$out/log-$tag.txt" 2>&1
-    python3 -c "import specter_cache; print('$tag', specter_cache.__file__)"
-    tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error' | head -2 | cut -c1-200
-}
-PYTHONPATH="$old_path" run prefetch-ab-old-1
-PYTHONPATH="$new_path" run prefetch-ab-new
-PYTHONPATH="$old_path" run prefetch-ab-old-2
+PYTHONPATH="$old_path" ab_specter_24gb prefetch-ab-old-1
+PYTHONPATH="$new_path" ab_specter_24gb prefetch-ab-new
+PYTHONPATH="$old_path" ab_specter_24gb prefetch-ab-old-2
 hot=$(ls "$out"/bench-deepseek-v2-lite-prefetch-ab-new.jsonl)
 timeout 150 python3 scripts/profile_decode_host.py --budget-gb 24 --depth 6 --humaneval 0 \
     --miss-path stream --hot-experts "$hot" --top 25 >"$out/profile-host-24gb-k6.txt" 2>&1
