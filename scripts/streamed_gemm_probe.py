@@ -1,0 +1,138 @@
+"""How fast the grouped FP16 kernel streams missing experts from pinned host memory.
+
+The timeline probe (docs/benchmarks.md, twelfth session) found a 24 GB verification's
+kernels streaming at about 18 GB/s, where a plain zero-copy read (scripts/zero_copy_probe.py)
+reaches 41-45 GB/s. This probe times DeepSeek-V2-Lite's MoE layer (H 2048, I 1408, 64
+experts, top-6) through ``grouped_moe_fp16`` with ``--rows`` routed rows of which
+``--streamed`` experts have no slot and are read in place from pinned host memory, against
+the same launch with every expert resident, and prints the streamed bytes' rate (their
+bytes over the time the launch takes beyond the resident one; median of ``--repeats``):
+
+* ``per-pair``: the verification's batch-invariant mode (``out [T, k, H]``, fixed tiles);
+* ``accumulate`` with each ``--configs`` tile shape (``block_n x block_k / stages``, given to
+  ``launch_grouped`` for both projections).
+
+    source scripts/gpu-env.sh && python3 scripts/streamed_gemm_probe.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+import specter_kernels as sk
+from specter_kernels.grouped_fp16_triton import GroupedConfig, launch_grouped
+
+H, INTER, E, K = 2048, 1408, 64, 6
+
+
+def _ms(fn, repeats: int) -> float:
+    times = []
+    for r in range(repeats + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        if r >= 2:  # the first two compile and warm
+            times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def _launcher(shape: str | None, x, ids, weights, shared):
+    """``(run, out)``: ``run(expert_to_slot, streamed)`` is one MoE layer launch into
+    ``out``, per-pair (``shape`` None) or accumulating with the tile ``shape``
+    (``block_n x block_k / stages``) for both projections."""
+    slots13, slots2, every, flags = shared
+    rows = x.shape[0]
+    if shape is None:
+        out = torch.zeros(rows, K, H, device="cuda")
+
+        def run(slot_map, stream):
+            sk.grouped_moe_fp16(
+                x, ids, weights, slots13, slots2, slot_map, every, out, None,
+                stream, flags if stream is not None else None,
+            )  # fmt: skip
+
+        return run, out
+    tile, stages = shape.split("/")
+    bn, bk = (int(v) for v in tile.split("x"))
+    config = GroupedConfig(16, bn, bk, num_warps=4, num_stages=int(stages))
+    out = torch.zeros(rows, H, device="cuda")
+
+    def run(slot_map, stream):
+        launch_grouped(
+            x, ids, weights, slots13, slots2, slot_map, every, out, config, config, None,
+            stream, flags if stream is not None else None,
+        )  # fmt: skip
+
+    return run, out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="1,7")
+    p.add_argument("--streamed", default="1,3,6")
+    p.add_argument("--configs", default="64x128/4,32x256/3,16x512/2,128x64/4,64x64/6")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--out", default=None, help="append the JSON lines here")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    w13 = (torch.randn(E, 2 * INTER, H) * 0.02).half().pin_memory()
+    w2 = (torch.randn(E, H, INTER) * 0.02).half().pin_memory()
+    streamed = sk.StreamedExperts.from_tensors(list(w13), list(w2), "cuda")
+    slots13, slots2 = w13.cuda(), w2.cuda()
+    every = torch.ones(E, dtype=torch.bool, device="cuda")
+    resident = torch.arange(E, device="cuda", dtype=torch.int32)
+    flags = torch.zeros(2, E, dtype=torch.uint8, device="cuda")
+    expert_bytes = (3 * H * INTER) * 2
+    records = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        x = torch.randn(rows, H, device="cuda").half()
+        weights = torch.rand(rows, K, device="cuda")
+        # Row r routes to experts (r + j) mod 12: 6-12 distinct experts, ids 0-11.
+        ids = torch.tensor([[(r + j) % 12 for j in range(K)] for r in range(rows)], device="cuda")
+        routed = sorted(set(ids.reshape(-1).tolist()))
+        for count in (int(c) for c in args.streamed.split(",")):
+            count = min(count, len(routed))
+            missing = torch.zeros(E, dtype=torch.bool)
+            missing[routed[:count]] = True
+            mapping = torch.where(missing, -1, torch.arange(E)).int().cuda()
+            shapes = [("per-pair", None)] + [
+                ("accumulate", c) for c in args.configs.split(",") if c
+            ]
+            for mode, shape in shapes:
+                run, out = _launcher(shape, x, ids, weights, (slots13, slots2, every, flags))
+                out.zero_()
+                run(resident, None)
+                expected = out.clone()
+                out.zero_()
+                run(mapping, streamed)
+                equal = bool(torch.equal(out, expected))  # same bits from the host
+                base = _ms(lambda run=run: run(resident, None), args.repeats)
+                with_host = _ms(lambda run=run, m=mapping: run(m, streamed), args.repeats)
+                extra = max(with_host - base, 1e-6)
+                record = {
+                    "rows": rows,
+                    "streamed": count,
+                    "mode": mode,
+                    "tile": shape or "per-pair default",
+                    "resident_ms": base,
+                    "streamed_ms": with_host,
+                    "streamed_gb_per_s": count * expert_bytes / extra / 1e6,
+                    "whole_launch_gb_per_s": count * expert_bytes / with_host / 1e6,
+                    "equal": equal,
+                }
+                records.append(record)
+                print(json.dumps(record), flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
