@@ -8,7 +8,9 @@ experts, top-6) through ``grouped_moe_fp16`` with ``--rows`` routed rows of whic
 the same launch with every expert resident, and prints the streamed bytes' rate (their
 bytes over the time the launch takes beyond the resident one; median of ``--repeats``):
 
-* ``per-pair``: the verification's batch-invariant mode (``out [T, k, H]``, fixed tiles);
+* ``per-pair``: the verification's batch-invariant mode (``out [T, k, H]``), with its own
+  tiles and with each ``--per-pair-configs`` shape swapped in (``block_n / stages /
+  warps``; block_k stays 128, which fixes a pair's summation order, so these keep the bits);
 * ``accumulate`` with each ``--configs`` tile shape (``block_n x block_k / stages``, given to
   ``launch_grouped`` for both projections).
 
@@ -24,7 +26,10 @@ import statistics
 import torch
 
 import specter_kernels as sk
+from specter_kernels import grouped_fp16_triton
 from specter_kernels.grouped_fp16_triton import GroupedConfig, launch_grouped
+
+default_per_pair = grouped_fp16_triton.per_pair_configs
 
 H, INTER, E, K = 2048, 1408, 64, 6
 
@@ -77,6 +82,7 @@ def main() -> int:
     p.add_argument("--rows", default="1,7")
     p.add_argument("--streamed", default="1,3,6")
     p.add_argument("--configs", default="64x128/4,32x256/3,16x512/2,128x64/4,64x64/6")
+    p.add_argument("--per-pair-configs", default="32/4/4,16/4/4,64/2/4,64/6/8,128/3/8")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", default=None, help="append the JSON lines here")
     args = p.parse_args()
@@ -101,11 +107,19 @@ def main() -> int:
             missing = torch.zeros(E, dtype=torch.bool)
             missing[routed[:count]] = True
             mapping = torch.where(missing, -1, torch.arange(E)).int().cuda()
-            shapes = [("per-pair", None)] + [
-                ("accumulate", c) for c in args.configs.split(",") if c
-            ]
+            shapes = [("per-pair", None)]
+            shapes += [("per-pair", f"pp:{c}") for c in args.per_pair_configs.split(",") if c]
+            shapes += [("accumulate", c) for c in args.configs.split(",") if c]
             for mode, shape in shapes:
-                run, out = _launcher(shape, x, ids, weights, (slots13, slots2, every, flags))
+                if shape is not None and shape.startswith("pp:"):
+                    bn, stages, warps = (int(v) for v in shape[3:].split("/"))
+                    tile = GroupedConfig(16, bn, 128, num_warps=warps, num_stages=stages)
+                    grouped_fp16_triton.per_pair_configs = lambda device, t=tile: (t, t)
+                    shape_arg = None
+                else:
+                    grouped_fp16_triton.per_pair_configs = default_per_pair
+                    shape_arg = shape
+                run, out = _launcher(shape_arg, x, ids, weights, (slots13, slots2, every, flags))
                 out.zero_()
                 run(resident, None)
                 expected = out.clone()
