@@ -70,28 +70,21 @@ class CopyEngine(ABC):
         """Make later copies wait for ``event`` (a compute stream's last use of a slot)."""
 
     def invalidate(
-        self, dst: torch.Tensor, src: torch.Tensor, after: Sequence[TransferEvent | None]
-    ) -> None:
-        """Copy a small map entry ahead of the data copies that follow it (inside
-        ``copy_context``), once the events ``after`` are done (the entry's previous update,
-        and the last kernel that read the entry expecting the old value).
-
-        Engines whose copies complete in order of issue (the CPU ones) just copy. The CUDA
-        engine copies on a side stream that carries nothing else, so a consumer can wait for
-        every invalidation issued so far (``invalidations_done``) without waiting for the
-        data copies queued before them."""
-        self.copy(dst, src)
-
-    def invalidate_many(
         self,
         dsts: Sequence[torch.Tensor],
         src: torch.Tensor,
         after: Sequence[TransferEvent | None],
     ) -> None:
-        """:meth:`invalidate` for several entries at once: each of ``dsts`` gets ``src``
-        ahead of the data copies that follow, once every event of ``after`` is done."""
+        """Copy ``src`` into each small map entry of ``dsts`` ahead of the data copies that
+        follow it (inside ``copy_context``), once the events ``after`` are done (the entries'
+        previous updates, and the last kernels that read them expecting the old values).
+
+        Engines whose copies complete in order of issue (the CPU ones) just copy. The CUDA
+        engine copies on a side stream that carries nothing else, so a consumer can wait for
+        every invalidation issued so far (``invalidations_done``) without waiting for the
+        data copies queued before them."""
         for dst in dsts:
-            self.invalidate(dst, src, after)
+            self.copy(dst, src)
 
     def invalidations_done(self) -> TransferEvent | None:
         """An event after every ``invalidate`` so far, for a consumer to wait on; None when
@@ -360,11 +353,6 @@ class CudaCopyEngine(CopyEngine):
         return CudaEvent(ev)
 
     def invalidate(
-        self, dst: torch.Tensor, src: torch.Tensor, after: Sequence[TransferEvent | None]
-    ) -> None:
-        self.invalidate_many([dst], src, after)
-
-    def invalidate_many(
         self,
         dsts: Sequence[torch.Tensor],
         src: torch.Tensor,

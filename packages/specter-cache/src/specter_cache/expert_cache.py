@@ -606,7 +606,7 @@ class ExpertCache:
         The host decides every load of the plan first, then issues them as one batch: on the
         streamed path the evicted experts leave the device map in one invalidation ahead of
         every data copy, and each event the copy stream must wait for is waited for once
-        (the copies stay in plan order, one readiness event per load).
+        (the copies stay in plan order; a layer's loads share one readiness event).
 
         Args:
             plan: ``layer -> ranked expert ids``.
@@ -630,11 +630,7 @@ class ExpertCache:
                     slot = pool.empty.pop()
                 else:
                     if evictable is None:
-                        evictable = [
-                            s
-                            for s, x in enumerate(pool.slot_expert)
-                            if pool.protect[s] == 0 and x not in planned
-                        ]
+                        evictable = self._evictable_slots(pool, planned)
                     slot = self._victim_slot(layer, evictable)
                 if slot is None:
                     st.prefetch_dropped += sum(1 for x in experts[i:] if x not in pool.expert_slot)
@@ -927,21 +923,15 @@ class ExpertCache:
                     "must be a streamed expert holding no slot, into a candidate slot of "
                     "the last prepare_fills"
                 )
-            old = pool.slot_expert[slot]
-            if old >= 0:  # the verification took it off the device map
-                del pool.expert_slot[old]
-                self._policy.on_evict(layer, old)
-                st.evictions += 1
-            else:
+            if pool.slot_expert[slot] < 0:
                 pool.empty.remove(slot)
-            pool.slot_expert[slot] = e
-            pool.expert_slot[e] = slot
+            # The verification took the old expert off the device map and wrote this one.
+            self._assign(layer, e, slot)
             pool.ready[slot] = pool.last_use[slot] = self._streamed_use
             self._load_seq += 1
             pool.load_seq[slot] = self._load_seq
-            self._policy.on_insert(layer, e)
             st.streamed_fills += 1
-        nbytes = self._store.expert_bytes(layer)
+        nbytes = self._expert_bytes[layer]
         st.acquires += 1
         st.misses += len(streamed_ids)
         st.hits += len(needed_ids) - len(streamed_ids)
@@ -1046,10 +1036,13 @@ class ExpertCache:
         pool = self._pools[layer]
         if pool.empty:
             return pool.empty.pop()
-        evictable = [
-            s for s, e in enumerate(pool.slot_expert) if pool.protect[s] == 0 and e not in keep
-        ]
-        return self._victim_slot(layer, evictable)
+        return self._victim_slot(layer, self._evictable_slots(pool, keep))
+
+    @staticmethod
+    def _evictable_slots(pool: _LayerPool, keep: Sequence[int] | set[int]) -> list[int]:
+        """Slots of ``pool`` that no acquisition or pin protects and whose expert is not in
+        ``keep``."""
+        return [s for s, e in enumerate(pool.slot_expert) if pool.protect[s] == 0 and e not in keep]
 
     def _victim_slot(self, layer: int, evictable: list[int]) -> int | None:
         """The slot of the policy's victim among the experts in ``evictable`` slots (removed
@@ -1113,7 +1106,7 @@ class ExpertCache:
                     for layer, _, slot in evicted:
                         pool = self._pools[layer]
                         after += (pool.ready[slot], pool.last_use[slot])
-                    engine.invalidate_many(
+                    engine.invalidate(
                         [self._pools[layer].map_views[old] for layer, old, _ in evicted],
                         self._slot_id_views[0],
                         after,
