@@ -163,6 +163,7 @@ def poisoned(monkeypatch, triton_backend):
         routed_pair_sum_triton,
         router_topk_triton,
         streamed_fills_triton,
+        streamed_staging_triton,
         w4a16_triton,
     )
 
@@ -175,6 +176,7 @@ def poisoned(monkeypatch, triton_backend):
         mla_attention_triton,
         routed_pair_sum_triton,
         streamed_fills_triton,
+        streamed_staging_triton,
     ):
         monkeypatch.setattr(module, "torch", PoisonedTorch())
 

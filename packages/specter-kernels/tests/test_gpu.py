@@ -161,6 +161,47 @@ def test_streamed_fills_on_the_gpu(seed, T):
         assert torch.equal(slots2[s].cpu(), w2[e])
 
 
+@pytest.mark.parametrize(("T", "num_slots"), [(1, 2), (7, 4), (7, 16)])
+def test_staged_streaming_on_the_gpu(seed, T, num_slots):
+    # Missing experts staged from pinned memory into a device buffer, in one graph with the
+    # GEMM: the staged ones hold their experts whole, the output has the bits of slots and
+    # every missing expert is flagged.
+    x, ids, weights, w13, w2, streamed = _streamed_problem(T)
+    E, H, k, I = w13.shape[0], x.shape[1], ids.shape[1], w2.shape[2]
+    every = torch.ones(E, dtype=torch.bool, device="cuda")
+    resident = torch.arange(E) % 4 == 0
+    slot_of = torch.where(resident, torch.arange(E) // 4, -1).int().cuda()
+    slots13, slots2 = w13[resident].cuda(), w2[resident].cuda()
+    plain = torch.zeros(T, k, H, device="cuda")
+    sk.grouped_moe_fp16(x, ids, weights, slots13, slots2, slot_of, every, plain, None, streamed)
+    staging = sk.StagingBuffer.allocate(num_slots, E, H, I, "cuda")
+    staging.weights.fill_(float("nan"))
+    flags = torch.zeros(2, E, dtype=torch.uint8, device="cuda")
+    out = torch.zeros(T, k, H, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        view = sk.stage_streamed(ids, slot_of, every, streamed, staging)
+        sk.grouped_moe_fp16(
+            x, ids, weights, slots13, slots2, slot_of, every, out, None, view, flags
+        )  # fmt: skip
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, plain)
+    routed = torch.zeros(E, dtype=torch.bool, device="cuda")
+    routed[ids.reshape(-1)] = True
+    missing = (routed & (slot_of < 0)).nonzero().flatten().tolist()
+    assert torch.equal(
+        flags.bool().cpu(), torch.isin(torch.arange(E), torch.tensor(missing)).expand(2, E)
+    )
+    want = (missing + [-1] * num_slots)[:num_slots]
+    assert staging.staged_experts.tolist() == want
+    for slot, expert in enumerate(want):
+        if expert >= 0:
+            gate_up, down = staging.slot_weights(slot)
+            assert torch.equal(gate_up.cpu(), w13[expert])
+            assert torch.equal(down.cpu(), w2[expert])
+
+
 @pytest.mark.parametrize("S", [1, 5, 300])
 def test_rotary_complex_on_the_gpu(seed, monkeypatch, S):
     # DeepSeek-V2-Lite's shapes: 16 heads, a 64-wide rope slice of a 192-wide query head.

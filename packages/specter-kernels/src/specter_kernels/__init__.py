@@ -63,6 +63,11 @@ from specter_kernels.router_topk import router_topk, router_topk_reference
 from specter_kernels.silu_and_mul import silu_and_mul, silu_and_mul_reference
 from specter_kernels.streamed_experts import StreamedExperts
 from specter_kernels.streamed_fills import assign_fill_slots, assign_fill_slots_reference
+from specter_kernels.streamed_staging import (
+    StagingBuffer,
+    stage_streamed,
+    stage_streamed_reference,
+)
 
 __version__ = "0.1.0"
 
@@ -73,6 +78,7 @@ __all__ = [
     "BatchInvariantMode",
     "Int4Weight",
     "MatmulConfig",
+    "StagingBuffer",
     "StreamedExperts",
     "__version__",
     "assign_fill_slots",
@@ -117,6 +123,8 @@ __all__ = [
     "silu_and_mul",
     "silu_and_mul_reference",
     "stack_int4_experts",
+    "stage_streamed",
+    "stage_streamed_reference",
     "sum_routed_pairs",
     "sum_routed_pairs_reference",
     "unpack_int4",
