@@ -334,3 +334,33 @@ def test_cuda_streamed_misses_graph_the_budgeted_target_whole_and_keep_greedy_to
     with _host_sync_forbidden(), record.forward(lm.cache, 3, count=False):
         replayed = lm.target.graphs.forward(rows, start)
     assert torch.equal(replayed, expected)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_staged_streaming_keeps_greedy_tokens_and_the_whole_graph(name):
+    # stream_staging: each layer's first missing experts are copied into the staging buffer
+    # inside the verification's graph, then read there; tokens and bytes are plain
+    # streaming's, and both widths are graphed whole in one process.
+    kwargs = {
+        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
+        "max_seq_len": 320, "miss_path": "stream",
+    }  # fmt: skip
+    prompt = torch.randint(0, 96, (200,), device="cuda").tolist()
+    lm = load(name, stream_staging=4, **kwargs)
+    runs = {}
+    for staging in (0, 4, 0):
+        lm.stream_staging = staging
+        lm.reset()
+        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=5)
+        tokens = spec.generate(prompt, 32).tokens
+        total = lm.cache.stats()["total"]
+        runs.setdefault(staging, []).append((tokens, total["streamed_reads"]))
+        assert total["streamed_reads"] > 0
+    assert runs[4][0][0] == runs[0][0][0] == runs[0][1][0]
+    stats = lm.graph_stats()["target"]
+    assert stats["disabled_reason"] is None
+    assert stats["piecewise_graphs"] == 0
+    assert {key[4] for key in lm.target.graphs.stats.keys} == {0, 4}
+    torch.cuda.synchronize()
+    staged = [e for e in lm.runtime.staging.staged_experts.tolist() if e >= 0]
+    assert len(staged) == len(set(staged))

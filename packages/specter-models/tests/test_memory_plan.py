@@ -62,3 +62,27 @@ def test_kv_and_dtype_scale_the_plan():
     assert b.kv_cache_bytes == 4 * a.kv_cache_bytes
     assert b.non_expert_bytes == 2 * a.non_expert_bytes
     assert b.draft_int4_bytes == a.draft_int4_bytes  # INT4 does not depend on the dtype
+
+
+def test_a_staging_buffer_is_fixed_state():
+    config = get_preset("deepseek-v2-lite").make_config()
+    plain = plan_memory(config, 24)
+    staged = plan_memory(config, 24, staging_slots=8)
+    assert staged.staging_bytes == 8 * plain.expert_bytes
+    assert staged.fixed_bytes == plain.fixed_bytes + staged.staging_bytes
+    assert staged.expected_peak_bytes <= staged.budget_bytes
+    slot_row = 26 * plain.expert_bytes  # one slot in every layer
+    spare = plain.budget_bytes - plain.expected_peak_bytes
+    assert staged.slots_per_layer == plain.slots_per_layer - (staged.staging_bytes > spare)
+    assert staged.slots_per_layer >= plain.slots_per_layer - 1  # 138 MB < one slot per layer
+    assert staged.staging_bytes < slot_row
+    assert "staging buffer (8 FP16 experts)" in staged.describe()
+    assert "staging buffer" not in plain.describe()
+    assert staged.as_dict()["staging_bytes"] == staged.staging_bytes
+    with pytest.raises(ValueError, match=r"staging_slots must be an int >= 0.*-1"):
+        plan_memory(config, 24, staging_slots=-1)
+    tiny = get_preset("tiny-qwen2-moe").make_config()
+    base = plan_memory(tiny, slots_per_layer=2)
+    need = base.fixed_bytes + base.num_moe_layers * base.expert_bytes
+    with pytest.raises(MemoryBudgetError, match="a staging buffer"):
+        plan_memory(tiny, need / 1e9, staging_slots=base.num_moe_layers + 1)

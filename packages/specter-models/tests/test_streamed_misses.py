@@ -248,3 +248,77 @@ def test_with_every_expert_resident_nothing_streams_or_is_recorded(checkpoints):
     assert not lm.runtime.streams(1)  # the all-resident single wave, no record to read
     lm.target.forward(random_prompt(3, lm.config.vocab_size, seed=1), 0)
     assert lm.cache.stats()["total"]["acquires"] == 0
+
+
+def test_staging_keeps_the_bits_and_the_bytes(checkpoints, arch_name):
+    # Staged experts are copied into the staging buffer, then read there: the logits, the
+    # record and the bytes are plain streaming's.
+    folder = checkpoints[arch_name]
+    ids = random_prompt(7, 96, seed=5)
+    runs = {}
+    for staging in (0, 2):
+        lm = load(
+            folder, device="cpu", dtype=torch.float16, slots_per_layer=2, batch_invariant=True,
+            miss_path="stream", stream_staging=staging,
+        )  # fmt: skip
+        assert lm.stream_staging == staging
+        first = lm.target.forward(ids[:, :4], 0)
+        lm.runtime.record_routing()  # the second forward's routed experts (a sync per layer)
+        second = lm.target.forward(ids[:, 4:], 4)
+        runs[staging] = (first, second, lm.cache.stats()["total"], lm)
+    assert torch.equal(runs[2][0], runs[0][0])
+    assert torch.equal(runs[2][1], runs[0][1])
+    for key in ("streamed_reads", "streamed_bytes", "bytes_moved", "hits", "misses"):
+        assert runs[2][2][key] == runs[0][2][key], key
+    lm = runs[2][3]
+    staging = lm.runtime.staging
+    assert staging.num_slots == 2
+    assert lm.memory.plan.staging_slots == 2
+    # The last layer's staging: its first two routed experts that held no slot.
+    last = lm.cache.num_layers - 1
+    routed = sorted(set(lm.runtime.routing_trace[last][0]))
+    resident = set(lm.cache.resident_experts(last))
+    missing = [e for e in routed if e not in resident]
+    assert missing
+    assert staging.staged_experts.tolist() == [*missing, -1, -1][:2]
+    for slot, expert in enumerate(staging.staged_experts.tolist()):
+        if expert >= 0:
+            gate_up, down = staging.slot_weights(slot)
+            assert torch.equal(gate_up, lm.cache.store.get(last, expert)["gate_up"])
+            assert torch.equal(down, lm.cache.store.get(last, expert)["down"])
+
+
+def test_greedy_speculation_with_staging_keeps_the_tokens(checkpoints):
+    from specter_spec import SpecController
+
+    folder = checkpoints["tiny-deepseek-v2"]
+    tokens = {}
+    for staging in (0, 3):
+        lm = load(
+            folder, device="cpu", dtype=torch.float16, slots_per_layer=3, batch_invariant=True,
+            miss_path="stream", stream_staging=staging,
+        )  # fmt: skip
+        prompt = random_prompt(6, lm.config.vocab_size, seed=44)[0].tolist()
+        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
+        tokens[staging] = spec.generate(prompt, 12).tokens
+        assert lm.cache.stats()["total"]["streamed_reads"] > 0
+    assert tokens[3] == tokens[0]
+
+
+def test_bad_stream_staging_is_refused(checkpoints):
+    folder = checkpoints["tiny-qwen2-moe"]
+    with pytest.raises(ValueError, match=r"stream_staging must be an int >= 0.*-1"):
+        load(folder, device="cpu", dtype=torch.float16, stream_staging=-1)
+    with pytest.raises(ValueError, match=r"stream_staging=2 needs dtype=torch.float16.*float32"):
+        load(folder, device="cpu", dtype=torch.float32, stream_staging=2)
+    lm = load(
+        folder, device="cpu", dtype=torch.float16, slots_per_layer=2, miss_path="stream",
+        stream_staging=2,
+    )  # fmt: skip
+    lm.stream_staging = 1  # narrower: a view of the same buffer
+    assert lm.runtime.staging_buffer().num_slots == 1
+    assert lm.runtime.staging_buffer().weights.data_ptr() == lm.runtime.staging.weights.data_ptr()
+    lm.stream_staging = 0
+    assert lm.runtime.staging_buffer() is None
+    with pytest.raises(ValueError, match=r"stream_staging=3 is above this model's staging buffer"):
+        lm.stream_staging = 3

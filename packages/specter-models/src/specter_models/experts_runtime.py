@@ -14,13 +14,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from specter_cache import ExpertCache, RoutingCounter
+from specter_kernels import StagingBuffer
 from specter_models.row_truncation import RowTruncation
 from specter_models.streamed_misses import (
     DEFAULT_STREAM_FILLS,
+    DEFAULT_STREAM_STAGING,
     STREAM_MAX_ROWS,
     StreamRecord,
     check_miss_path,
     check_stream_fills,
+    check_stream_staging,
 )
 
 VERIFICATION_KINDS = ("expert", "token")
@@ -85,6 +88,11 @@ class ExpertsRuntime:
         self.stream_record: StreamRecord | None = None
         self._stream_fills = DEFAULT_STREAM_FILLS
         self.fill_width = DEFAULT_STREAM_FILLS  # the stream record's width (load's stream_fills)
+        # Staging (streamed_misses.py): the buffer load(stream_staging=) made, and how many of
+        # its slots a verification uses now.
+        self.staging: StagingBuffer | None = None
+        self._stream_staging = DEFAULT_STREAM_STAGING
+        self._staging_views: dict[int, StagingBuffer] = {}
 
     @property
     def miss_path(self) -> str:
@@ -136,6 +144,44 @@ class ExpertsRuntime:
         if self.stream_record is not None:
             self.stream_record.set_spares_per_layer(count)
         self._stream_fills = count
+
+    @property
+    def stream_staging(self) -> int:
+        """Experts per layer a streamed verification copies into the staging buffer before
+        its expert kernel (``streamed_misses``; 0: none). Set it between forwards, at most
+        the buffer's slots (``load(stream_staging=)``). Graphs are captured per value.
+
+        Raises:
+            ValueError: not an int >= 0, or above the buffer's slots.
+        """
+        return self._stream_staging
+
+    @stream_staging.setter
+    def stream_staging(self, count: int) -> None:
+        count = check_stream_staging(count)
+        width = 0 if self.staging is None else self.staging.num_slots
+        if count > width:
+            raise ValueError(
+                f"stream_staging={count} is above this model's staging buffer of {width} "
+                f"experts: load with stream_staging={count} (or more) to stage that many"
+            )
+        self._stream_staging = count
+
+    def staging_buffer(self) -> StagingBuffer | None:
+        """The staging buffer narrowed to ``stream_staging`` slots (None when 0): views of
+        the one buffer, made once per width."""
+        count = self._stream_staging
+        if count == 0 or self.staging is None:
+            return None
+        view = self._staging_views.get(count)
+        if view is None:
+            full = self.staging
+            view = StagingBuffer(
+                full.weights[:count], full.w13_addresses, full.w2_addresses,
+                full.staged_experts[:count], full.hidden_dim, full.intermediate_dim,
+            )  # fmt: skip
+            self._staging_views[count] = view
+        return view
 
     def streams(self, rows: int) -> bool:
         """Whether a target forward of ``rows`` rows takes the streamed miss path (never

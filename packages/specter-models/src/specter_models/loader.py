@@ -26,6 +26,7 @@ from specter_cache import (
     RoutingCounter,
     SpeculativePrefetcher,
 )
+from specter_kernels import StagingBuffer
 from specter_models.absorbed_mla import install_absorbed_mla
 from specter_models.architecture import Architecture, MoeLayer, architecture_for, find_moe_layers
 from specter_models.checkpoint import (
@@ -60,8 +61,10 @@ from specter_models.spec_adapters import SharedKV
 from specter_models.specter_model import MemoryReport, SpecterModel
 from specter_models.streamed_misses import (
     DEFAULT_STREAM_FILLS,
+    DEFAULT_STREAM_STAGING,
     check_miss_path,
     check_stream_fills,
+    check_stream_staging,
 )
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -96,6 +99,7 @@ def load(
     hot_experts: Sequence[Sequence[int]] | None = None,
     miss_path: str = "load",
     stream_fills: int = DEFAULT_STREAM_FILLS,
+    stream_staging: int = DEFAULT_STREAM_STAGING,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -162,6 +166,11 @@ def load(
             fills with the experts it streams (resident afterwards for no extra transfer,
             evicting the policy's coldest; ``streamed_misses``). 0 (default): none, and no
             fill launches; ``SpecterModel.stream_fills`` can lower it later, not raise it.
+        stream_staging: on the streamed path, FP16 experts of a device staging buffer that
+            every layer shares: a verification copies each layer's first missing experts
+            into it with a wide kernel before the expert kernel reads them
+            (``streamed_misses``). Fixed state in the memory plan. 0 (default): none;
+            ``SpecterModel.stream_staging`` can lower it later, not raise it. float16 only.
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -195,6 +204,12 @@ def load(
         piecewise_graphs = cuda_graphs
     check_miss_path(miss_path)  # before the load, which takes a while
     check_stream_fills(stream_fills)
+    check_stream_staging(stream_staging)
+    if stream_staging and dtype != torch.float16:
+        raise ValueError(
+            f"stream_staging={stream_staging} needs dtype=torch.float16 (the grouped FP16 "
+            f"kernel reads the staged experts), got {dtype}; pass stream_staging=0"
+        )
     folder, preset_name = _resolve_source(path_or_preset)
     config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
     arch = architecture_for(config)
@@ -216,6 +231,7 @@ def load(
         draft_group_size=draft_group_size,
         with_draft=draft is not None,
         hot_experts_per_layer=len(hot[0]) if hot else 0,
+        staging_slots=stream_staging,
     )
 
     meter = MemoryMeter(device)
@@ -297,6 +313,11 @@ def load(
     runtime.counter = counter if draft is not None else None
     prefetcher = SpeculativePrefetcher(cache, counter)
     runtime.bandwidth = lambda: prefetcher.planner.bandwidth  # measured transfers
+    if stream_staging:
+        first = layers[0]
+        runtime.staging = StagingBuffer.allocate(
+            stream_staging, E, first.hidden_size, first.intermediate_size, device
+        )
     if row_truncation:
         runtime.row_truncation = (
             row_truncation if isinstance(row_truncation, RowTruncation) else RowTruncation()
@@ -341,6 +362,7 @@ def load(
     )
     loaded.runtime.fill_width = stream_fills
     loaded.stream_fills = stream_fills
+    loaded.stream_staging = stream_staging
     if miss_path != "load":
         loaded.miss_path = miss_path
     if cuda_graphs:

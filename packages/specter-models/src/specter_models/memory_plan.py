@@ -51,6 +51,8 @@ class MemoryPlan:
         slots_per_layer: FP16 expert slots per MoE layer (pinned hot experts included).
         hot_experts_per_layer: pinned hot experts per MoE layer, which the draft computes
             in FP16 and holds no INT4 copy of (0: none).
+        staging_slots: FP16 experts of the streamed path's staging buffer, shared by every
+            layer (specter-models' ``stream_staging``; 0: none): fixed state.
     """
 
     model_type: str
@@ -66,12 +68,22 @@ class MemoryPlan:
     expert_bytes: int
     slots_per_layer: int
     hot_experts_per_layer: int = 0
+    staging_slots: int = 0
+
+    @property
+    def staging_bytes(self) -> int:
+        """The staging buffer (``staging_slots`` FP16 experts)."""
+        return self.staging_slots * self.expert_bytes
 
     @property
     def fixed_bytes(self) -> int:
         """Everything but the expert slots."""
         return (
-            self.non_expert_bytes + self.draft_int4_bytes + self.kv_cache_bytes + self.buffer_bytes
+            self.non_expert_bytes
+            + self.draft_int4_bytes
+            + self.kv_cache_bytes
+            + self.buffer_bytes
+            + self.staging_bytes
         )
 
     @property
@@ -93,6 +105,7 @@ class MemoryPlan:
         """Fields plus the derived totals."""
         out = asdict(self)
         out.update(
+            staging_bytes=self.staging_bytes,
             fixed_bytes=self.fixed_bytes,
             slot_bytes=self.slot_bytes,
             all_experts_bytes=self.all_experts_bytes,
@@ -115,6 +128,11 @@ class MemoryPlan:
             ),
             (f"KV cache ({self.max_seq_len} positions)", _gb(self.kv_cache_bytes)),
             ("activation buffers (estimate)", _gb(self.buffer_bytes)),
+            *(
+                [(f"staging buffer ({self.staging_slots} FP16 experts)", _gb(self.staging_bytes))]
+                if self.staging_slots
+                else []
+            ),
             (
                 f"FP16 expert slots ({self.slots_per_layer}/{self.num_experts} per layer x "
                 f"{self.num_moe_layers} layers)",
@@ -143,6 +161,7 @@ def plan_memory(
     draft_group_size: int | None = None,
     with_draft: bool = True,
     hot_experts_per_layer: int = 0,
+    staging_slots: int = 0,
 ) -> MemoryPlan:
     """Plan GPU memory for a model under a budget (or a fixed slot count).
 
@@ -159,13 +178,15 @@ def plan_memory(
         hot_experts_per_layer: experts per layer pinned in FP16 slots, with no INT4 copy
             (the draft computes them from the slots); they count among the slots, and one
             slot per layer beyond them must stay evictable.
+        staging_slots: FP16 experts of the streamed path's staging buffer (fixed state).
 
     Returns:
         The plan.
 
     Raises:
         ValueError: both a budget and a slot count, a slot count outside ``[1, E]``, a hot
-            count outside ``[0, E)``, or an unsupported model type.
+            count outside ``[0, E)``, a negative staging count, or an unsupported model
+            type.
         MemoryBudgetError: the budget cannot hold the fixed state plus one slot per layer
             beyond the pinned hot experts; the message says how many GB are needed and what
             fills them.
@@ -187,7 +208,13 @@ def plan_memory(
             f"hot_experts_per_layer must be an int in [0, {E}) (pinned experts of {E} per "
             f"layer; at least one stays INT4 for the draft), got {hot!r}"
         )
+    if isinstance(staging_slots, bool) or not isinstance(staging_slots, int) or staging_slots < 0:
+        raise ValueError(
+            f"staging_slots must be an int >= 0 (FP16 experts of the staging buffer), got "
+            f"{staging_slots!r}"
+        )
     expert_bytes = 3 * H * I * itemsize
+    staging_bytes = staging_slots * expert_bytes
     int4_bytes = int4_expert_bytes(H, I, draft_group_size)
     draft_bytes = L * (E - hot) * int4_bytes if with_draft else 0
     (hk, dk), (hv, dv) = arch.kv_row_shapes(config)
@@ -205,6 +232,7 @@ def plan_memory(
         "num_experts": E,
         "expert_bytes": expert_bytes,
         "hot_experts_per_layer": hot,
+        "staging_slots": staging_slots,
     }
     least = min(E, hot + 1)  # the pinned experts plus one evictable slot
     if slots_per_layer is not None:
@@ -218,7 +246,7 @@ def plan_memory(
     if gpu_memory_gb is None:
         return MemoryPlan(budget_bytes=None, slots_per_layer=E, **plan_args)
     budget = int(gpu_memory_gb * GB)
-    fixed = non_expert + draft_bytes + kv_bytes + buffers
+    fixed = non_expert + draft_bytes + kv_bytes + buffers + staging_bytes
     slots = min(E, (budget - fixed) // (L * expert_bytes)) if budget > fixed else 0
     if slots < least:
         needed = fixed + L * least * expert_bytes
@@ -227,9 +255,11 @@ def plan_memory(
             f"gpu_memory_gb={gpu_memory_gb} is too small for this {arch.model_type} model: it "
             f"needs at least {needed / GB:.3f} GB: non-expert weights {_gb(non_expert)}, "
             f"INT4 draft experts {_gb(draft_bytes)}, KV cache at max_seq_len={max_seq_len} "
-            f"{_gb(kv_bytes)}, buffers {_gb(buffers)}, and {least} FP16 expert slot(s) per "
+            f"{_gb(kv_bytes)}, buffers {_gb(buffers)}"
+            + (f", a staging buffer {_gb(staging_bytes)}" if staging_bytes else "")
+            + f", and {least} FP16 expert slot(s) per "
             f"layer{pinned} {_gb(L * least * expert_bytes)}. Give a larger budget, fewer "
-            "pinned hot experts or a smaller max_seq_len."
+            "pinned hot experts, fewer staging slots or a smaller max_seq_len."
         )
     return MemoryPlan(budget_bytes=budget, slots_per_layer=int(slots), **plan_args)
 

@@ -40,6 +40,7 @@ from specter_kernels import (
     dequantize_int4,
     fused_moe_w4a16,
     grouped_moe_fp16,
+    stage_streamed,
     sum_routed_pairs,
 )
 from specter_models.expert_math import accumulate_experts, write_expert_pairs
@@ -295,7 +296,8 @@ class SpecterExperts(nn.Module):
         """The streamed miss path (``streamed_misses``): every routed pair in one wave, each
         expert read from its slot or, without one, in place from the host store; the kernel
         flags the streamed ones in the record's flags and fills its spare slots with the
-        first ones. No host sync: it can be graphed."""
+        first ones; with staging on (fp16), the first missing ones are copied into the
+        staging buffer first and read there. No host sync: it can be graphed."""
         layer = self.layer
         flags = record.flags[layer]
         fills = record.fills[layer] if record.width else None  # width 0: no fill launches
@@ -313,10 +315,14 @@ class SpecterExperts(nn.Module):
                 record.spare_experts[layer], mapping, fills,
             )  # fmt: skip
         if x.dtype == torch.float16:
+            every = self._all_experts_mask(x.device)
+            streamed = self._streamed_experts(x.device)
+            staging = self.runtime.staging_buffer()
+            if staging is not None:  # the first missing experts to device memory, widely
+                streamed = stage_streamed(ids, mapping, every, streamed, staging)
             grouped_moe_fp16(
-                x, ids, weights, slots["gate_up"], slots["down"], mapping,
-                self._all_experts_mask(x.device), out, None, self._streamed_experts(x.device),
-                flags, fills,
+                x, ids, weights, slots["gate_up"], slots["down"], mapping, every, out, None,
+                streamed, flags, fills,
             )  # fmt: skip
             return self._finish(out, x.dtype)
         # float32/float64 reference (CPU tests, host syncs allowed): the same choice per

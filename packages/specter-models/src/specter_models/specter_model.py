@@ -159,6 +159,18 @@ class SpecterModel:
         self.runtime.stream_fills = count
 
     @property
+    def stream_staging(self) -> int:
+        """On the streamed miss path, experts per layer a verification copies into the
+        staging buffer with a wide kernel before its expert kernel reads them there (0, the
+        default: none; ``streamed_misses``). Set it between forwards, at most the value
+        ``load(stream_staging=)`` gave (the buffer's slots)."""
+        return self.runtime.stream_staging
+
+    @stream_staging.setter
+    def stream_staging(self, count: int) -> None:
+        self.runtime.stream_staging = count
+
+    @property
     def batch_invariant(self) -> bool:
         """Whether target forwards are batch-invariant (see ``load(batch_invariant=)``)."""
         return self.runtime.batch_invariant

@@ -69,7 +69,7 @@ MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 @dataclass
 class _Step:
     """The static tensors and the capture of one ``(rows bucket, window, batch_invariant,
-    whole)`` key."""
+    whole, stream_staging)`` key."""
 
     input_ids: torch.Tensor  # [1, T] int64
     positions: torch.Tensor  # [1, T] int64
@@ -156,14 +156,14 @@ class StepGraphStats:
         window_eager: forwards run eagerly in window mode (first uses of a key, or every
             use where capture is off).
         disabled_reason: why graphs were switched off, or None.
-        keys: the captured ``(rows bucket, window, batch_invariant, whole)`` keys (whole:
-            one graph; else piecewise).
+        keys: the captured ``(rows bucket, window, batch_invariant, whole, stream_staging)``
+            keys (whole: one graph; else piecewise).
     """
 
     replays: int = 0
     window_eager: int = 0
     disabled_reason: str | None = None
-    keys: list[tuple[int, int, bool, bool]] = field(default_factory=list)
+    keys: list[tuple[int, int, bool, bool, int]] = field(default_factory=list)
 
     @property
     def captures(self) -> int:
@@ -181,7 +181,7 @@ class StepGraphStats:
             "window_eager": self.window_eager,
             "disabled_reason": self.disabled_reason,
             "graphs": len(self.keys),
-            "piecewise_graphs": sum(not whole for *_, whole in self.keys),
+            "piecewise_graphs": sum(not key[3] for key in self.keys),
         }
 
 
@@ -322,7 +322,8 @@ class StepGraphs:
         end = start_pos + padded
         window = self.window_for(end)
         whole = self.whole()
-        key = (padded, window, self.runtime.batch_invariant, whole)
+        # Staging adds launches to a streamed forward: a graph per staging width.
+        key = (padded, window, self.runtime.batch_invariant, whole, self.runtime.stream_staging)
         step = self._steps.get(key)
         if step is None:
             step = _Step(
@@ -405,7 +406,7 @@ class StepGraphs:
         return output.logits
 
     def _capture(
-        self, key: tuple[int, int, bool, bool], step: _Step, window: int, end: int
+        self, key: tuple[int, int, bool, bool, int], step: _Step, window: int, end: int
     ) -> None:
         """Record ``step``'s window forward, whole or piecewise (nothing runs: the KV rows
         and routing counts of this use came from the eager forward just before)."""

@@ -35,6 +35,15 @@ Qwen1.5-MoE at 14 GB (docs/benchmarks.md) they changed the bytes moved by 0-5% a
 per token by less than the spread between two systems of one process, since the few slots a
 tight budget leaves beside the hot set hold the draft's prefetches.
 
+*Staging* (``load(stream_staging=)``, specter-kernels' ``stage_streamed``) changes how the
+missing experts cross: before each layer's expert kernel, a wide copy kernel moves the
+layer's first ``stream_staging`` missing routed experts (id order) from pinned memory into a
+device buffer that every layer shares, and the expert kernel reads them there. The kernel's
+own in-place reads give a missing expert only a few dozen programs, so few reads are in
+flight; the copy gives it about a thousand. The bytes, the record and the bits are those of
+plain streaming; the buffer is fixed state in the memory plan. Off by default until the GPU
+has measured it.
+
 Forwards of more than ``STREAM_MAX_ROWS`` rows (a prefill) and token-wise verification
 keep the acquire path.
 """
@@ -77,6 +86,22 @@ def check_stream_fills(count: object) -> int:
         raise ValueError(
             f"stream_fills must be an int >= 0 (candidate slots per layer that a streamed "
             f"verification fills with the experts it streams; 0 turns fills off), got {count!r}"
+        )
+    return count
+
+
+DEFAULT_STREAM_STAGING = 0
+"""Experts a streamed verification stages per layer by default: none (see the module
+docstring)."""
+
+
+def check_stream_staging(count: object) -> int:
+    """``count`` as staging slots; ``ValueError`` unless an int >= 0."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError(
+            f"stream_staging must be an int >= 0 (device slots a streamed verification copies "
+            f"each layer's first missing experts into before its expert kernel; 0 turns "
+            f"staging off), got {count!r}"
         )
     return count
 
