@@ -12,7 +12,10 @@ bytes over the time the launch takes beyond the resident one; median of ``--repe
   tiles and with each ``--per-pair-configs`` shape swapped in (``block_n / stages /
   warps``; block_k stays 128, which fixes a pair's summation order, so these keep the bits);
 * ``accumulate`` with each ``--configs`` tile shape (``block_n x block_k / stages``, given to
-  ``launch_grouped`` for both projections).
+  ``launch_grouped`` for both projections);
+* ``staged``: ``stage_streamed`` into a ``--staging``-expert buffer, then the per-pair launch
+  with its own tiles, reading the staged experts from device memory (the time includes the
+  staging copy).
 
     source scripts/gpu-env.sh && python3 scripts/streamed_gemm_probe.py
 """
@@ -77,12 +80,25 @@ def _launcher(shape: str | None, x, ids, weights, shared):
     return run, out
 
 
+def _staged(run, ids, every, staging):
+    """``run`` with the streamed experts staged first (``stage_streamed``): the launch then
+    reads the staged ones from the buffer."""
+
+    def staged_run(slot_map, stream):
+        if stream is not None:
+            stream = sk.stage_streamed(ids, slot_map, every, stream, staging)
+        run(slot_map, stream)
+
+    return staged_run
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,7")
     p.add_argument("--streamed", default="1,3,6")
     p.add_argument("--configs", default="64x128/4,32x256/3,16x512/2,128x64/4,64x64/6")
     p.add_argument("--per-pair-configs", default="32/4/4,16/4/4,64/2/4,64/6/8,128/3/8")
+    p.add_argument("--staging", type=int, default=8, help="staging slots (0: no staged mode)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", default=None, help="append the JSON lines here")
     args = p.parse_args()
@@ -95,6 +111,7 @@ def main() -> int:
     resident = torch.arange(E, device="cuda", dtype=torch.int32)
     flags = torch.zeros(2, E, dtype=torch.uint8, device="cuda")
     expert_bytes = (3 * H * INTER) * 2
+    staging = sk.StagingBuffer.allocate(args.staging, E, H, INTER, "cuda") if args.staging else None
     records = []
     for rows in (int(r) for r in args.rows.split(",")):
         x = torch.randn(rows, H, device="cuda").half()
@@ -110,6 +127,8 @@ def main() -> int:
             shapes = [("per-pair", None)]
             shapes += [("per-pair", f"pp:{c}") for c in args.per_pair_configs.split(",") if c]
             shapes += [("accumulate", c) for c in args.configs.split(",") if c]
+            if staging is not None:
+                shapes.append(("staged", None))
             for mode, shape in shapes:
                 if shape is not None and shape.startswith("pp:"):
                     bn, stages, warps = (int(v) for v in shape[3:].split("/"))
@@ -120,6 +139,8 @@ def main() -> int:
                     grouped_fp16_triton.per_pair_configs = default_per_pair
                     shape_arg = shape
                 run, out = _launcher(shape_arg, x, ids, weights, (slots13, slots2, every, flags))
+                if mode == "staged":
+                    run = _staged(run, ids, every, staging)
                 out.zero_()
                 run(resident, None)
                 expected = out.clone()

@@ -79,7 +79,7 @@ def test_every_record_kind_is_written_and_readable(default_run):
 def test_every_system_decodes_what_hf_decodes(default_run):
     _, result = default_run
     tpot = [r for r in result.records if r["kind"] == "tpot"]
-    assert len(tpot) == 2 * 18
+    assert len(tpot) == 2 * 19
     for r in tpot:
         assert r["new_tokens"] == NEW_TOKENS
         assert r["tpot_ms"] > 0
@@ -237,7 +237,7 @@ def test_each_budget_pins_the_hot_set_its_calibration_chose(default_run):
         pinned = r["extra"]["settings"]["hot_experts_per_layer"]
         if r["system"] in ("specter", "specter-acquire", "specter-no-prefetch",
                            "specter-token-verify", "specter-row-cut",
-                           "specter-fill"):  # fmt: skip
+                           "specter-fill", "specter-staged"):  # fmt: skip
             assert pinned == hot[r["budget_gb"]]["per_layer"]
             assert r["slots_per_layer"][0] == hot[r["budget_gb"]]["slots_per_layer"]
         else:
@@ -256,11 +256,12 @@ def test_only_specter_fill_fills(default_run):
             assert cache["streamed_fills"] == 0
             continue
         seen.add(r["system"])
+        assert settings["stream_staging"] == 0  # float64: specter-staged runs unstaged
         assert settings["stream_fills"] == (8 if r["system"] == "specter-fill" else 0)
         if r["system"] != "specter-fill":
             assert cache["streamed_fills"] == 0
         assert cache["streamed_fills"] <= cache["streamed_reads"]
-    assert {"specter", "specter-fill"} <= seen
+    assert {"specter", "specter-fill", "specter-staged"} <= seen
     fills = [
         r["extra"]["cache"]["streamed_fills"]
         for r in result.records

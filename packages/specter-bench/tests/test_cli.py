@@ -345,6 +345,18 @@ def test_info_shows_the_plan_with_a_pinned_hot_set(capsys):
     assert "65" in err
 
 
+def test_info_counts_a_staging_buffer_as_fixed_state(capsys):
+    argv = ("info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "24", "--hot-experts", "36")
+    code, plain, _ = _run(capsys, *argv)
+    assert code == 0
+    code, staged, _ = _run(capsys, *argv, "--stream-staging", "8")
+    assert code == 0
+    assert "staging buffer" not in plain
+    line = next(line for line in staged.splitlines() if line.startswith("staging buffer"))
+    assert "(8 FP16 experts)" in line
+    assert line.split()[-2:] == ["0.14", "GB"]  # 8 x 3 x 2048 x 1408 x 2 bytes: 138 MB
+
+
 def test_generate_pins_a_hot_set_from_a_file(capsys, tmp_path):
     config = specter_models.preset_config("tiny-deepseek-v2")
     layers = config.num_hidden_layers - config.first_k_dense_replace  # MoE layers

@@ -9,9 +9,10 @@ from specter_bench.engine_systems import (
     DecodeWindow,
     EngineSystemRunner,
     make_depth_policy,
+    staging_width,
 )
 from specter_bench.hf_baseline import HFRunner
-from specter_bench.model_loading import FILL_CANDIDATES
+from specter_bench.model_loading import FILL_CANDIDATES, STAGING_SLOTS
 from specter_bench.unfused_draft import per_expert_w4a16, unfused_draft_kernel
 from specter_models import build_reference_model
 
@@ -226,3 +227,27 @@ def test_row_cut_variant_cuts_rows_and_keeps_greedy_output():
     # The variant's policy is not left on the model for the systems after it.
     EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"], depth=5).generate(prompt, 4)
     assert loaded.runtime.row_truncation is None
+
+
+def test_specter_staged_stages_in_float16_and_keeps_specter_tokens():
+    # The staging variant on a float16 model with a staging buffer: it stages (its records
+    # say so) and decodes specter's tokens; on a model without a buffer it runs unstaged.
+    kwargs = {"device": "cpu", "seed": 3, "max_seq_len": 64, "slots_per_layer": 3}
+    loaded = specter_models.load(
+        "tiny-deepseek-v2", dtype=torch.float16, batch_invariant=True, policy="predictive",
+        stream_staging=STAGING_SLOTS, **kwargs,
+    )  # fmt: skip
+    prompt = _prompt(4, loaded.config.vocab_size)
+    runs = {
+        name: EngineSystemRunner(loaded, ENGINE_SYSTEMS[name], depth=3).generate(prompt, 10)
+        for name in ("specter", "specter-staged")
+    }
+    assert runs["specter-staged"].tokens == runs["specter"].tokens
+    assert runs["specter"].settings["stream_staging"] == 0
+    assert runs["specter-staged"].settings["stream_staging"] == STAGING_SLOTS
+    assert runs["specter-staged"].cache["streamed_reads"] > 0
+    assert staging_width(loaded) == STAGING_SLOTS
+    plain = specter_models.load("tiny-deepseek-v2", dtype=torch.float64, **kwargs)
+    assert staging_width(plain) == 0
+    run = EngineSystemRunner(plain, ENGINE_SYSTEMS["specter-staged"], depth=3).generate(prompt, 4)
+    assert run.settings["stream_staging"] == 0

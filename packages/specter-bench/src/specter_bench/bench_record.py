@@ -50,12 +50,13 @@ SYSTEM_NAMES = (
     "specter-unfused-draft",
     "specter-row-cut",
     "specter-fill",
+    "specter-staged",
 )
 """Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft
-kernel, with row truncation, and with streamed fills."""
+kernel, with row truncation, with streamed fills, and with staged streaming."""
 
 EXPERIMENT_KINDS = (
     "working_set",

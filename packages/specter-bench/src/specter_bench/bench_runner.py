@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from specter_bench.belady import belady_bound, measure_expert_transfer_s, policy_hit_rates
 from specter_bench.bench_record import ExperimentRecord, TpotRecord, append_records
-from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
+from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner, staging_width
 from specter_bench.experiments import BenchConfig, Stage, plan_stages, resolve_budgets
 from specter_bench.hf_baseline import HFGeneration, HFRunner, offload_model
 from specter_bench.model_loading import (
@@ -364,6 +364,19 @@ class BenchRunner:
             self._write(result, records)
 
     # --------------------------------------------------------------------- engine stage
+    def _stage_staging(self, stage: Stage) -> int:
+        """The staging buffer a stage loads: as large as its systems stage, float16 only (in
+        other dtypes a staging system runs unstaged, and this says so in the log)."""
+        wanted = max((ENGINE_SYSTEMS[s].stream_staging for s in stage.systems), default=0)
+        if wanted and self.config.dtype != torch.float16:
+            staged = [s for s in stage.systems if ENGINE_SYSTEMS[s].stream_staging]
+            self.log(
+                f"{', '.join(staged)}: staging needs float16, this run is "
+                f"{str(self.config.dtype).removeprefix('torch.')}: they run unstaged"
+            )
+            return 0
+        return wanted
+
     def _engine_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
         cfg = self.config
         hot = None
@@ -380,12 +393,14 @@ class BenchRunner:
             dtype=cfg.dtype,
             seed=cfg.seed,
             max_seq_len=self.max_seq_len,
-            # A stream record as wide as the stage's systems fill (none fill: no fill launches).
+            # A stream record as wide as the stage's systems fill (none fill: no fill
+            # launches), and a staging buffer as large as they stage (float16 only).
             options=dataclasses.replace(
                 cfg.engine,
                 stream_fills=max(
                     (ENGINE_SYSTEMS[s].stream_fills for s in stage.systems), default=0
                 ),
+                stream_staging=self._stage_staging(stage),
             ),
             hot_experts=hot,
         )
@@ -397,10 +412,18 @@ class BenchRunner:
             # acquiring one is pieces).
             started = time.perf_counter()
             captured = {}
-            for path in sorted({ENGINE_SYSTEMS[s].miss_path for s in stage.systems}):
+            variants = {
+                (ENGINE_SYSTEMS[s].miss_path, ENGINE_SYSTEMS[s].stream_staging)
+                for s in stage.systems
+            }
+            for path, staging in sorted(variants):
                 if hasattr(loaded, "miss_path"):
                     loaded.miss_path = path
-                captured[path] = loaded.capture_step_graphs(self.max_seq_len)
+                name = path
+                if path == "stream" and hasattr(loaded, "stream_staging"):
+                    loaded.stream_staging = min(staging, staging_width(loaded))
+                    name = f"{path}+staging{loaded.stream_staging}" if staging else path
+                captured[name] = loaded.capture_step_graphs(self.max_seq_len)
             self.log(f"captured CUDA graphs {captured} in {time.perf_counter() - started:.1f} s")
         runs: list[tuple[EncodedPrompt, SystemRun]] = []
         experiments: list[ExperimentRecord] = []

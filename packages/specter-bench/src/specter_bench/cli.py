@@ -267,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the experts it streams, so they stay resident for no extra transfer (default 0: "
         "none)",
     )
+    gen.add_argument(
+        "--stream-staging",
+        type=_non_negative_int,
+        default=0,
+        help="with --miss-path stream (float16): experts a verification copies per layer "
+        "into a device staging buffer with a wide kernel before its expert kernel reads "
+        "them there (fixed state in the memory plan; default 0: none)",
+    )
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end only")
     gen.add_argument("--json", action="store_true", help="print statistics as one JSON object")
 
@@ -403,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_int,
         default=0,
         help="experts per layer pinned as a hot set (they leave the INT4 draft; default 0)",
+    )
+    info.add_argument(
+        "--stream-staging",
+        type=_non_negative_int,
+        default=0,
+        help="FP16 experts of the streamed path's staging buffer (fixed state; default 0)",
     )
 
     report = sub.add_parser(

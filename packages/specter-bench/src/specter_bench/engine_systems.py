@@ -17,6 +17,7 @@ specter-token-verify   yes          yes       token-wise    INT4 + hot  predicti
 specter-unfused-draft  yes          yes       expert-wise   per-expert  predictive   stream
 specter-row-cut        yes          yes       expert-wise   INT4 + hot  predictive   load
 specter-fill           yes          yes       expert-wise   INT4 + hot  predictive   stream*
+specter-staged         yes          yes       expert-wise   INT4 + hot  predictive   stream+
 =====================  ===========  ========  ============  ==========  ===========  ======
 
 "misses": how a verification meets experts without a slot (specter-models' ``miss_path``):
@@ -28,6 +29,10 @@ truncation are host decisions per layer, so they acquire. ``specter-fill`` (stre
 ``specter`` with streamed fills: each verification writes up to ``FILL_CANDIDATES`` of the
 experts it streams per layer into slots it takes from the policy's coldest experts, so
 those are resident afterwards for no extra transfer (specter-models' ``stream_fills``).
+``specter-staged`` (stream+) is ``specter`` with staging: before each layer's expert kernel a
+wide copy kernel moves the layer's first ``STAGING_SLOTS`` missing experts into a device
+buffer, where the expert kernel reads them (specter-models' ``stream_staging``; float16 only:
+in other dtypes it runs unstaged, and its records say ``stream_staging`` 0).
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
 ``hot_experts``): the experts ``choose_hot_experts`` picks from a calibration routing stay
@@ -56,7 +61,7 @@ from typing import Any
 
 import torch
 
-from specter_bench.model_loading import FILL_CANDIDATES
+from specter_bench.model_loading import FILL_CANDIDATES, STAGING_SLOTS
 from specter_bench.system_run import SystemRun
 from specter_bench.unfused_draft import unfused_draft_kernel
 from specter_models import RowTruncation
@@ -68,6 +73,7 @@ __all__ = [
     "EngineSystem",
     "EngineSystemRunner",
     "make_depth_policy",
+    "staging_width",
 ]
 
 
@@ -88,6 +94,9 @@ class EngineSystem:
         miss_path: ``"load"`` (acquire missing experts) or ``"stream"`` (read them in place).
         stream_fills: on the streamed path, candidate slots per layer a verification fills
             with the experts it streams (0: no fills).
+        stream_staging: on the streamed path, experts per layer a verification stages into
+            the device buffer before its expert kernel (0: none; at most the buffer the
+            model was loaded with).
     """
 
     name: str
@@ -101,6 +110,7 @@ class EngineSystem:
     hot_experts: bool = False
     miss_path: str = "load"
     stream_fills: int = 0
+    stream_staging: int = 0
 
 
 _SPECTER = EngineSystem(
@@ -126,10 +136,17 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-unfused-draft", fused_draft=False, hot_experts=False),
         _variant("specter-row-cut", row_truncation=True, miss_path="load"),
         _variant("specter-fill", stream_fills=FILL_CANDIDATES),
+        _variant("specter-staged", stream_staging=STAGING_SLOTS),
     )
 }
 """Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans
 cleared and no prefetch, that policy is exactly LRU)."""
+
+
+def staging_width(loaded: Any) -> int:
+    """Experts the model's staging buffer holds (0: it was loaded without one)."""
+    staging = getattr(getattr(loaded, "runtime", None), "staging", None)
+    return 0 if staging is None else staging.num_slots
 
 
 def _graph_stats(loaded: Any) -> dict[str, Any] | None:
@@ -262,6 +279,8 @@ class EngineSystemRunner:
             loaded.miss_path = system.miss_path
         if hasattr(loaded, "stream_fills"):
             loaded.stream_fills = system.stream_fills
+        if hasattr(loaded, "stream_staging"):
+            loaded.stream_staging = min(system.stream_staging, staging_width(loaded))
         runtime = getattr(loaded, "runtime", None)
         if runtime is not None and hasattr(runtime, "row_truncation"):
             runtime.row_truncation = self._row_truncation  # priced at the loader's bandwidth
@@ -313,6 +332,9 @@ class EngineSystemRunner:
                 "verification": self.system.verification,
                 "miss_path": self.system.miss_path,
                 "stream_fills": getattr(self.loaded, "stream_fills", None)
+                if self.system.miss_path == "stream"
+                else None,
+                "stream_staging": getattr(self.loaded, "stream_staging", None)
                 if self.system.miss_path == "stream"
                 else None,
                 "prefetch": self.system.prefetch,

@@ -44,6 +44,7 @@ ABLATIONS = (
     "specter-unfused-draft",
     "specter-row-cut",
     "specter-fill",
+    "specter-staged",
 )
 HF_SYSTEMS = ("hf", "hf-default")
 DEFAULT_SWEEP_DEPTHS = (0, 2, 4, 8, 16, 32)

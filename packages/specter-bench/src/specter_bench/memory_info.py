@@ -33,14 +33,18 @@ def describe_machine() -> str:
 
 def run_info(args: argparse.Namespace) -> int:
     """Print the machine and, for ``args.model``, the memory plan at ``args.gpu_memory_gb``
-    (with ``args.hot_experts`` experts per layer pinned)."""
+    (with ``args.hot_experts`` experts per layer pinned and a staging buffer of
+    ``args.stream_staging`` experts)."""
     from specter_models import plan_memory
 
     print(describe_machine())
     config = model_config(args.model)
     kwargs = {} if args.max_seq_len is None else {"max_seq_len": args.max_seq_len}
     hot = getattr(args, "hot_experts", 0)
-    plan = plan_memory(config, args.gpu_memory_gb, hot_experts_per_layer=hot, **kwargs)
+    staging = getattr(args, "stream_staging", 0)
+    plan = plan_memory(
+        config, args.gpu_memory_gb, hot_experts_per_layer=hot, staging_slots=staging, **kwargs
+    )
     print()
     print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(args.gpu_memory_gb)}")
     print(plan.describe())

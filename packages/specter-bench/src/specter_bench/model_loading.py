@@ -110,6 +110,11 @@ FILL_CANDIDATES = 8
 """Candidate slots per layer of the bench's ``specter-fill`` (a stage that runs it loads a
 stream record this wide)."""
 
+STAGING_SLOTS = 8
+"""FP16 experts of the staging buffer of the bench's ``specter-staged`` (a float16 stage that
+runs it loads one this large: 138 MB on DeepSeek-V2-Lite, fixed state for every system of the
+stage)."""
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -127,6 +132,9 @@ class EngineOptions:
             streamed verification fills, at most (0: none, and no fill launches; a bench
             stage loads with the most its systems use, and each sets its own before a
             decode).
+        stream_staging: ``specter_models.load(stream_staging=)``: FP16 experts of the
+            streamed path's staging buffer (0: none; float16 only; a bench stage loads with
+            the most its systems use, and each sets its own before a decode).
     """
 
     batch_invariant: bool | None = None
@@ -134,6 +142,7 @@ class EngineOptions:
     piecewise_graphs: bool | None = None
     miss_path: str = "load"
     stream_fills: int = 0
+    stream_staging: int = 0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineOptions:
@@ -144,6 +153,7 @@ class EngineOptions:
             args.piecewise_graphs,
             getattr(args, "miss_path", "load"),
             getattr(args, "stream_fills", 0),
+            getattr(args, "stream_staging", 0),
         )
 
     def load_kwargs(self) -> dict[str, Any]:
