@@ -26,7 +26,7 @@ def expected_staging(ids, slot_of, mask, num_slots):
 
 
 @pytest.mark.parametrize(
-    ("T", "resident", "num_slots"), [(1, 3, 2), (6, 2, 3), (9, 0, 4), (4, 8, 2)]
+    ("T", "resident", "num_slots"), [(1, 3, 2), (6, 2, 3), (9, 0, 4), (4, 8, 2), (5, 1, 1)]
 )
 def test_staging_copies_the_first_missing_experts_in_id_order(
     seed, backend, small_copies, T, resident, num_slots

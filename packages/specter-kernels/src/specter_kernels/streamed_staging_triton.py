@@ -107,7 +107,7 @@ def launch_stage_streamed(
         ids, expert_to_slot, mask, streamed.w13_addresses, streamed.w2_addresses,
         staging.w13_addresses, staging.w2_addresses, staging.staged_experts,
         ids.numel(), E, S, staging.weights.data_ptr(), n_total * itemsize, n13 * itemsize,
-        BLOCK_E=triton.next_power_of_2(E), BLOCK_S=triton.next_power_of_2(S),
+        BLOCK_E=triton.next_power_of_2(E), BLOCK_S=max(2, triton.next_power_of_2(S)),
         BLOCK_P=PAIRS_PER_STEP, num_warps=4,
     )  # fmt: skip
     chunks = triton.cdiv(n_total, COPY_BLOCK * COPY_STEPS)
