@@ -11,6 +11,20 @@ PAIRS_PER_STEP = 64
 
 
 @triton.jit
+def routed_experts(ids_ptr, num_pairs, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr):
+    """int32 ``[BLOCK_E]``: 1 where expert ``e`` is routed to by one of the ``num_pairs`` flat
+    ids at ``ids_ptr`` (ids outside ``[0, E)`` match no expert), 0 elsewhere."""
+    experts = tl.arange(0, BLOCK_E)
+    routed = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for p0 in range(0, num_pairs, BLOCK_P):
+        pairs = p0 + tl.arange(0, BLOCK_P)
+        ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
+        hit = (ids[None, :] == experts[:, None]).to(tl.int32)
+        routed = tl.maximum(routed, tl.max(hit, axis=1))
+    return routed
+
+
+@triton.jit
 def _assign_fill_slots_kernel(
     ids_ptr,
     claimed_ptr,
@@ -27,12 +41,7 @@ def _assign_fill_slots_kernel(
 ):
     experts = tl.arange(0, BLOCK_E)
     in_range = experts < num_experts
-    routed = tl.zeros([BLOCK_E], dtype=tl.int32)
-    for p0 in range(0, num_pairs, BLOCK_P):
-        pairs = p0 + tl.arange(0, BLOCK_P)
-        ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
-        hit = (ids[None, :] == experts[:, None]).to(tl.int32)
-        routed = tl.maximum(routed, tl.max(hit, axis=1))
+    routed = routed_experts(ids_ptr, num_pairs, BLOCK_E, BLOCK_P)
     claimed = tl.load(claimed_ptr + experts, mask=in_range, other=0)
     missing = (routed > 0) & (claimed < 0) & in_range
     rank = tl.cumsum(missing.to(tl.int32), axis=0) - 1  # [E]: order among the missing

@@ -8,8 +8,8 @@ import triton
 import triton.language as tl
 
 from specter_kernels.streamed_experts import StreamedExperts
+from specter_kernels.streamed_fills_triton import PAIRS_PER_STEP, routed_experts
 
-PAIRS_PER_STEP = 64
 COPY_BLOCK = 1024
 """Elements one copy program moves per step."""
 COPY_STEPS = 8
@@ -40,12 +40,7 @@ def _stage_plan_kernel(
 ):
     experts = tl.arange(0, BLOCK_E)
     in_range = experts < num_experts
-    routed = tl.zeros([BLOCK_E], dtype=tl.int32)
-    for p0 in range(0, num_pairs, BLOCK_P):
-        pairs = p0 + tl.arange(0, BLOCK_P)
-        ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
-        hit = (ids[None, :] == experts[:, None]).to(tl.int32)
-        routed = tl.maximum(routed, tl.max(hit, axis=1))
+    routed = routed_experts(ids_ptr, num_pairs, BLOCK_E, BLOCK_P)
     slot = tl.load(map_ptr + experts, mask=in_range, other=0)
     wanted = tl.load(mask_ptr + experts, mask=in_range, other=0) != 0
     missing = (routed > 0) & wanted & (slot < 0) & in_range

@@ -80,14 +80,22 @@ DEFAULT_STREAM_FILLS = 0
 docstring)."""
 
 
+def _check_count(name: str, meaning: str, count: object) -> int:
+    """``count`` unless it is not an int >= 0: then ``ValueError`` naming ``name``, what it
+    means and the value."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError(f"{name} must be an int >= 0 ({meaning}), got {count!r}")
+    return count
+
+
 def check_stream_fills(count: object) -> int:
     """``count`` as spare slots per layer for streamed fills; ``ValueError`` unless an int >= 0."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise ValueError(
-            f"stream_fills must be an int >= 0 (candidate slots per layer that a streamed "
-            f"verification fills with the experts it streams; 0 turns fills off), got {count!r}"
-        )
-    return count
+    return _check_count(
+        "stream_fills",
+        "candidate slots per layer that a streamed verification fills with the experts it "
+        "streams; 0 turns fills off",
+        count,
+    )
 
 
 DEFAULT_STREAM_STAGING = 0
@@ -97,13 +105,12 @@ docstring)."""
 
 def check_stream_staging(count: object) -> int:
     """``count`` as staging slots; ``ValueError`` unless an int >= 0."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise ValueError(
-            f"stream_staging must be an int >= 0 (device slots a streamed verification copies "
-            f"each layer's first missing experts into before its expert kernel; 0 turns "
-            f"staging off), got {count!r}"
-        )
-    return count
+    return _check_count(
+        "stream_staging",
+        "device slots a streamed verification copies each layer's first missing experts "
+        "into before its expert kernel; 0 turns staging off",
+        count,
+    )
 
 
 class StreamRecord:
