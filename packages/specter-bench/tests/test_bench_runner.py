@@ -215,8 +215,9 @@ def test_routing_experiments(default_run):
     memory = by_kind["memory"]
     # One per engine load: at each budget the hot-set draft (specter), the plain draft
     # (spec-lru) and lru, less unlimited's two (every system shares the all-resident load),
-    # plus the ablations with and without a hot set (and the sweep) at the high budget.
-    assert len(memory) == 9
+    # plus the ablations with and without a hot set (and the sweep) at the high budget, and
+    # specter-staged's own load there.
+    assert len(memory) == 10
     for r in memory:
         assert r["data"]["expected_peak_gb"] > r["data"]["slots_gb"] > 0
 
@@ -294,7 +295,7 @@ def test_the_hot_count_sweep_loads_each_count_and_keeps_greedy_tokens(default_ru
     slots = [p["slots_per_layer"] for p in points]
     assert slots == sorted(slots)
     memory_loads = [r for r in result.records if r["kind"] == "memory"]
-    assert len(memory_loads) == 9  # the sweep's loads record no memory accounting
+    assert len(memory_loads) == 10  # the sweep's loads record no memory accounting
 
 
 def test_report_from_the_records(default_run, tmp_path):

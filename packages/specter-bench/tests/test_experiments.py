@@ -26,17 +26,19 @@ def test_default_plan_covers_every_system_budget_and_experiment():
     assert described[7] == ("engine", 16.0, False, False, ("lru",))
     hot_ablations = (
         "specter-acquire", "specter-no-prefetch", "specter-token-verify", "specter-row-cut",
-        "specter-fill", "specter-staged",
+        "specter-fill",
     )  # fmt: skip
     assert described[8] == ("engine", 24.0, True, True, hot_ablations)
-    assert described[9] == (
+    # Staging has a load of its own: its buffer is fixed state the others would pay for.
+    assert described[9] == ("engine", 24.0, True, True, ("specter-staged",))
+    assert described[10] == (
         "engine", 24.0, True, False, ("specter-no-hot", "specter-unfused-draft")
     )  # fmt: skip
-    assert set(hot_ablations) | set(described[9][4]) == set(ABLATIONS)
-    assert described[10] == ("hot-sweep", 24.0, True, False, ())
-    assert len(stages) == 11  # hf-offload only in "all" / "offload"
-    assert [s.routing for s in stages] == [False, True] + [False] * 9
-    assert [s.depth_sweep for s in stages] == [False] * 8 + [True, False, False]
+    assert set(hot_ablations) | {"specter-staged"} | set(described[10][4]) == set(ABLATIONS)
+    assert described[11] == ("hot-sweep", 24.0, True, False, ())
+    assert len(stages) == 12  # hf-offload only in "all" / "offload"
+    assert [s.routing for s in stages] == [False, True] + [False] * 10
+    assert [s.depth_sweep for s in stages] == [False] * 8 + [True, False, False, False]
     assert stages[4].policy == "lru"
     assert stages[2].policy == "predictive"
 

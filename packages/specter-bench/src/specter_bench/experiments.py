@@ -225,13 +225,17 @@ def _draft_stages(
     budget: float | None, systems: list[str], *, routing: bool, depth_sweep: bool = False
 ) -> list[Stage]:
     """The draft loads of ``systems`` at ``budget``: under a budget, the systems with a hot
-    set (and the depth sweep, which is ``specter``'s) get a load of their own, first."""
+    set (and the depth sweep, which is ``specter``'s) get a load of their own, first; those
+    of them that stage get one after it (a staging buffer is fixed state, which would cost
+    the others slots)."""
     if budget is None:
         hot: list[str] = []
         plain = systems
     else:
         hot = [s for s in systems if ENGINE_SYSTEMS[s].hot_experts]
         plain = [s for s in systems if not ENGINE_SYSTEMS[s].hot_experts]
+    staged = [s for s in hot if ENGINE_SYSTEMS[s].stream_staging]
+    hot = [s for s in hot if s not in staged]
     stages = []
     if hot or (depth_sweep and budget is not None):
         stages.append(
@@ -241,6 +245,8 @@ def _draft_stages(
             )
         )  # fmt: skip
         routing = depth_sweep = False
+    if staged:
+        stages.append(Stage("engine", budget, tuple(staged), hot_experts=True))
     if plain or routing or depth_sweep:
         stages.append(
             Stage(
