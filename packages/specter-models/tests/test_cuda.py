@@ -361,6 +361,7 @@ def test_cuda_staged_streaming_keeps_greedy_tokens_and_the_whole_graph(name):
     assert stats["disabled_reason"] is None
     assert stats["piecewise_graphs"] == 0
     assert {key[4] for key in lm.target.graphs.stats.keys} == {0, 4}
+    assert {key[4] for key in lm.draft.graphs.stats.keys} == {0}  # the draft never stages
     torch.cuda.synchronize()
     staged = [e for e in lm.runtime.staging.staged_experts.tolist() if e >= 0]
     assert len(staged) == len(set(staged))

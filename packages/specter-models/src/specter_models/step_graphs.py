@@ -322,8 +322,9 @@ class StepGraphs:
         end = start_pos + padded
         window = self.window_for(end)
         whole = self.whole()
-        # Staging adds launches to a streamed forward: a graph per staging width.
-        key = (padded, window, self.runtime.batch_invariant, whole, self.runtime.stream_staging)
+        # Staging adds launches to the target's streamed forward: a graph per staging width.
+        staging = self.runtime.stream_staging if self.mode is ExpertsMode.TARGET else 0
+        key = (padded, window, self.runtime.batch_invariant, whole, staging)
         step = self._steps.get(key)
         if step is None:
             step = _Step(
