@@ -38,6 +38,27 @@ def test_record_streamed_counts_hits_streamed_misses_and_bytes(make_store):
         cache.record_streamed(0, [1], [7])
 
 
+def test_the_streamed_histogram_bins_layer_verifications_by_experts_read(make_store):
+    store, _ = make_store(2, 8)
+    cache = ExpertCache(store, slots_per_layer=3, device="cpu")
+    cache.prefetch({0: [1], 1: [1]})
+    cache.record_streamed(0, [1, 5, 6], [5, 6])
+    cache.record_streamed(1, [1, 2, 3, 4], [2, 3, 4])
+    cache.record_streamed(0, [1], [])  # read nothing from the host: the zero bin
+    cache.record_streamed(1, [5, 7], [5, 7])
+    stats = cache.stats()
+    assert stats["per_layer"][0]["streamed_histogram"] == {0: 1, 2: 1}
+    assert stats["per_layer"][1]["streamed_histogram"] == {2: 1, 3: 1}
+    assert stats["total"]["streamed_histogram"] == {0: 1, 2: 2, 3: 1}  # bins in order
+    assert list(stats["total"]["streamed_histogram"]) == [0, 2, 3]
+    assert (
+        sum(n * c for n, c in stats["total"]["streamed_histogram"].items())
+        == (stats["total"]["streamed_reads"])
+    )
+    cache.reset_stats()
+    assert cache.stats()["total"]["streamed_histogram"] == {}
+
+
 def test_record_streamed_refreshes_lru_recency(make_store):
     store, _ = make_store(1, 6)
     cache = ExpertCache(store, slots_per_layer=2, device="cpu", policy="lru")

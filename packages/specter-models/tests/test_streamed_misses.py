@@ -268,7 +268,14 @@ def test_staging_keeps_the_bits_and_the_bytes(checkpoints, arch_name):
         runs[staging] = (first, second, lm.cache.stats()["total"], lm)
     assert torch.equal(runs[2][0], runs[0][0])
     assert torch.equal(runs[2][1], runs[0][1])
-    for key in ("streamed_reads", "streamed_bytes", "bytes_moved", "hits", "misses"):
+    for key in (
+        "streamed_reads",
+        "streamed_bytes",
+        "bytes_moved",
+        "hits",
+        "misses",
+        "streamed_histogram",
+    ):
         assert runs[2][2][key] == runs[0][2][key], key
     lm = runs[2][3]
     staging = lm.runtime.staging

@@ -16,11 +16,14 @@ Terms, counted per acquire (one layer's verification needs):
   stream around the wait; CPU: host wall time of demand copies).
 * waves: groups of ready experts handed to the consumer; ``overflow_acquires`` counts acquires
   that needed more experts than the layer has slots (computed in several rounds of slots).
+* streamed histogram: streamed verifications of a layer by how many experts they read from
+  host memory (``{count: layer verifications}``, zero counts included): how large a staging
+  buffer (specter-kernels' ``stage_streamed``) would have to be to take every one.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
@@ -45,10 +48,15 @@ class LayerStats:
     streamed_reads: int = 0
     streamed_bytes: int = 0
     streamed_fills: int = 0
+    streamed_histogram: dict[int, int] = field(default_factory=dict)
 
     def add(self, other: LayerStats) -> None:
-        """Add ``other``'s counters into this one."""
+        """Add ``other``'s counters into this one (histograms bin by bin)."""
         for f in fields(self):
+            if f.name == "streamed_histogram":
+                for count, times in other.streamed_histogram.items():
+                    self.streamed_histogram[count] = self.streamed_histogram.get(count, 0) + times
+                continue
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     @property
@@ -69,9 +77,10 @@ class LayerStats:
         n = self.prefetch_used + self.misses
         return self.prefetch_used / n if n else None
 
-    def as_dict(self) -> dict[str, float | int | None]:
-        """Counters plus the derived rates."""
-        d: dict[str, float | int | None] = asdict(self)
+    def as_dict(self) -> dict[str, object]:
+        """Counters plus the derived rates (the histogram with its counts in order)."""
+        d: dict[str, object] = asdict(self)
+        d["streamed_histogram"] = dict(sorted(self.streamed_histogram.items()))
         d["hit_rate"] = self.hit_rate
         d["prefetch_precision"] = self.prefetch_precision
         d["prefetch_recall"] = self.prefetch_recall

@@ -936,6 +936,9 @@ class ExpertCache:
         st.misses += len(streamed_ids)
         st.hits += len(needed_ids) - len(streamed_ids)
         st.streamed_reads += len(streamed_ids)
+        st.streamed_histogram[len(streamed_ids)] = (
+            st.streamed_histogram.get(len(streamed_ids), 0) + 1
+        )
         st.streamed_bytes += len(streamed_ids) * nbytes
         st.bytes_moved += len(streamed_ids) * nbytes
         for e in needed_ids:
