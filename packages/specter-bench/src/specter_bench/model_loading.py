@@ -112,8 +112,8 @@ stream record this wide)."""
 
 STAGING_SLOTS = 8
 """FP16 experts of the staging buffer of the bench's ``specter-staged`` (a float16 stage that
-runs it loads one this large: 138 MB on DeepSeek-V2-Lite, fixed state for every system of the
-stage)."""
+runs it loads one this large: 138 MB on DeepSeek-V2-Lite, fixed state of that load, which
+under a budget is its own)."""
 
 
 @dataclass(frozen=True)

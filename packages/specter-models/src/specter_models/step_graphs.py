@@ -322,8 +322,10 @@ class StepGraphs:
         end = start_pos + padded
         window = self.window_for(end)
         whole = self.whole()
-        # Staging adds launches to the target's streamed forward: a graph per staging width.
-        staging = self.runtime.stream_staging if self.mode is ExpertsMode.TARGET else 0
+        # Staging adds launches to the target's streamed forward: a graph per staging width
+        # (the draft, and a target with nothing to stream, never stage).
+        streams = self.mode is ExpertsMode.TARGET and self.runtime.streams(padded)
+        staging = self.runtime.stream_staging if streams else 0
         key = (padded, window, self.runtime.batch_invariant, whole, staging)
         step = self._steps.get(key)
         if step is None:
