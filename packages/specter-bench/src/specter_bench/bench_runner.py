@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from specter_bench.belady import belady_bound, measure_expert_transfer_s, policy_hit_rates
 from specter_bench.bench_record import ExperimentRecord, TpotRecord, append_records
-from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner, staging_width
+from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner, use_staging
 from specter_bench.experiments import BenchConfig, Stage, plan_stages, resolve_budgets
 from specter_bench.hf_baseline import HFGeneration, HFRunner, offload_model
 from specter_bench.model_loading import (
@@ -421,8 +421,8 @@ class BenchRunner:
                     loaded.miss_path = path
                 name = path
                 if path == "stream" and hasattr(loaded, "stream_staging"):
-                    loaded.stream_staging = min(staging, staging_width(loaded))
-                    name = f"{path}+staging{loaded.stream_staging}" if staging else path
+                    width = use_staging(loaded, staging)
+                    name = f"{path}+staging{width}" if staging else path
                 captured[name] = loaded.capture_step_graphs(self.max_seq_len)
             self.log(f"captured CUDA graphs {captured} in {time.perf_counter() - started:.1f} s")
         runs: list[tuple[EncodedPrompt, SystemRun]] = []

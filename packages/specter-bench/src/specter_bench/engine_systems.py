@@ -74,6 +74,7 @@ __all__ = [
     "EngineSystemRunner",
     "make_depth_policy",
     "staging_width",
+    "use_staging",
 ]
 
 
@@ -147,6 +148,13 @@ def staging_width(loaded: Any) -> int:
     """Experts the model's staging buffer holds (0: it was loaded without one)."""
     staging = getattr(getattr(loaded, "runtime", None), "staging", None)
     return 0 if staging is None else staging.num_slots
+
+
+def use_staging(loaded: Any, count: int) -> int:
+    """Stage ``count`` experts per layer, at most what the model's buffer holds (a model
+    loaded without one runs unstaged); returns the width set."""
+    loaded.stream_staging = min(count, staging_width(loaded))
+    return loaded.stream_staging
 
 
 def _graph_stats(loaded: Any) -> dict[str, Any] | None:
@@ -280,7 +288,7 @@ class EngineSystemRunner:
         if hasattr(loaded, "stream_fills"):
             loaded.stream_fills = system.stream_fills
         if hasattr(loaded, "stream_staging"):
-            loaded.stream_staging = min(system.stream_staging, staging_width(loaded))
+            use_staging(loaded, system.stream_staging)
         runtime = getattr(loaded, "runtime", None)
         if runtime is not None and hasattr(runtime, "row_truncation"):
             runtime.row_truncation = self._row_truncation  # priced at the loader's bandwidth
