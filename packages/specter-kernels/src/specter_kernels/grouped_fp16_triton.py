@@ -286,10 +286,17 @@ def per_pair_configs(device: torch.device) -> tuple[GroupedConfig, GroupedConfig
 
     One config whatever T: BLOCK_K fixes each pair's summation order, so it must
     not follow the token count, and there is no split-K.
+
+    On the GPU the tile is 32 columns wide: a streamed expert's read over PCIe then
+    spreads over twice the programs (gate_up's 2I columns in 44 programs for
+    DeepSeek-V2-Lite, not 22). ``scripts/streamed_gemm_probe.py`` measured it on the
+    H200 (fourteenth session): one streamed expert of 7 rows in 0.61 ms rather than
+    1.79 ms, three in 1.21 ms rather than 2.09 ms, resident experts unchanged. The K
+    loop (BLOCK_K steps, no split) is the same, and still fixed whatever T.
     """
     if device.type != "cuda":
         return GroupedConfig(16, 64, 64), GroupedConfig(16, 64, 64)
-    config = GroupedConfig(16, 64, 128, num_warps=4, num_stages=4)
+    config = GroupedConfig(16, 32, 128, num_warps=4, num_stages=4)
     return config, config
 
 
