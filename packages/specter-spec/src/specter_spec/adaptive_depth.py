@@ -37,7 +37,8 @@ class AdaptiveDepthConfig:
         acceptance_decay: weight kept by past iterations at each new one in the
             acceptance estimate (an exponential moving average; closer to 1
             reacts slower but is less noisy).
-        cost_decay: the same for the timing estimates.
+        cost_decay: the same for the timing estimates (each verified row count's
+            verify time decays on its own: a count probed rarely keeps its measurement).
         prior_acceptance: acceptance assumed before any proposal was verified.
         prior_trials: how many proposals that prior is worth.
         probe_interval: every ``probe_interval``-th iteration runs a depth other
@@ -46,9 +47,11 @@ class AdaptiveDepthConfig:
         max_probe_interval: a probe that leaves the best depth unchanged doubles the
             interval to the next one, up to this; one that changes it resets the
             interval to ``probe_interval``. Probing costs where it keeps confirming
-            (a draft step dearer than a target step, with every expert resident). Keep
-            ``cost_decay ** max_probe_interval`` above about 0.03, or the verify-cost fit
-            forgets the probed row count between probes.
+            (a draft step dearer than a target step, with every expert resident).
+        cost_horizon: a depth's draft and verify times are forgotten once no iteration
+            ran it for this many iterations (the conditions they were measured in have
+            moved on); more than twice ``max_probe_interval``, so the depths that K = 0
+            probes in turn keep theirs.
     """
 
     max_depth: int = 16
@@ -59,6 +62,7 @@ class AdaptiveDepthConfig:
     prior_trials: float = 1.0
     probe_interval: int = 8
     max_probe_interval: int = 32
+    cost_horizon: int = 96
 
     def __post_init__(self) -> None:
         check_depth(self.max_depth, "AdaptiveDepthConfig.max_depth")
@@ -96,35 +100,102 @@ class AdaptiveDepthConfig:
                 f"AdaptiveDepthConfig.max_probe_interval must be an int >= probe_interval="
                 f"{self.probe_interval}, got {self.max_probe_interval!r}."
             )
+        if isinstance(self.cost_horizon, bool) or not (
+            isinstance(self.cost_horizon, int) and self.cost_horizon > 2 * self.max_probe_interval
+        ):
+            raise ValueError(
+                f"AdaptiveDepthConfig.cost_horizon must be an int > 2 * max_probe_interval="
+                f"{2 * self.max_probe_interval}, got {self.cost_horizon!r}."
+            )
 
 
-class _DecayingLinearFit:
-    """Least-squares ``y ≈ a + b x`` over exponentially decaying observations, ``b >= 0``."""
+class _CostTable:
+    """Measured time per count ``n`` (verified rows, or draft proposals), and ``T(n)``.
 
-    def __init__(self, decay: float) -> None:
+    Each ``n`` keeps an exponentially decaying mean of its observations, decaying per
+    iteration since each was made (so one probe at a depth run rarely replaces most of
+    what that depth measured before, and ``cost_horizon`` iterations without one forget
+    it). ``T(n)`` is the monotone (pool-adjacent-violators) fit of those means, weighted
+    by their decayed weights, since more rows or
+    proposals never cost less, joined piecewise linearly between measured counts and
+    extended past the ends with the slope of the nearest segment. No global line through
+    the origin or otherwise: under a memory budget the verify cost is concave in ``n``
+    (each row adds fewer experts the others did not already need), and a draft iteration
+    has a fixed part (its graph launch, the prefetch boundary) beside its per-proposal
+    one. A line through ``n = 1, 2`` (plain decoding and its K = 1 probe), or a
+    per-proposal draft cost measured at K = 1, prices deep speculation far above what it
+    costs. With one count measured, ``proportional`` tables scale it (``T(n) = T(m) n /
+    m``, the draft's estimate until a second depth ran); others know nothing yet.
+    """
+
+    def __init__(self, decay: float, proportional: bool = False) -> None:
         self.decay = decay
-        self.weight = self.sum_x = self.sum_xx = self.sum_y = self.sum_xy = 0.0
+        self.proportional = proportional
+        self.weight: dict[int, float] = {}
+        self.total: dict[int, float] = {}
+        self.last_seen: dict[int, int] = {}  # n -> the iteration that last measured it
+        self.now = 0  # the iteration of the last tick
+        self._knots: list[tuple[int, float]] | None = None  # at ``now``
 
-    def add(self, x: float, y: float) -> None:
-        d = self.decay
-        self.weight = d * self.weight + 1.0
-        self.sum_x = d * self.sum_x + x
-        self.sum_xx = d * self.sum_xx + x * x
-        self.sum_y = d * self.sum_y + y
-        self.sum_xy = d * self.sum_xy + x * y
+    def add(self, rows: int, seconds: float, iteration: int) -> None:
+        """Record one measurement of count ``rows``, made at ``iteration``."""
+        keep = self.decay ** (iteration - self.last_seen.get(rows, iteration))
+        self.weight[rows] = keep * self.weight.get(rows, 0.0) + 1.0
+        self.total[rows] = keep * self.total.get(rows, 0.0) + seconds
+        self.last_seen[rows] = iteration
+        self._knots = None
 
-    def coefficients(self) -> tuple[float, float] | None:
-        """``(a, b)``, or None while the observed ``x`` are (nearly) all equal."""
-        if self.weight == 0:
+    def tick(self, iteration: int, horizon: int) -> None:
+        """Move to ``iteration``; drop every count not measured in the last ``horizon``."""
+        for n in [n for n, seen in self.last_seen.items() if seen <= iteration - horizon]:
+            del self.weight[n], self.total[n], self.last_seen[n]
+        self.now = iteration
+        self._knots = None
+
+    def _weight_now(self, n: int) -> float:
+        return self.weight[n] * self.decay ** (self.now - self.last_seen[n])
+
+    def means(self) -> dict[int, float]:
+        """``{n: decaying mean verify time}`` of every measured row count, by ``n``."""
+        return {n: self.total[n] / self.weight[n] for n in sorted(self.weight)}
+
+    def knots(self) -> list[tuple[int, float]] | None:
+        """``[(n, T(n))]`` of the monotone fit at the measured counts; None below two."""
+        if len(self.weight) < 2:
             return None
-        mean_x = self.sum_x / self.weight
-        mean_y = self.sum_y / self.weight
-        var_x = self.sum_xx / self.weight - mean_x * mean_x
-        if var_x < 1e-3:
-            return None
-        # Verifying more tokens never gets cheaper; a negative slope is noise.
-        slope = max((self.sum_xy / self.weight - mean_x * mean_y) / var_x, 0.0)
-        return mean_y - slope * mean_x, slope
+        if self._knots is not None:
+            return self._knots
+        # Pool adjacent violators: blocks of (rows, weight, weighted mean), merged while a
+        # block's mean exceeds the next one's.
+        blocks: list[list] = []
+        for n, mean in self.means().items():
+            blocks.append([[n], self._weight_now(n), mean])
+            while len(blocks) > 1 and blocks[-2][2] > blocks[-1][2]:
+                rows, w, m = blocks.pop()
+                prev = blocks[-1]
+                prev[2] = (prev[1] * prev[2] + w * m) / (prev[1] + w)
+                prev[1] += w
+                prev[0] += rows
+        self._knots = [(n, m) for rows, _, m in blocks for n in rows]
+        return self._knots
+
+    def cost(self, rows: int) -> float | None:
+        """``T(rows)`` in seconds, None until two counts were measured (one, if
+        ``proportional``)."""
+        knots = self.knots()
+        if knots is None:
+            if not (self.proportional and self.weight):
+                return None
+            ((n, mean),) = self.means().items()
+            return mean * rows / n
+        if rows <= knots[0][0]:
+            (n0, v0), (n1, v1) = knots[0], knots[1]
+        elif rows >= knots[-1][0]:
+            (n0, v0), (n1, v1) = knots[-2], knots[-1]
+        else:
+            i = next(i for i, (n, _) in enumerate(knots) if n >= rows)
+            (n0, v0), (n1, v1) = knots[i - 1], knots[i]
+        return max(v0 + (v1 - v0) * (rows - n0) / (n1 - n0), 0.0)
 
 
 class AdaptiveDepth:
@@ -137,17 +208,21 @@ class AdaptiveDepth:
       ones plus the rejected one, if any), which is the maximum-likelihood
       estimate when each proposal survives independently with probability
       ``alpha``;
-    - the draft cost per proposal (decaying draft time / decaying K);
-    - the verify cost as a function of the rows verified, ``V(n) = a + b n``
-      (decaying least squares over ``n = K + 1``);
+    - the draft time as a function of K (K >= 1): a decaying mean per measured K,
+      fitted the same way (a draft iteration has a fixed part beside its per-proposal
+      one), proportional to K while one depth has run;
+    - the verify cost as a function of the rows verified ``n = K + 1``: a decaying
+      mean per measured ``n``, fitted non-decreasing and joined piecewise linearly
+      (not a line: under a budget each row adds fewer new experts than the last);
     - the per-iteration overhead outside both phases (KV rollback, bookkeeping).
 
-    It then chooses ``argmax_K E(K) / (overhead + K * draft_cost + V(K + 1))``
+    It then chooses ``argmax_K E(K) / (overhead + D(K) + V(K + 1))``
     with ``E(K) = (1 - alpha^(K+1)) / (1 - alpha)``. K = 0 wins when drafting
     costs more than it saves: that is plain target decoding. Every so often it
-    probes a neighbouring depth (1 when the best is 0; otherwise half or double
-    the best), so a K = 0 decision is revisited and the verify cost is measured
-    at more than one ``n``: first after ``probe_interval`` iterations, then after
+    probes a neighbouring depth (1 and ``initial_depth`` in turn when the best is 0;
+    otherwise half or double the best), so a K = 0 decision is revisited at a depth
+    deep enough to show what speculation buys, and the verify cost is measured at
+    more than one ``n``: first after ``probe_interval`` iterations, then after
     twice as many each time a probe leaves the best depth as it was (up to
     ``max_probe_interval``), and after ``probe_interval`` again once one changes
     it. Until two distinct ``n`` have been measured it alternates between
@@ -177,8 +252,10 @@ class AdaptiveDepth:
         self._draft_time = 0.0
         self._draft_proposals = 0.0
         self._overhead = None
-        self._verify = _DecayingLinearFit(cfg.cost_decay)
+        self._verify = _CostTable(cfg.cost_decay)
+        self._draft = _CostTable(cfg.cost_decay, proportional=True)
         self._choices = 0
+        self._observed = 0  # iterations observed
         self._last_depth = cfg.initial_depth
         self._probes = 0  # neighbours tried so far (their parity picks down or up)
         self._interval = cfg.probe_interval
@@ -194,13 +271,27 @@ class AdaptiveDepth:
 
     @property
     def draft_cost_s(self) -> float | None:
-        """Estimated draft time per proposal, None before any draft was measured."""
+        """Mean draft time per proposal (decaying), None before any draft was measured."""
         return self._draft_time / self._draft_proposals if self._draft_proposals > 0 else None
 
+    def draft_time_s(self, depth: int) -> float | None:
+        """Estimated draft time of an iteration of depth K (0 at K = 0), None before any
+        draft was measured."""
+        return 0.0 if depth == 0 and self._draft.weight else self._draft.cost(depth)
+
     @property
-    def verify_cost_fit(self) -> tuple[float, float] | None:
-        """``(a, b)`` of ``V(n) = a + b n`` in seconds, None until two ``n`` were measured."""
-        return self._verify.coefficients()
+    def draft_times(self) -> dict[int, float]:
+        """``{K: decaying mean draft time in seconds}`` of every depth K >= 1 measured."""
+        return self._draft.means()
+
+    def verify_cost_s(self, rows: int) -> float | None:
+        """Estimated verify time of ``rows`` rows (K + 1), None until two were measured."""
+        return self._verify.cost(rows)
+
+    @property
+    def verify_costs(self) -> dict[int, float]:
+        """``{rows: decaying mean verify time in seconds}`` of every row count measured."""
+        return self._verify.means()
 
     @property
     def overhead_s(self) -> float:
@@ -209,11 +300,10 @@ class AdaptiveDepth:
 
     def expected_rate(self, depth: int) -> float | None:
         """Estimated committed tokens per second at depth K; None while costs are unknown."""
-        fit, draft_cost = self.verify_cost_fit, self.draft_cost_s
-        if fit is None or draft_cost is None:
+        verify, draft = self._verify.cost(depth + 1), self.draft_time_s(depth)
+        if verify is None or draft is None:
             return None
-        intercept, slope = fit
-        seconds = self.overhead_s + depth * draft_cost + intercept + slope * (depth + 1)
+        seconds = self.overhead_s + draft + verify
         if seconds <= 0:
             return math.inf
         return expected_committed(self.acceptance, depth) / seconds
@@ -257,10 +347,12 @@ class AdaptiveDepth:
         return depth
 
     def _neighbour(self, depth: int) -> int:
-        """Another depth near ``depth``, alternating down and up, within [0, K_max]."""
+        """Another depth near ``depth``, alternating down and up, within [0, K_max]; from
+        0, 1 and ``initial_depth`` (at least 2) in turn."""
         self._probes += 1
         if depth == 0:
-            return min(1, self.max_depth)
+            deep = min(max(2, self.config.initial_depth), self.max_depth)
+            return 1 if self._probes % 2 == 1 else deep
         down, up = depth // 2, min(2 * depth, self.max_depth)
         if up == depth or self._probes % 2 == 1:
             return down
@@ -270,6 +362,7 @@ class AdaptiveDepth:
         """Update the estimates with a finished iteration."""
         cfg = self.config
         depth = iteration.depth
+        self._observed += 1
         if depth > 0:
             # Proposals tested: up to the first rejection, among those the target verified
             # (all of them unless it cut its tail rows: see IterationStats.verified).
@@ -279,7 +372,10 @@ class AdaptiveDepth:
             self._trials = cfg.acceptance_decay * self._trials + verified
             self._draft_time = cfg.cost_decay * self._draft_time + iteration.draft_time_s
             self._draft_proposals = cfg.cost_decay * self._draft_proposals + depth
-        self._verify.add(depth + 1, iteration.verify_time_s)
+            self._draft.add(depth, iteration.draft_time_s, self._observed)
+        self._verify.add(depth + 1, iteration.verify_time_s, self._observed)
+        for table in (self._draft, self._verify):
+            table.tick(self._observed, cfg.cost_horizon)
         overhead = max(
             iteration.total_time_s - iteration.draft_time_s - iteration.verify_time_s, 0.0
         )
