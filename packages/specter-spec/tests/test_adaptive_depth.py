@@ -304,3 +304,23 @@ def test_acceptance_counts_only_verified_proposals_when_rows_were_cut():
 
     assert estimate(verified=2, bonus=True) == pytest.approx(1.0, abs=1e-4)
     assert estimate(verified=None, bonus=False) == pytest.approx(2 / 3, abs=1e-4)
+
+
+def test_best_depth_is_the_argmax_of_expected_rate():
+    # best_depth sweeps both fitted cost curves in one pass; expected_rate prices one depth
+    # at a time. They must agree, the smallest K on ties, whatever depths were measured.
+    for seed in range(12):
+        rng = random.Random(seed)
+        if seed % 2:
+            env = BudgetEnvironment(alpha=0.9, seed=seed)
+        else:
+            env = Environment(
+                rng.random(), 1e-3 * rng.random(), 1e-2, 1e-3 * rng.random(), seed=seed
+            )
+        policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=12))
+        for i in range(150):
+            depth = policy.choose_depth()
+            policy.observe(env.iteration(rng.randrange(13) if i % 3 == 0 else depth))
+            rates = [policy.expected_rate(k) for k in range(13)]
+            expected = None if rates[0] is None else max(range(13), key=lambda k: (rates[k], -k))
+            assert policy.best_depth() == expected

@@ -179,6 +179,23 @@ class _CostTable:
         self._knots = [(n, m) for rows, _, m in blocks for n in rows]
         return self._knots
 
+    def curve(self, largest: int) -> list[float] | None:
+        """``[T(0), ..., T(largest)]`` in one pass (what :meth:`cost` gives each)."""
+        knots = self.knots()
+        if knots is None:
+            return (
+                None
+                if not (self.proportional and self.weight)
+                else [self.cost(n) for n in range(largest + 1)]
+            )
+        out, i = [], 1
+        for n in range(largest + 1):
+            while i < len(knots) - 1 and knots[i][0] < n:
+                i += 1
+            (n0, v0), (n1, v1) = knots[i - 1], knots[i]
+            out.append(max(v0 + (v1 - v0) * (n - n0) / (n1 - n0), 0.0))
+        return out
+
     def cost(self, rows: int) -> float | None:
         """``T(rows)`` in seconds, None until two counts were measured (one, if
         ``proportional``)."""
@@ -310,10 +327,18 @@ class AdaptiveDepth:
 
     def best_depth(self) -> int | None:
         """The K maximising :meth:`expected_rate` (smallest on ties); None while unknown."""
-        rates = [self.expected_rate(k) for k in range(self.max_depth + 1)]
-        if rates[0] is None:
+        verify = self._verify.curve(self.max_depth + 1)
+        draft = self._draft.curve(self.max_depth) if self._draft.weight else None
+        if verify is None or draft is None:
             return None
-        return max(range(len(rates)), key=lambda k: (rates[k], -k))
+        alpha, overhead = self.acceptance, self.overhead_s
+        best, best_rate = 0, -1.0
+        for k in range(self.max_depth + 1):
+            seconds = overhead + (draft[k] if k else 0.0) + verify[k + 1]
+            rate = math.inf if seconds <= 0 else expected_committed(alpha, k) / seconds
+            if rate > best_rate:  # the smallest K on ties
+                best, best_rate = k, rate
+        return best
 
     # -- policy ----------------------------------------------------------------------
 
