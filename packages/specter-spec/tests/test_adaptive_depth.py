@@ -27,49 +27,13 @@ class Environment:
         )
         self.rng = random.Random(seed)
 
-    def iteration(self, depth):
-        accepted = 0
-        while accepted < depth and self.rng.random() < self.alpha:
-            accepted += 1
-        draft = depth * self.draft_cost
-        verify = self.verify_fixed + self.verify_per_row * (depth + 1)
-        return IterationStats(
-            depth=depth,
-            accepted=accepted,
-            bonus=accepted == depth,
-            committed=accepted + 1,
-            draft_time_s=draft,
-            verify_time_s=verify,
-            total_time_s=draft + verify + self.overhead,
-        )
+    def draft(self, depth):
+        """Draft time of an iteration of depth K."""
+        return depth * self.draft_cost
 
-    def rate(self, depth):
-        """True expected committed tokens per second at depth K."""
-        seconds = (
-            self.overhead
-            + depth * self.draft_cost
-            + self.verify_fixed
-            + self.verify_per_row * (depth + 1)
-        )
-        return expected_committed(self.alpha, depth) / seconds
-
-
-class BudgetEnvironment(Environment):
-    """DeepSeek-V2-Lite at 24 GB on the H200, in shape (the fourteenth session's records):
-    verify time concave in the rows (each row needs fewer experts the others did not: 16 ms
-    for one row, 24 ms for two, 40 ms for seven) and a draft iteration with a fixed part
-    (7.9 ms at K = 1, 24 ms at K = 6)."""
-
-    def __init__(self, alpha=0.9, seed=0):
-        super().__init__(alpha, 0.0, 0.0, 0.0, seed=seed)
-
-    @staticmethod
-    def verify(rows):
-        return 4.35e-3 + 38.8e-3 * (1 - 0.7**rows)
-
-    @staticmethod
-    def draft(depth):
-        return 0.0 if depth == 0 else 4.64e-3 + 3.26e-3 * depth
+    def verify(self, rows):
+        """Verify time of ``rows`` rows."""
+        return self.verify_fixed + self.verify_per_row * rows
 
     def iteration(self, depth):
         accepted = 0
@@ -83,11 +47,29 @@ class BudgetEnvironment(Environment):
             committed=accepted + 1,
             draft_time_s=draft,
             verify_time_s=verify,
-            total_time_s=draft + verify,
+            total_time_s=draft + verify + self.overhead,
         )
 
     def rate(self, depth):
-        return expected_committed(self.alpha, depth) / (self.draft(depth) + self.verify(depth + 1))
+        """True expected committed tokens per second at depth K."""
+        seconds = self.overhead + self.draft(depth) + self.verify(depth + 1)
+        return expected_committed(self.alpha, depth) / seconds
+
+
+class BudgetEnvironment(Environment):
+    """DeepSeek-V2-Lite at 24 GB on the H200, in shape (the fourteenth session's records):
+    verify time concave in the rows (each row needs fewer experts the others did not: 16 ms
+    for one row, 24 ms for two, 40 ms for seven) and a draft iteration with a fixed part
+    (7.9 ms at K = 1, 24 ms at K = 6)."""
+
+    def __init__(self, alpha=0.9, seed=0):
+        super().__init__(alpha, 0.0, 0.0, 0.0, seed=seed)
+
+    def verify(self, rows):
+        return 4.35e-3 + 38.8e-3 * (1 - 0.7**rows)
+
+    def draft(self, depth):
+        return 0.0 if depth == 0 else 4.64e-3 + 3.26e-3 * depth
 
 
 def run(policy, env, iterations):
