@@ -32,7 +32,9 @@ those are resident afterwards for no extra transfer (specter-models' ``stream_fi
 ``specter-staged`` (stream+) is ``specter`` with staging: before each layer's expert kernel a
 wide copy kernel moves the layer's first ``STAGING_SLOTS`` missing experts into a device
 buffer, where the expert kernel reads them (specter-models' ``stream_staging``; float16 only:
-in other dtypes it runs unstaged, and its records say ``stream_staging`` 0).
+in other dtypes it runs unstaged, and its records say ``stream_staging`` 0). It stays a
+variant: with the 32-column per-pair tile it no longer pays (DeepSeek-V2-Lite at 24 GB on
+the H200: 12.81 ms against ``specter``'s 12.64 ms, one process; docs/benchmarks.md).
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
 ``hot_experts``): the experts ``choose_hot_experts`` picks from a calibration routing stay
