@@ -29,3 +29,15 @@ ab_specter_24gb() {
     python3 -c "import specter_cache; print('$tag', specter_cache.__file__)"
     tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error' | head -2 | cut -c1-200
 }
+
+# tpot_cells SECONDS BUDGET SYSTEMS TAG MINUTES: DeepSeek-V2-Lite's tpot experiment at BUDGET
+# (GB or unlimited) for SYSTEMS, 3 HumanEval prompts x 64 tokens, one process cut at
+# MINUTES (and killed at SECONDS); prints which specter_cache it imported and the table rows.
+tpot_cells() {
+    local seconds=$1 budget=$2 systems=$3 tag=$4 minutes=$5
+    timeout "$seconds" python3 -m specter_bench bench --experiment tpot --num-prompts 3 \
+        --tag "$tag" --max-minutes "$minutes" --model deepseek-v2-lite --systems "$systems" \
+        --budgets "$budget" --max-new-tokens 64 --out "$out" >"$out/log-$tag.txt" 2>&1
+    python3 -c "import specter_cache; print('$tag', specter_cache.__file__)"
+    tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error|skipped' | cut -c1-200
+}

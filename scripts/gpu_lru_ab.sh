@@ -11,16 +11,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 new_path="$PYTHONPATH"
 old_path="${PYTHONPATH//$PWD\/packages/$PWD/ab_old/packages}"
-run() {
-    local budget=$1 systems=$2 tag=$3 minutes=$4
-    timeout 190 python3 -m specter_bench bench --experiment tpot --num-prompts 3 \
-        --tag "$tag" --max-minutes "$minutes" --model deepseek-v2-lite --systems "$systems" \
-        --budgets "$budget" --max-new-tokens 64 --out "$out" >"$out/log-$tag.txt" 2>&1
-    python3 -c "import specter_cache; print('$tag', specter_cache.__file__)"
-    tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error|skipped' | cut -c1-200
-}
-PYTHONPATH="$old_path" run 24 lru lru-ab-old 1.4
-PYTHONPATH="$new_path" run 24 lru lru-ab-new 1.4
-PYTHONPATH="$new_path" run unlimited hf,lru,specter per-pair-unlimited 2.4
+PYTHONPATH="$old_path" tpot_cells 190 24 lru lru-ab-old 1.4
+PYTHONPATH="$new_path" tpot_cells 190 24 lru lru-ab-new 1.4
+PYTHONPATH="$new_path" tpot_cells 190 unlimited hf,lru,specter per-pair-unlimited 2.4
 CUDA_TESTS_TIMEOUT=120 cuda_tests_to gpu-tests-per-pair.txt \
     packages/specter-models/tests/test_cuda.py -k "streamed or budget"

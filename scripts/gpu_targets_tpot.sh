@@ -7,12 +7,5 @@
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_targets_tpot.sh
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
-run() {
-    local systems=$1 tag=$2 minutes=$3
-    timeout 250 python3 -m specter_bench bench --experiment tpot --num-prompts 3 \
-        --tag "$tag" --max-minutes "$minutes" --model deepseek-v2-lite --systems "$systems" \
-        --budgets 24 --max-new-tokens 64 --out "$out" >"$out/log-$tag.txt" 2>&1
-    tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error|skipped' | cut -c1-200
-}
-run specter,lru,spec-lru targets-tpot-24gb 3.6
-run lru lru-again-24gb 1.4
+tpot_cells 250 24 specter,lru,spec-lru targets-tpot-24gb 3.6
+tpot_cells 250 24 lru lru-again-24gb 1.4

@@ -41,8 +41,9 @@ layer's first ``stream_staging`` missing routed experts (id order) from pinned m
 device buffer that every layer shares, and the expert kernel reads them there. The kernel's
 own in-place reads give a missing expert only a few dozen programs, so few reads are in
 flight; the copy gives it about a thousand. The bytes, the record and the bits are those of
-plain streaming; the buffer is fixed state in the memory plan. Off by default until the GPU
-has measured it.
+plain streaming; the buffer is fixed state in the memory plan. Off by default: on the H200
+it saved 5% with the 64-column per-pair tile, and nothing once that tile became 32 columns
+wide (which spreads the in-place reads over twice the programs; docs/benchmarks.md).
 
 Forwards of more than ``STREAM_MAX_ROWS`` rows (a prefill) and token-wise verification
 keep the acquire path.

@@ -180,14 +180,14 @@ class _CostTable:
         return self._knots
 
     def curve(self, largest: int) -> list[float] | None:
-        """``[T(0), ..., T(largest)]`` in one pass (what :meth:`cost` gives each)."""
+        """``[T(0), ..., T(largest)]`` in seconds, None until two counts were measured
+        (one, if ``proportional``)."""
         knots = self.knots()
         if knots is None:
-            return (
-                None
-                if not (self.proportional and self.weight)
-                else [self.cost(n) for n in range(largest + 1)]
-            )
+            if not (self.proportional and self.weight):
+                return None
+            ((m, mean),) = self.means().items()
+            return [mean * n / m for n in range(largest + 1)]
         out, i = [], 1
         for n in range(largest + 1):
             while i < len(knots) - 1 and knots[i][0] < n:
@@ -197,22 +197,17 @@ class _CostTable:
         return out
 
     def cost(self, rows: int) -> float | None:
-        """``T(rows)`` in seconds, None until two counts were measured (one, if
-        ``proportional``)."""
-        knots = self.knots()
-        if knots is None:
-            if not (self.proportional and self.weight):
-                return None
-            ((n, mean),) = self.means().items()
-            return mean * rows / n
-        if rows <= knots[0][0]:
-            (n0, v0), (n1, v1) = knots[0], knots[1]
-        elif rows >= knots[-1][0]:
-            (n0, v0), (n1, v1) = knots[-2], knots[-1]
-        else:
-            i = next(i for i, (n, _) in enumerate(knots) if n >= rows)
-            (n0, v0), (n1, v1) = knots[i - 1], knots[i]
-        return max(v0 + (v1 - v0) * (rows - n0) / (n1 - n0), 0.0)
+        """``T(rows)`` (see :meth:`curve`)."""
+        curve = self.curve(rows)
+        return None if curve is None else curve[rows]
+
+    def mean_per_count(self) -> float | None:
+        """Time per unit of ``n`` over every measurement (decayed weights), None if none."""
+        weights = {n: self._weight_now(n) for n in self.weight}
+        units = sum(w * n for n, w in weights.items())
+        if units <= 0:
+            return None
+        return sum(w * self.total[n] / self.weight[n] for n, w in weights.items()) / units
 
 
 class AdaptiveDepth:
@@ -266,8 +261,6 @@ class AdaptiveDepth:
         cfg = self.config
         self._accepted = cfg.prior_acceptance * cfg.prior_trials
         self._trials = cfg.prior_trials
-        self._draft_time = 0.0
-        self._draft_proposals = 0.0
         self._overhead = None
         self._verify = _CostTable(cfg.cost_decay)
         self._draft = _CostTable(cfg.cost_decay, proportional=True)
@@ -288,8 +281,9 @@ class AdaptiveDepth:
 
     @property
     def draft_cost_s(self) -> float | None:
-        """Mean draft time per proposal (decaying), None before any draft was measured."""
-        return self._draft_time / self._draft_proposals if self._draft_proposals > 0 else None
+        """Mean draft time per proposal over the depths measured (decaying), None before
+        any draft was measured."""
+        return self._draft.mean_per_count()
 
     def draft_time_s(self, depth: int) -> float | None:
         """Estimated draft time of an iteration of depth K (0 at K = 0), None before any
@@ -315,30 +309,30 @@ class AdaptiveDepth:
         """Estimated per-iteration time outside drafting and verifying."""
         return self._overhead or 0.0
 
-    def expected_rate(self, depth: int) -> float | None:
-        """Estimated committed tokens per second at depth K; None while costs are unknown."""
-        verify, draft = self._verify.cost(depth + 1), self.draft_time_s(depth)
-        if verify is None or draft is None:
-            return None
-        seconds = self.overhead_s + draft + verify
-        if seconds <= 0:
-            return math.inf
-        return expected_committed(self.acceptance, depth) / seconds
-
-    def best_depth(self) -> int | None:
-        """The K maximising :meth:`expected_rate` (smallest on ties); None while unknown."""
-        verify = self._verify.curve(self.max_depth + 1)
-        draft = self._draft.curve(self.max_depth) if self._draft.weight else None
+    def _rates(self, largest: int) -> list[float] | None:
+        """Estimated committed tokens per second at K = 0..largest; None while unknown."""
+        verify = self._verify.curve(largest + 1)
+        draft = self._draft.curve(largest) if self._draft.weight else None
         if verify is None or draft is None:
             return None
         alpha, overhead = self.acceptance, self.overhead_s
-        best, best_rate = 0, -1.0
-        for k in range(self.max_depth + 1):
+        rates = []
+        for k in range(largest + 1):
             seconds = overhead + (draft[k] if k else 0.0) + verify[k + 1]
-            rate = math.inf if seconds <= 0 else expected_committed(alpha, k) / seconds
-            if rate > best_rate:  # the smallest K on ties
-                best, best_rate = k, rate
-        return best
+            rates.append(math.inf if seconds <= 0 else expected_committed(alpha, k) / seconds)
+        return rates
+
+    def expected_rate(self, depth: int) -> float | None:
+        """Estimated committed tokens per second at depth K; None while costs are unknown."""
+        rates = self._rates(depth)
+        return None if rates is None else rates[depth]
+
+    def best_depth(self) -> int | None:
+        """The K maximising :meth:`expected_rate` (smallest on ties); None while unknown."""
+        rates = self._rates(self.max_depth)
+        if rates is None:
+            return None
+        return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
     # -- policy ----------------------------------------------------------------------
 
@@ -395,8 +389,6 @@ class AdaptiveDepth:
             verified = iteration.accepted + (0 if iteration.accepted == tested else 1)
             self._accepted = cfg.acceptance_decay * self._accepted + iteration.accepted
             self._trials = cfg.acceptance_decay * self._trials + verified
-            self._draft_time = cfg.cost_decay * self._draft_time + iteration.draft_time_s
-            self._draft_proposals = cfg.cost_decay * self._draft_proposals + depth
             self._draft.add(depth, iteration.draft_time_s, self._observed)
         self._verify.add(depth + 1, iteration.verify_time_s, self._observed)
         for table in (self._draft, self._verify):
