@@ -93,10 +93,14 @@ def test_pair_blocks_on_many_rows_match_the_aligned_launch(seed, poisoned, per_p
         for mask in (resident, ~resident):
             sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, mask, out, pair_blocks)
         got[pair_blocks] = out
+    # Per pair the GPU gives the same bits either way (test_gpu.py's
+    # test_grouped_fp16_waves_on_the_gpu asserts it). The interpreter cannot: its tl.dot is
+    # numpy's matmul, whose BLAS rounds a row differently by its position in the block, and
+    # the two launches place a pair at different rows (1e-9 apart on about a third of seeds).
+    # Accumulating outputs differ anyway: their atomics add in any order.
+    assert rel_err(got[True], got[False]) < TOLERANCE
     if per_pair:
-        assert torch.equal(got[True], got[False])  # a pair's bits do not depend on its block
-    else:
-        assert rel_err(got[True], got[False]) < TOLERANCE  # atomics add in any order
+        assert torch.allclose(got[True], got[False], rtol=0, atol=1e-7)
 
 
 def test_an_empty_wave_changes_nothing(seed, poisoned):
