@@ -30,14 +30,22 @@ ab_specter_24gb() {
     tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error' | head -2 | cut -c1-200
 }
 
-# tpot_cells SECONDS BUDGET SYSTEMS TAG MINUTES: DeepSeek-V2-Lite's tpot experiment at BUDGET
-# (GB or unlimited) for SYSTEMS, 3 HumanEval prompts x 64 tokens, one process cut at
-# MINUTES (and killed at SECONDS); prints which specter_cache it imported and the table rows.
-tpot_cells() {
-    local seconds=$1 budget=$2 systems=$3 tag=$4 minutes=$5
+# model_cells MODEL SECONDS BUDGET SYSTEMS TAG MINUTES [ARGS...]: MODEL's tpot experiment at
+# BUDGET (GB or unlimited) for SYSTEMS, 3 HumanEval prompts x 64 tokens unless ARGS say
+# otherwise, one process cut at MINUTES (and killed at SECONDS); prints which specter_cache it
+# imported and the table rows.
+model_cells() {
+    local model=$1 seconds=$2 budget=$3 systems=$4 tag=$5 minutes=$6
+    shift 6
     timeout "$seconds" python3 -m specter_bench bench --experiment tpot --num-prompts 3 \
-        --tag "$tag" --max-minutes "$minutes" --model deepseek-v2-lite --systems "$systems" \
-        --budgets "$budget" --max-new-tokens 64 --out "$out" >"$out/log-$tag.txt" 2>&1
+        --max-new-tokens 64 --tag "$tag" --max-minutes "$minutes" --model "$model" \
+        --systems "$systems" --budgets "$budget" --out "$out" "$@" >"$out/log-$tag.txt" 2>&1
     python3 -c "import specter_cache; print('$tag', specter_cache.__file__)"
-    tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error|skipped' | cut -c1-200
+    tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| (deep|qwen|phi)|Error|skipped' \
+        | cut -c1-200
+}
+
+# tpot_cells SECONDS BUDGET SYSTEMS TAG MINUTES: DeepSeek-V2-Lite's model_cells.
+tpot_cells() {
+    model_cells deepseek-v2-lite "$@"
 }
