@@ -173,8 +173,11 @@ def test_agreement_table_shows_greedy_and_sampled_acceptance():
     assert [c.strip() for c in lines[3].strip("|").split("|")][-3:] == ["-", "-", "-"]
 
 
-def _in_run(record, started, commit="abc1234"):
-    return {**record, "identity": {"git_commit": commit, "started_at": started}}
+def _in_run(record, started, commit="abc1234", experiment=None):
+    identity = {"git_commit": commit, "started_at": started}
+    if experiment is not None:
+        identity["experiment"] = experiment
+    return {**record, "identity": identity}
 
 
 def test_runs_stay_apart_and_targets_compare_within_one_run():
@@ -207,6 +210,30 @@ def test_runs_stay_apart_and_targets_compare_within_one_run():
     assert "met (two runs)" in targets_table(apart)
     # One run: no run column.
     assert "| run |" not in tpot_table(records[:2])
+
+
+def test_ratio_targets_prefer_the_latest_tpot_only_run():
+    def rec(system, tpot):
+        return TpotRecord(
+            system, "deepseek-v2-lite", 24.0, "humaneval", "p", 5, 8, tpot, None, None, None
+        ).as_dict()
+
+    first, second, third = (f"2026-12-0{d}T01:00:00+00:00" for d in (1, 2, 3))
+    tpot_run = [_in_run(rec("specter", 12.0), first, experiment="tpot")]
+    tpot_run.append(_in_run(rec("lru", 18.0), first, experiment="tpot"))
+    # A later routing run whose lru ran slow after its routing stage.
+    routing_run = [_in_run(rec("specter", 12.5), second, "def5678", experiment="routing")]
+    routing_run.append(_in_run(rec("lru", 27.0), second, "def5678", experiment="routing"))
+    lru = [t for t in evaluate_targets(tpot_run + routing_run) if t["target"].endswith("1/2")]
+    assert (lru[0]["tpot_ms"], lru[0]["versus_tpot_ms"], lru[0]["met"]) == (12.0, 18.0, False)
+    assert lru[0]["run"] == "2026-12-01T01:00 abc1234"
+    # The latest of several TPOT-only runs; with none, the latest run that measured both.
+    later = [_in_run(rec(s, t), third, "aaa0000", experiment="tpot") for s, t in (
+        ("specter", 9.0), ("lru", 20.0))]  # fmt: skip
+    lru = [t for t in evaluate_targets(tpot_run + routing_run + later) if "1/2" in t["target"]]
+    assert (lru[0]["ratio"], lru[0]["met"]) == (0.45, True)
+    lru = [t for t in evaluate_targets(routing_run) if t["target"].endswith("1/2")]
+    assert (lru[0]["tpot_ms"], lru[0]["versus_tpot_ms"]) == (12.5, 27.0)
 
 
 def test_tpot_is_the_median_over_prompts():

@@ -70,8 +70,10 @@ _CAPTIONS = {
         "Issue 7's targets (DeepSeek-V2-Lite, random weights, greedy, HumanEval prompts, one "
         "run): every cell, met or not, with the measured acceptance beside it. Other models "
         "show the same ratios at their high budget and unlimited (no target). Both sides of a "
-        "ratio come from one run when some run measured both; `(two runs)` marks a ratio "
-        "across runs, which only compares loosely (host speed differs between machines)."
+        "ratio come from one run when some run measured both, the latest TPOT-only run "
+        "(`--experiment tpot`) first, since a routing run's later stages can run slow; "
+        "`(two runs)` marks a ratio across runs, which only compares loosely (host speed "
+        "differs between machines). The Belady bound comes from the latest routing run."
     ),
     "Latency per phase": (
         "Prefill: the prompt; draft and verify: decode time per generated token spent drafting "

@@ -338,9 +338,14 @@ def evaluate_targets(
     Models the targets do not name get the same ratios at their largest finite budget and
     unlimited, marked ``(no target)`` (``met`` None).
 
-    Both sides come from one run (the latest run that measured both) when any did; else
-    from the latest run of each, and ``same_run`` says so. A Belady target takes the latest
-    run that measured the bound.
+    Both sides come from one run when any measured both: the latest TPOT-only run (a
+    ``--experiment tpot`` process) that did, else the latest run that did; else from the
+    latest run of each, and ``same_run`` says so. TPOT-only runs come first because a run's
+    other experiments can slow the stages after them: in the three DeepSeek-V2-Lite 24 GB
+    routing runs on the H200 ``lru`` took 27-29 ms per token, after the routing stage,
+    against 17-19 ms in five TPOT-only processes (docs/benchmarks.md), which would make a
+    ratio against it look better than it is. A Belady target takes the latest run that
+    measured the bound (only a routing run does).
 
     Returns:
         One dict per target: ``model``, ``budget``, ``target`` (text), ``ratio`` (None when
@@ -348,6 +353,12 @@ def evaluate_targets(
         ``versus_tpot_ms``, ``acceptance_rate``, ``run`` (the run of ``tpot_ms``) and
         ``same_run`` (False when the two sides come from different runs).
     """
+    records = list(records)
+    tpot_only = {
+        run_label(r)
+        for r in records
+        if r.get("kind") == "tpot" and (r.get("identity") or {}).get("experiment") == "tpot"
+    }
     summaries = summarize_tpot(records)
     index: dict[tuple[str, float | None, str], dict[str, SystemSummary]] = defaultdict(dict)
     for s in summaries:
@@ -371,7 +382,7 @@ def evaluate_targets(
                 ref_runs = index.get((model, t.budget_gb, t.versus), {})
                 if not ref_runs and t.versus == "hf":
                     ref_runs = index.get((model, None, t.versus), {})
-                mine, ref, same_run = _pair(mine_runs, ref_runs)
+                mine, ref, same_run = _pair(mine_runs, ref_runs, tpot_only)
                 other = ref.tpot_ms if ref is not None else None
                 ratio = (
                     mine.tpot_ms / other
@@ -396,11 +407,15 @@ def evaluate_targets(
 
 
 def _pair(
-    mine: dict[str, SystemSummary], ref: dict[str, SystemSummary]
+    mine: dict[str, SystemSummary],
+    ref: dict[str, SystemSummary],
+    preferred: set[str] = frozenset(),
 ) -> tuple[SystemSummary | None, SystemSummary | None, bool]:
-    """The two sides of a ratio: from the latest run that measured both, else the latest of
-    each (``same_run`` False when both exist but no run holds both)."""
+    """The two sides of a ratio: from the latest ``preferred`` run that measured both, else
+    the latest run that did, else the latest of each (``same_run`` False when both exist but
+    no run holds both)."""
     shared = sorted(set(mine) & set(ref))
+    shared = [run for run in shared if run in preferred] or shared
     if shared:
         return mine[shared[-1]], ref[shared[-1]], True
     first = mine[max(mine)] if mine else None
