@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -341,10 +342,11 @@ def evaluate_targets(
     Both sides come from one run when any measured both: the latest TPOT-only run (a
     ``--experiment tpot`` process) that did, else the latest run that did; else from the
     latest run of each, and ``same_run`` says so. TPOT-only runs come first because a run's
-    other experiments can slow the stages after them: in the three DeepSeek-V2-Lite 24 GB
-    routing runs on the H200 ``lru`` took 27-29 ms per token, after the routing stage,
-    against 17-19 ms in five TPOT-only processes (docs/benchmarks.md), which would make a
-    ratio against it look better than it is. A Belady target takes the latest run that
+    other experiments can slow the stages after them: in the two DeepSeek-V2-Lite 24 GB
+    routing runs after the 32-column per-pair tile ``lru`` took 27-29 ms per token in its
+    stage after the routing experiments, against 17-19 ms in the five TPOT-only processes
+    of the same code (docs/benchmarks.md), which would make a ratio against it look better
+    than it is. A Belady target takes the latest run that
     measured the bound (only a routing run does).
 
     Returns:
@@ -409,7 +411,7 @@ def evaluate_targets(
 def _pair(
     mine: dict[str, SystemSummary],
     ref: dict[str, SystemSummary],
-    preferred: set[str] = frozenset(),
+    preferred: AbstractSet[str] = frozenset(),
 ) -> tuple[SystemSummary | None, SystemSummary | None, bool]:
     """The two sides of a ratio: from the latest ``preferred`` run that measured both, else
     the latest run that did, else the latest of each (``same_run`` False when both exist but
