@@ -71,7 +71,7 @@ _CAPTIONS = {
         "run): every cell, met or not, with the measured acceptance beside it. Other models "
         "show the same ratios at their high budget and unlimited (no target). Both sides of a "
         "ratio come from one run when some run measured both, the latest TPOT-only run "
-        "(`--experiment tpot`) first, since a routing run's later stages can run slow; "
+        "(`--experiment tpot`, the experiment that measures TPOT) first; "
         "`(two runs)` marks a ratio across runs, which only compares loosely (host speed "
         "differs between machines). The Belady bound comes from the latest routing run."
     ),

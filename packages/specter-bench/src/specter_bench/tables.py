@@ -339,15 +339,14 @@ def evaluate_targets(
     Models the targets do not name get the same ratios at their largest finite budget and
     unlimited, marked ``(no target)`` (``met`` None).
 
-    Both sides come from one run when any measured both: the latest TPOT-only run (a
-    ``--experiment tpot`` process) that did, else the latest run that did; else from the
-    latest run of each, and ``same_run`` says so. TPOT-only runs come first because a run's
-    other experiments can slow the stages after them: in the two DeepSeek-V2-Lite 24 GB
-    routing runs after the 32-column per-pair tile ``lru`` took 27-29 ms per token in its
-    stage after the routing experiments, against 17-19 ms in the five TPOT-only processes
-    of the same code (docs/benchmarks.md), which would make a ratio against it look better
-    than it is. A Belady target takes the latest run that
-    measured the bound (only a routing run does).
+    Each target is quoted from the experiment that measures it. A ratio's two sides come
+    from one run when any measured both: the latest TPOT-only run (a ``--experiment tpot``
+    process) that did, else the latest run that did; else from the latest run of each, and
+    ``same_run`` says so. A Belady target takes the latest run that measured the bound
+    (only a routing run does). Taking the latest run of any kind would let a run made for
+    another experiment decide a TPOT cell: on the H200 the two DeepSeek-V2-Lite 24 GB
+    routing runs after the 32-column per-pair tile measured ``lru`` at 27-29 ms per token,
+    against 17-24 ms in the TPOT-only processes of the same code (docs/benchmarks.md).
 
     Returns:
         One dict per target: ``model``, ``budget``, ``target`` (text), ``ratio`` (None when
