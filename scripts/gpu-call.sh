@@ -22,17 +22,12 @@ cuda_tests_to() {
 # ab_specter_24gb TAG: DeepSeek-V2-Lite's specter at 24 GB, fixed K = 6, 3 HumanEval prompts x
 # 64 tokens, one process (an A/B arm: run arms in turn, with PYTHONPATH naming each tree).
 ab_specter_24gb() {
-    local tag=$1
-    timeout 170 python3 -m specter_bench bench --experiment tpot --num-prompts 3 --depth 6 \
-        --tag "$tag" --max-minutes 2.4 --model deepseek-v2-lite --systems specter \
-        --budgets 24 --max-new-tokens 64 --out "$out" >"$out/log-$tag.txt" 2>&1
-    python3 -c "import specter_cache; print('$tag', specter_cache.__file__)"
-    tr '\r' '\n' <"$out/log-$tag.txt" | grep -E '^\| deep|Error' | head -2 | cut -c1-200
+    tpot_cells 170 24 specter "$1" 2.4 --depth 6
 }
 
 # model_cells MODEL SECONDS BUDGET SYSTEMS TAG MINUTES [ARGS...]: MODEL's tpot experiment at
 # BUDGET (GB or unlimited) for SYSTEMS, 3 HumanEval prompts x 64 tokens unless ARGS say
-# otherwise, one process cut at MINUTES (and killed at SECONDS); prints which specter_cache it
+# otherwise (a later option wins, so ARGS may name another --experiment), one process cut at MINUTES (and killed at SECONDS); prints which specter_cache it
 # imported and the table rows.
 model_cells() {
     local model=$1 seconds=$2 budget=$3 systems=$4 tag=$5 minutes=$6
@@ -45,7 +40,7 @@ model_cells() {
         | cut -c1-200
 }
 
-# tpot_cells SECONDS BUDGET SYSTEMS TAG MINUTES: DeepSeek-V2-Lite's model_cells.
+# tpot_cells SECONDS BUDGET SYSTEMS TAG MINUTES [ARGS...]: DeepSeek-V2-Lite's model_cells.
 tpot_cells() {
     model_cells deepseek-v2-lite "$@"
 }

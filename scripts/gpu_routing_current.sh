@@ -7,11 +7,6 @@
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_routing_current.sh
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
-timeout 380 python3 -m specter_bench bench --experiment routing --num-prompts 3 \
-    --tag routing-current-24gb --max-minutes 6.1 --model deepseek-v2-lite \
-    --systems specter,lru,spec-lru --budgets 24 --max-new-tokens 64 --out "$out" \
-    >"$out/log-routing-current-24gb.txt" 2>&1
-tr '\r' '\n' <"$out/log-routing-current-24gb.txt" | grep -E '^\| deep|Error|skipped' \
-    | cut -c1-220 | head -40
+tpot_cells 380 24 specter,lru,spec-lru routing-current-24gb 6.1 --experiment routing
 model_cells phi-3.5-moe 170 40 lru phi-current-lru-40gb 2.6 --num-prompts 1 \
     --max-new-tokens 32

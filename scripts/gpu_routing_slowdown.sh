@@ -10,9 +10,5 @@
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 tpot_cells 150 24 lru slowdown-tpot-first 2.0
-timeout 240 python3 -m specter_bench bench --experiment routing --num-prompts 3 \
-    --tag slowdown-after-routing --max-minutes 3.6 --model deepseek-v2-lite --systems lru \
-    --budgets 24 --max-new-tokens 64 --out "$out" >"$out/log-slowdown-after-routing.txt" 2>&1
-tr '\r' '\n' <"$out/log-slowdown-after-routing.txt" | grep -E '^\| deep|Error|skipped' \
-    | cut -c1-200 | head -8
+tpot_cells 240 24 lru slowdown-after-routing 3.6 --experiment routing
 tpot_cells 150 24 lru slowdown-tpot-last 2.0

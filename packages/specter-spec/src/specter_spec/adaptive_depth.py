@@ -156,7 +156,7 @@ class _CostTable:
         return self.weight[n] * self.decay ** (self.now - self.last_seen[n])
 
     def means(self) -> dict[int, float]:
-        """``{n: decaying mean verify time}`` of every measured row count, by ``n``."""
+        """``{n: decaying mean time in seconds}`` of every measured count, by ``n``."""
         return {n: self.total[n] / self.weight[n] for n in sorted(self.weight)}
 
     def knots(self) -> list[tuple[int, float]] | None:
