@@ -31,12 +31,18 @@ import torch.nn.functional as F
 import triton
 from bench_kernels import time_graph  # a sibling script (scripts/ is on sys.path)
 
-from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig, matmul_config
+from specter_kernels.invariant_matmul_config import (
+    BLOCK_M,
+    MatmulConfig,
+    matmul_config,
+    tuned_config_path,
+)
 from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
 
 # (name, N, K, dtype): DeepSeek-V2-Lite first (the targets' model), then Qwen1.5-MoE and
 # Phi-3.5-MoE.
 SHAPES = (
+    ("dsv2 q_kv_a (fused)", 3648, 2048, torch.float16),
     ("dsv2 q_proj", 3072, 2048, torch.float16),
     ("dsv2 o_proj / qwen q,k,v,o", 2048, 2048, torch.float16),
     ("dsv2 kv_a_proj", 576, 2048, torch.float16),
@@ -46,6 +52,7 @@ SHAPES = (
     ("dsv2 router (fp32)", 64, 2048, torch.float32),
     ("dsv2 lm_head", 102400, 2048, torch.float16),
     ("dsv2 dense gate_up (fused)", 21888, 2048, torch.float16),
+    ("dsv2 dense down", 2048, 10944, torch.float16),
     ("qwen shared gate_up (fused)", 11264, 2048, torch.float16),
     ("qwen shared gate/up", 5632, 2048, torch.float16),
     ("qwen shared down", 2048, 5632, torch.float16),
@@ -63,7 +70,11 @@ GRAPH_BYTES = 256 << 20
 
 
 def candidates(N: int, K: int, dtype: torch.dtype) -> list[MatmulConfig]:
-    """Tiles worth timing: enough programs to fill ~132 SMs, few enough to stay cheap."""
+    """Tiles worth timing: enough programs to fill ~132 SMs, few enough to stay cheap.
+
+    A split costs one launch (its partials are summed by the tile's last arrival), so deep
+    splits of K are candidates wherever the columns alone give too few programs.
+    """
     found = []
     block_ns = (16, 32) if dtype == torch.float32 else (16, 32, 64)
     block_ks = (32, 64) if dtype == torch.float32 else (128, 256, 512)
@@ -75,7 +86,7 @@ def candidates(N: int, K: int, dtype: torch.dtype) -> list[MatmulConfig]:
         programs = triton.cdiv(N, bn) * split
         if split > 1 and (programs > 2048 or K // split < bk):
             continue
-        if split == 1 or programs >= min(64, 16 * split):
+        if split == 1 or programs >= min(128, 16 * split):
             found.append(MatmulConfig(BLOCK_M, bn, bk, warps, stages, split))
     return found
 
@@ -133,6 +144,12 @@ def sweep_shape(name: str, N: int, K: int, dtype: torch.dtype, max_seconds: floa
     return results, linear
 
 
+def _shipped_entries() -> list[dict]:
+    """The tuned-tile file's entries for this GPU model (empty when there is none)."""
+    path = tuned_config_path(torch.cuda.get_device_name())
+    return json.loads(path.read_text())["configs"] if path.is_file() else []
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
@@ -181,6 +198,13 @@ def main() -> int:
             )
     print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
     if args.write_config:
+        swept = {(t["N"], t["K"], t["dtype"]) for t in tuned}
+        kept = [  # the shipped tiles of shapes this run did not sweep stay in the file
+            entry
+            for entry in _shipped_entries()
+            if (entry["N"], entry["K"], entry["dtype"]) not in swept
+        ]
+        tuned = tuned + kept
         table = {
             "device": torch.cuda.get_device_name(),
             "torch": torch.__version__,

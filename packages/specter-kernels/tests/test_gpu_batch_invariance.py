@@ -156,3 +156,33 @@ def test_grouped_fp16_per_pair_mode_is_invariant(seed):
         x, ids, weights, w13, w2, slot_of, everything, torch.zeros(PREFILL, H, device="cuda")
     )
     assert _rel_err(full, ref) < 2e-3
+
+
+@pytest.mark.parametrize("split", [4, 8])
+def test_split_k_is_deterministic_and_replays_in_a_cuda_graph(seed, split):
+    # On the GPU any split may arrive last; the sum must still be in split order (the same
+    # bits every launch), and counters must be zero after each replay of a captured launch.
+    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+    from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
+
+    config = MatmulConfig(BLOCK_M, 16, 128, split_k=split)
+    N, K = 2048, 2816
+    w = (torch.randn(N, K, device="cuda") * 0.02).half()
+    x = torch.randn(5, K, device="cuda").half()
+    out = torch.full((1, 5, N), float("nan"), device="cuda", dtype=torch.float16)
+    first = launch_invariant_bmm(x[None], w.T[None], out, None, config)[0].clone()
+    assert _rel_err(first, x.double() @ w.double().T) < 2e-3
+    for _ in range(200):
+        assert torch.equal(launch_invariant_bmm(x[None], w.T[None], out, None, config)[0], first)
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch_invariant_bmm(static_x[None], w.T[None], out, None, config)
+    for _ in range(20):
+        out.fill_(float("nan"))
+        fresh = torch.randn_like(x)
+        static_x.copy_(fresh)
+        graph.replay()
+        eager = torch.empty_like(out)
+        launch_invariant_bmm(fresh[None], w.T[None], eager, None, config)
+        assert torch.equal(out, eager)

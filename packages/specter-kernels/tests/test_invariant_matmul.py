@@ -193,3 +193,33 @@ def test_tuned_tiles_may_split_k(tmp_path, monkeypatch):
     monkeypatch.setenv(cfg.TUNED_CONFIGS_ENV, str(path))
     assert cfg.matmul_config(576, 2048, torch.float16, "Some GPU").split_k == 4
     assert cfg.matmul_config(576, 2048, torch.float16).split_k == 1
+
+
+def test_split_launches_leave_every_arrival_counter_at_zero(seed, poisoned):
+    # The last arrival of a tile zeroes its counter, so one buffer serves every launch: a
+    # counter left at k would make the next launch's tile finish after k fewer arrivals.
+    from specter_kernels import invariant_matmul_triton as kernel
+    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+
+    config = MatmulConfig(BLOCK_M, 16, 16, split_k=3)
+    B, M, K, N = 2, 21, 48, 40  # two row tiles, three column tiles, two batch entries
+    a, b = torch.randn(B, M, K), torch.randn(B, K, N)
+    counters = kernel.tile_counters(torch.device("cpu"), 1)
+    first = kernel.launch_invariant_bmm(a, b, torch.full((B, M, N), float("nan")), None, config)
+    assert int(counters.count_nonzero()) == 0
+    second = kernel.launch_invariant_bmm(a, b, torch.full((B, M, N), float("nan")), None, config)
+    assert torch.equal(first, second)
+    assert rel_err(first, a.double() @ b.double()) < 1e-5
+
+
+def test_the_counter_buffer_grows_outside_a_capture_and_keeps_its_floor():
+    from specter_kernels import invariant_matmul_triton as kernel
+
+    device = torch.device("cpu")
+    small = kernel.tile_counters(device, 3)
+    assert small.numel() >= kernel.COUNTER_FLOOR
+    assert kernel.tile_counters(device, 5) is small  # reused while large enough
+    grown = kernel.tile_counters(device, kernel.COUNTER_FLOOR + 1)
+    assert grown.numel() >= kernel.COUNTER_FLOOR + 1
+    assert int(grown.count_nonzero()) == 0
+    assert kernel.tile_counters(device, 1) is grown

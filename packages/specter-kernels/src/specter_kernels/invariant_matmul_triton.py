@@ -8,11 +8,18 @@ are: a row's result does not depend on the rows beside it.
 
 With ``split_k = S > 1`` (decode-sized GEMVs whose N alone gives too few programs to
 stream the weight at full bandwidth) K is cut into S fixed stretches of
-``k_split`` columns; program ``s`` writes its fp32 partial sums to a workspace
-``[B, S, M, N]`` and a second kernel adds the S partials in the order 0, 1, ..., S-1,
-adds the bias and rounds once. The stretches and that order depend on (N, K, dtype)
-only, so split-K keeps the kernel batch-invariant (unlike cuBLAS's split-K, chosen
-by M).
+``k_split`` columns. Program ``s`` writes its fp32 partial sums to a workspace
+``[B, S, M, N]``, then takes a ticket from its output tile's arrival counter; the
+program that draws the last ticket (whichever split it is) adds the S partials in the
+order 0, 1, ..., S-1, adds the bias, rounds once, and sets the counter back to zero for
+the next launch. One launch, no reduction kernel and no memset: the counters live in a
+per-device buffer (:func:`tile_counters`) that every split launch leaves zeroed. The
+stretches and the summation order depend on (N, K, dtype) only, so split-K keeps the
+kernel batch-invariant (unlike cuBLAS's split-K, chosen by M).
+
+Two split launches that may run at the same time on different streams of one device
+would share counters; the engine runs its matmuls on one stream (CUDA graphs replay
+in stream order).
 """
 
 from __future__ import annotations
@@ -30,13 +37,17 @@ from specter_kernels.invariant_matmul_config import MatmulConfig, matmul_config
 # (Triton treats 1 and multiples of 16 specially) would compile a different
 # kernel per row count, which is exactly what this kernel must not do.
 @triton.jit(
-    do_not_specialize=["M", "stride_ab", "stride_am", "stride_cb", "stride_cm", "stride_cs"]
-)
+    do_not_specialize=[
+        "M", "stride_ab", "stride_am", "stride_cb", "stride_cm", "stride_wb", "stride_wm"
+    ]
+)  # fmt: skip
 def _invariant_matmul_kernel(
     a_ptr,
     b_ptr,
     bias_ptr,
     c_ptr,
+    w_ptr,
+    counter_ptr,
     M,
     N,
     K,
@@ -49,7 +60,9 @@ def _invariant_matmul_kernel(
     stride_cb,
     stride_cm,
     stride_cn,
-    stride_cs,
+    stride_wb,
+    stride_ws,
+    stride_wm,
     k_split,
     HAS_BIAS: tl.constexpr,
     IEEE: tl.constexpr,
@@ -67,6 +80,7 @@ def _invariant_matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    mask = m_mask[:, None] & n_mask[None, :]
     a_rows = a_ptr + batch * stride_ab + offs_m.to(tl.int64)[:, None] * stride_am
     b_cols = b_ptr + batch * stride_bb + offs_n.to(tl.int64)[None, :] * stride_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -93,45 +107,62 @@ def _invariant_matmul_kernel(
             acc = tl.dot(a, b, acc)
     c = c_ptr + batch * stride_cb + offs_m.to(tl.int64)[:, None] * stride_cm
     c = c + offs_n.to(tl.int64)[None, :] * stride_cn
-    if SPLIT_K == 1:
+    if SPLIT_K > 1:
+        # w is the fp32 workspace [B, S, M, N] (N contiguous); stride_ws steps between
+        # partials. Every thread's partial must be stored before the ticket is taken;
+        # the ticket's acq_rel atomic publishes them to the program that draws the last.
+        w = w_ptr + batch * stride_wb + offs_m.to(tl.int64)[:, None] * stride_wm
+        w = w + offs_n.to(tl.int64)[None, :]
+        tl.store(w + split * stride_ws, acc, mask=mask)
+        tl.debug_barrier()
+        tile = (batch * tl.num_programs(0) + pid_m) * tl.cdiv(N, BLOCK_N) + pid_n
+        ticket = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        if ticket == SPLIT_K - 1:
+            # The last arrival sums the partials in split order, whoever it is, so the
+            # bits do not depend on which program finished last.
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                acc += tl.load(w + s * stride_ws, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(counter_ptr + tile, 0)  # zeroed for the next launch
+    else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-    else:
-        # c is the fp32 workspace [B, S, M, N]; stride_cs steps between partials.
-        tl.store(c + split * stride_cs, acc, mask=m_mask[:, None] & n_mask[None, :])
+        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["M", "stride_wb", "stride_wm", "stride_cb", "stride_cm"])
-def _split_k_sum_kernel(
-    w_ptr,
-    bias_ptr,
-    c_ptr,
-    M,
-    N,
-    stride_wb,
-    stride_ws,
-    stride_wm,
-    stride_cb,
-    stride_cm,
-    stride_cn,
-    HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """``c[b, m, n] = sum_{s = 0..S-1} w[b, s, m, n] (+ bias[n])`` in that order, rounded once."""
-    row = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    batch = tl.program_id(2).to(tl.int64)
-    n_mask = offs_n < N
-    w = w_ptr + batch * stride_wb + row * stride_wm + offs_n
-    acc = tl.load(w, mask=n_mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(w + s * stride_ws, mask=n_mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    c = c_ptr + batch * stride_cb + row * stride_cm + offs_n.to(tl.int64) * stride_cn
-    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=n_mask)
+COUNTER_FLOOR = 1 << 16
+"""Arrival counters allocated per device at least (256 KB): every decode-sized split launch
+fits, so the buffer is made once, outside any CUDA graph capture."""
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """The device's zeroed int32 arrival counters, at least ``tiles`` of them.
+
+    Split launches leave every counter they use at zero, so one buffer serves every
+    launch on the device. It is made (or grown) outside CUDA graph capture only: a buffer
+    first zeroed inside a capture would hold garbage until the graph's first replay.
+
+    Raises:
+        RuntimeError: the buffer must be made or grown while a CUDA graph is captured;
+            run the same launch once eagerly before capturing it.
+    """
+    buffer = _counters.get(device)
+    if buffer is not None and buffer.numel() >= tiles:
+        return buffer
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"the invariant matmul needs {tiles} split-K arrival counters on {device} "
+            f"(has {0 if buffer is None else buffer.numel()}) while a CUDA graph is being "
+            "captured; run the same matmul once eagerly before capturing it"
+        )
+    size = max(COUNTER_FLOOR, triton.next_power_of_2(tiles))
+    _counters[device] = torch.zeros(size, dtype=torch.int32, device=device)
+    return _counters[device]
 
 
 @functools.cache
@@ -157,27 +188,20 @@ def launch_invariant_bmm(
     k_split = triton.cdiv(triton.cdiv(K, split), c.block_k) * c.block_k
     grid = (triton.cdiv(M, c.block_m), triton.cdiv(N, c.block_n) * split, B)
     if split == 1:
-        target, strides = out, (out.stride(0), out.stride(1), out.stride(2), 0)
+        partials, counters, w_strides = out, out, (0, 0, 0)
     else:
-        target = torch.empty(B, split, M, N, dtype=torch.float32, device=a.device)
-        strides = (target.stride(0), target.stride(2), target.stride(3), target.stride(1))
+        partials = torch.empty(B, split, M, N, dtype=torch.float32, device=a.device)
+        counters = tile_counters(a.device, grid[0] * triton.cdiv(N, c.block_n) * B)
+        w_strides = (partials.stride(0), partials.stride(1), partials.stride(2))
     _invariant_matmul_kernel[grid](
-        a, b, bias if bias is not None else out, target,
+        a, b, bias if bias is not None else out, out, partials, counters,
         M, N, K,
         a.stride(0), a.stride(1), a.stride(2),
         b.stride(0), b.stride(1), b.stride(2),
-        *strides, k_split,
-        HAS_BIAS=bias is not None and split == 1, IEEE=a.dtype == torch.float32,
+        out.stride(0), out.stride(1), out.stride(2),
+        *w_strides, k_split,
+        HAS_BIAS=bias is not None, IEEE=a.dtype == torch.float32,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=split,
         num_warps=c.num_warps, num_stages=c.num_stages,
     )  # fmt: skip
-    if split > 1:
-        block = min(1024, triton.next_power_of_2(N))
-        _split_k_sum_kernel[(M, triton.cdiv(N, block), B)](
-            target, bias if bias is not None else out, out,
-            M, N,
-            target.stride(0), target.stride(1), target.stride(2),
-            out.stride(0), out.stride(1), out.stride(2),
-            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK_N=block,
-        )  # fmt: skip
     return out

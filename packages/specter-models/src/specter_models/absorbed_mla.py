@@ -77,13 +77,17 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
         T = hidden_states.shape[1]
         H, nope, rope = module.num_heads, module.qk_nope_head_dim, module.qk_rope_head_dim
         R, v = module.kv_lora_rank, module.v_head_dim
-        if module.q_lora_rank is None:
+        fused = getattr(module, "_specter_q_kv_a", None)  # fused_projections' one GEMM
+        if fused is not None:
+            q, compressed = torch.split(fused(hidden_states), [H * (nope + rope), R + rope], -1)
+        elif module.q_lora_rank is None:
             q = module.q_proj(hidden_states)
         else:
             q = module.q_b_proj(module.q_a_layernorm(module.q_a_proj(hidden_states)))
         q = q.view(1, T, H, nope + rope).transpose(1, 2)
         q_nope, q_pe = torch.split(q, [nope, rope], dim=-1)
-        compressed = module.kv_a_proj_with_mqa(hidden_states)
+        if fused is None:
+            compressed = module.kv_a_proj_with_mqa(hidden_states)
         kv_nope, k_pe = torch.split(compressed, [R, rope], dim=-1)
         latent = module.kv_a_layernorm(kv_nope).view(1, 1, T, R)
         k_pe = k_pe.view(1, 1, T, rope)

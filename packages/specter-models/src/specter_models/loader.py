@@ -38,6 +38,7 @@ from specter_models.checkpoint import (
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.fused_mlp import install_fused_gate_up
 from specter_models.fused_norms import install_fused_rms_norm
+from specter_models.fused_projections import install_fused_q_kv_a
 from specter_models.fused_rotary import install_fused_rotary
 from specter_models.fused_routers import install_fused_routers
 from specter_models.gptq_checkpoint import load_gptq_draft
@@ -95,6 +96,7 @@ def load(
     fused_routers: bool = True,
     absorbed_mla: bool = True,
     fused_mlp: bool = True,
+    fused_projections: bool = True,
     row_truncation: bool | RowTruncation = False,
     hot_experts: Sequence[Sequence[int]] | None = None,
     miss_path: str = "load",
@@ -149,6 +151,8 @@ def load(
             compressed cache (``absorbed_mla``); False keeps transformers' expanded form.
         fused_mlp: run the dense and shared-expert SwiGLU MLPs as one gate/up GEMM and one
             ``silu_and_mul`` (``fused_mlp``); False keeps their two GEMMs and two kernels.
+        fused_projections: run DeepSeek-V2's ``q_proj`` and ``kv_a_proj_with_mqa`` as one
+            GEMM in the absorbed MLA form (``fused_projections``; needs ``absorbed_mla``).
         row_truncation: miss-aware truncation of greedy expert-wise verification
             (``row_truncation``): True for the default policy, or a ``RowTruncation``;
             False (default) verifies every row. Greedy output is unchanged either way.
@@ -271,6 +275,8 @@ def load(
         init_non_expert_weights(model, seed=seed, std=std)
     if fused_mlp:
         install_fused_gate_up(model, runtime)  # copies the loaded gate and up weights
+    if fused_projections and absorbed_mla:
+        install_fused_q_kv_a(model, runtime)  # copies the loaded q and kv_a weights
     clock.lap("non_expert")
 
     layouts = [
