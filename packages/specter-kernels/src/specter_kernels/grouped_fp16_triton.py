@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from specter_kernels.moe_align import max_aligned_blocks, moe_align_block_size
+from specter_kernels.pdl import pdl_enter, pdl_options
 from specter_kernels.streamed_experts import StreamedExperts
 
 
@@ -134,7 +135,9 @@ def _grouped_gate_up_kernel(
     PAIR_BLOCKS: tl.constexpr = False,
     STREAM: tl.constexpr = False,
     FILL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if PAIR_BLOCKS:
@@ -220,7 +223,9 @@ def _grouped_down_kernel(
     PAIR_BLOCKS: tl.constexpr = False,
     STREAM: tl.constexpr = False,
     FILL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -392,6 +397,7 @@ def launch_grouped(
         addresses[0], flags[0], fills,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PAIR_BLOCKS=pair_blocks,
         STREAM=stream, FILL=fill, num_warps=c.num_warps, num_stages=c.num_stages,
+        **pdl_options(x.device),
     )  # fmt: skip
     c = down_config
     per_split = triton.cdiv(triton.cdiv(I, c.split_k), c.block_k) * c.block_k
@@ -405,5 +411,6 @@ def launch_grouped(
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PER_PAIR=per_pair,
         PAIR_BLOCKS=pair_blocks, STREAM=stream, FILL=fill, num_warps=c.num_warps,
         num_stages=c.num_stages,
+        **pdl_options(h.device),
     )  # fmt: skip
     return out

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from specter_kernels.invariant_matmul_config import MatmulConfig, matmul_config
+from specter_kernels.pdl import pdl_enter, pdl_options
 
 
 # M and the batch stride vary with the number of rows; specialising on them
@@ -70,7 +71,9 @@ def _invariant_matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1) // SPLIT_K
     split = tl.program_id(1) % SPLIT_K
@@ -203,5 +206,6 @@ def launch_invariant_bmm(
         HAS_BIAS=bias is not None, IEEE=a.dtype == torch.float32,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=split,
         num_warps=c.num_warps, num_stages=c.num_stages,
+        **pdl_options(a.device),
     )  # fmt: skip
     return out

@@ -13,12 +13,17 @@ import torch
 import triton
 import triton.language as tl
 
+from specter_kernels.pdl import pdl_enter, pdl_options
+
 ROW_SUM_BLOCK = 1024
 ROW_SUM_WARPS = 4
 
 
 @triton.jit(do_not_specialize=["stride_xr"])
-def _invariant_row_sum_kernel(x_ptr, out_ptr, N, stride_xr, stride_xn, BLOCK: tl.constexpr):
+def _invariant_row_sum_kernel(
+    x_ptr, out_ptr, N, stride_xr, stride_xn, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_xr
@@ -34,6 +39,13 @@ def launch_invariant_row_sum(rows: torch.Tensor) -> torch.Tensor:
     R, N = rows.shape
     out = torch.empty(R, dtype=torch.float32, device=rows.device)
     _invariant_row_sum_kernel[(R,)](
-        rows, out, N, rows.stride(0), rows.stride(1), BLOCK=ROW_SUM_BLOCK, num_warps=ROW_SUM_WARPS
+        rows,
+        out,
+        N,
+        rows.stride(0),
+        rows.stride(1),
+        BLOCK=ROW_SUM_BLOCK,
+        num_warps=ROW_SUM_WARPS,
+        **pdl_options(rows.device),
     )
     return out

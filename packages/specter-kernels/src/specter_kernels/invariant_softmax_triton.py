@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from specter_kernels.invariant_row_sum_triton import ROW_SUM_BLOCK, ROW_SUM_WARPS
+from specter_kernels.pdl import pdl_enter, pdl_options
 
 
 @triton.jit(do_not_specialize=["stride_xr", "stride_or"])
@@ -34,7 +35,9 @@ def _invariant_softmax_kernel(
     BLOCK: tl.constexpr,
     LOG: tl.constexpr,
     ZERO_MASKED_ROWS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_xr
@@ -78,5 +81,6 @@ def launch_invariant_softmax(
         rows.stride(0), rows.stride(1), out.stride(0), out.stride(1),
         BLOCK=ROW_SUM_BLOCK, LOG=log, ZERO_MASKED_ROWS=zero_masked_rows,
         num_warps=ROW_SUM_WARPS,
+        **pdl_options(rows.device),
     )  # fmt: skip
     return out

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specter_kernels.pdl import pdl_enter, pdl_options
+
 SPLIT = 64
 """Key positions per chunk (a multiple of ``BLOCK_L``)."""
 BLOCK_L = 32
@@ -36,7 +38,9 @@ def _mla_chunk_kernel(
     scale,
     SPLIT: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, MASK_MODE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     local = tl.program_id(0)
     t = row0 + local
     chunk = tl.program_id(1)
@@ -103,7 +107,9 @@ def _mla_chunk_kernel(
 def _mla_merge_kernel(
     acc_ptr, max_ptr, sum_ptr, out_ptr, R, row0, s_oh, s_ot, chunks,
     BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     local = tl.program_id(0)
     h = tl.program_id(1)
     rr = tl.arange(0, BLOCK_R)
@@ -166,9 +172,11 @@ def launch_mla_attention(
             scale,
             SPLIT=SPLIT, BLOCK_L=BLOCK_L, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p,
             MASK_MODE=mode, num_warps=NUM_WARPS,
+            **pdl_options(q_lat.device),
         )  # fmt: skip
         _mla_merge_kernel[(rows, H)](
             acc, run_max, run_sum, out, R, row0, out.stride(0), out.stride(1), chunks,
             BLOCK_H=block_h, BLOCK_R=block_r, num_warps=4,
+            **pdl_options(out.device),
         )  # fmt: skip
     return out

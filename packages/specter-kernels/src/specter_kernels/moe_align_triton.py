@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from specter_kernels.moe_align import max_aligned_blocks
+from specter_kernels.pdl import pdl_enter, pdl_options
 
 
 @triton.jit
@@ -54,7 +55,9 @@ def _moe_align_kernel(
     E_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     counts = tl.zeros([E_PAD], dtype=tl.int32)
     for start in range(0, num_pairs, CHUNK):
         _, one_hot = _chunk_one_hot(
@@ -128,5 +131,6 @@ def moe_align_block_size_triton(
         CHUNK=chunk,
         HAS_MASK=expert_mask is not None,
         num_warps=4,
+        **pdl_options(topk_ids.device),
     )
     return sorted_ids, expert_ids, num_post_padded

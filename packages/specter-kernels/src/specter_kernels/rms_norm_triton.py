@@ -11,12 +11,25 @@ import torch
 import triton
 import triton.language as tl
 
+from specter_kernels.pdl import pdl_enter, pdl_options
+
 MAX_BLOCK = 4096
 NUM_WARPS = 8
 
 
 @triton.jit(do_not_specialize=["stride_xr", "stride_or"])
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, stride_xr, stride_or, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    N,
+    stride_xr,
+    stride_or,
+    eps,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_xr
@@ -47,5 +60,6 @@ def launch_rms_norm(
     _rms_norm_kernel[(R,)](
         rows, weight, out, N, rows.stride(0), out.stride(0), eps, BLOCK=block,
         num_warps=NUM_WARPS,
+        **pdl_options(rows.device),
     )  # fmt: skip
     return out

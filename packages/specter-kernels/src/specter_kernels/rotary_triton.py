@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specter_kernels.pdl import pdl_enter, pdl_options
+
 NUM_WARPS = 1
 # rotate-half's compile options. No contraction: LLVM turns torch's rounded fp16 product and
 # sum into one fma.rn.f16 otherwise, one rounding fewer than torch (seen on the H200, triton
@@ -25,8 +27,22 @@ def _row_origin(x_ptr, H, S, sxb, sxh, sxs):
 
 @triton.jit(do_not_specialize=["sxb", "sxh", "sxs", "sfb", "sfs"])
 def _rotary_complex_kernel(
-    x_ptr, f_ptr, out_ptr, H, S, HALF, sxb, sxh, sxs, sxd, sfb, sfs, BLOCK: tl.constexpr
+    x_ptr,
+    f_ptr,
+    out_ptr,
+    H,
+    S,
+    HALF,
+    sxb,
+    sxh,
+    sxs,
+    sxd,
+    sfb,
+    sfs,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row, b, s, x_row = _row_origin(x_ptr, H, S, sxb, sxh, sxs)
     j = tl.arange(0, BLOCK)
     keep = j < HALF
@@ -51,6 +67,7 @@ def launch_rotary_complex(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     _rotary_complex_kernel[(B * H * S,)](
         x, freqs, out, H, S, half, x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         sfb, freqs.stride(1), BLOCK=triton.next_power_of_2(half), num_warps=NUM_WARPS,
+        **pdl_options(x.device),
     )  # fmt: skip
     return out
 
@@ -59,7 +76,9 @@ def launch_rotary_complex(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 def _rotary_half_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr, H, S, HALF, sxb, sxh, sxs, sxd, scb, scs, ssb, sss,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row, b, s, x_row = _row_origin(x_ptr, H, S, sxb, sxh, sxs)
     j = tl.arange(0, BLOCK)
     keep = j < HALF
@@ -95,5 +114,6 @@ def launch_rotary_half(
         cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1),
         sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1),
         BLOCK=triton.next_power_of_2(half), **HALF_COMPILE_OPTIONS,
+        **pdl_options(x.device),
     )  # fmt: skip
     return out

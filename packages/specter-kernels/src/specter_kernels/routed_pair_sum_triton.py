@@ -12,13 +12,23 @@ import torch
 import triton
 import triton.language as tl
 
+from specter_kernels.pdl import pdl_enter, pdl_options
+
 MAX_BLOCK = 1024
 
 
 @triton.jit
 def _routed_pair_sum_kernel(
-    pairs_ptr, out_ptr, H, stride_pt, stride_pj, K_PAIRS: tl.constexpr, BLOCK: tl.constexpr
+    pairs_ptr,
+    out_ptr,
+    H,
+    stride_pt,
+    stride_pj,
+    K_PAIRS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = cols < H
@@ -36,6 +46,14 @@ def launch_routed_pair_sum(pairs: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     out = torch.empty(T, H, dtype=dtype, device=pairs.device)
     block = min(triton.next_power_of_2(H), MAX_BLOCK)
     _routed_pair_sum_kernel[(T, triton.cdiv(H, block))](
-        pairs, out, H, pairs.stride(0), pairs.stride(1), K_PAIRS=k, BLOCK=block, num_warps=4
+        pairs,
+        out,
+        H,
+        pairs.stride(0),
+        pairs.stride(1),
+        K_PAIRS=k,
+        BLOCK=block,
+        num_warps=4,
+        **pdl_options(pairs.device),
     )
     return out

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specter_kernels.pdl import pdl_enter, pdl_options
+
 BLOCK_E = 4
 """Experts per logits program: 16 programs per row for 64 experts."""
 BLOCK_H = 512
@@ -26,7 +28,9 @@ _ROUNDING = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 def _router_logits_kernel(
     x_ptr, w_ptr, logits_ptr, H, E, stride_x,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     live = experts < E
@@ -55,7 +59,9 @@ def _router_select_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, scaling,
     TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     live = experts < E
@@ -103,11 +109,13 @@ def launch_router_topk(
     _router_logits_kernel[(T, triton.cdiv(E, BLOCK_E))](
         x, weight, logits, H, E, x.stride(0),
         BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], num_warps=4,
+        **pdl_options(x.device),
     )  # fmt: skip
     _router_select_kernel[(T,)](
         logits, weights, ids, E, scaling,
         TOP_K=top_k, BLOCK_K=max(triton.next_power_of_2(top_k), 2),
         BLOCK_E=max(triton.next_power_of_2(E), 2), RENORMALIZE=bool(renormalize),
         num_warps=1,
+        **pdl_options(logits.device),
     )  # fmt: skip
     return logits, weights, ids

@@ -17,6 +17,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from specter_kernels.backend import triton_interpreter_enabled
+from specter_kernels.pdl import pdl_enter, pdl_options
 
 MAX_BLOCK = 1024
 # No contraction: one fused multiply-add where torch rounds twice would change the bits.
@@ -25,8 +26,15 @@ COMPILE_OPTIONS = {"num_warps": 4, "enable_fp_fusion": False}
 
 @triton.jit(do_not_specialize=["stride_xr"])
 def _silu_and_mul_kernel(
-    x_ptr, out_ptr, I, stride_xr, BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr
+    x_ptr,
+    out_ptr,
+    I,
+    stride_xr,
+    BLOCK: tl.constexpr,
+    LIBDEVICE_EXP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = cols < I
@@ -53,5 +61,6 @@ def launch_silu_and_mul(rows: torch.Tensor) -> torch.Tensor:
     _silu_and_mul_kernel[grid](
         rows, out, I, rows.stride(0), BLOCK=block,
         LIBDEVICE_EXP=not triton_interpreter_enabled(), **COMPILE_OPTIONS,
+        **pdl_options(rows.device),
     )  # fmt: skip
     return out

@@ -41,6 +41,7 @@ from specter_kernels.int4_triton import (
 )
 from specter_kernels.int4_weight import Int4Weight
 from specter_kernels.moe_align import max_aligned_blocks, moe_align_block_size
+from specter_kernels.pdl import pdl_enter, pdl_options
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,9 @@ def _gemv_gate_up_kernel(
     MATH: tl.constexpr,
     SPLIT: tl.constexpr,
     ZERO_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -277,7 +280,9 @@ def _gemv_down_kernel(
     BLOCK_K: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
     MATH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -377,7 +382,9 @@ def _tile_gate_up_kernel(
     HAS_ZEROS: tl.constexpr,
     SPLIT: tl.constexpr,
     ZERO_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -487,7 +494,9 @@ def _tile_down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -616,6 +625,7 @@ def launch_gemv(
         GROUP=w13.group_size, BLOCK_N=cu.block_n, BLOCK_K=cu.block_k,
         HAS_ZEROS=w13.zeros is not None, MATH=cu.math, SPLIT=gu_splits > 1, ZERO_BLOCK=ZERO_BLOCK,
         num_warps=cu.num_warps, num_stages=cu.num_stages,
+        **pdl_options(x.device),
     )  # fmt: skip
     _gemv_down_kernel[(pairs, nb_dn, dn_splits)](
         h, ids, topk_weights.reshape(-1), w2.qweight, w2.scales, _zeros_arg(w2),
@@ -626,6 +636,7 @@ def launch_gemv(
         GROUP=w2.group_size, BLOCK_N=cd.block_n, BLOCK_K=cd.block_k,
         HAS_ZEROS=w2.zeros is not None, MATH=cd.math,
         num_warps=cd.num_warps, num_stages=cd.num_stages,
+        **pdl_options(h.device),
     )  # fmt: skip
     return out
 
@@ -678,6 +689,7 @@ def launch_tile(
         GROUP=w13.group_size, BLOCK_M=cu.block_m, BLOCK_N=cu.block_n, BLOCK_K=cu.block_k,
         HAS_ZEROS=w13.zeros is not None, SPLIT=gu_splits > 1, ZERO_BLOCK=ZERO_BLOCK,
         num_warps=cu.num_warps, num_stages=cu.num_stages,
+        **pdl_options(x.device),
     )  # fmt: skip
     _tile_down_kernel[(max_blocks, nb_dn, dn_splits)](
         h, sorted_ids, expert_ids, num_post_padded, topk_weights.reshape(-1),
@@ -688,5 +700,6 @@ def launch_tile(
         GROUP=w2.group_size, BLOCK_M=cd.block_m, BLOCK_N=cd.block_n, BLOCK_K=cd.block_k,
         HAS_ZEROS=w2.zeros is not None,
         num_warps=cd.num_warps, num_stages=cd.num_stages,
+        **pdl_options(h.device),
     )  # fmt: skip
     return out
