@@ -8,21 +8,27 @@ from specter_kernels import pdl
 
 
 def test_pdl_is_off_on_the_cpu_and_under_the_interpreter(monkeypatch):
-    assert pdl.pdl_options(torch.device("cpu")) == {"PDL": False}
+    assert pdl.pdl_options(torch.device("cpu")) == {"PDL": 0}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not pdl.pdl_enabled(torch.device("cuda", 0))  # the interpreter cannot launch PDL
 
 
-def test_the_variable_turns_pdl_off(monkeypatch):
+def test_the_variable_picks_the_mode(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(pdl, "_capable", lambda index: True)
+    cuda = torch.device("cuda", 0)
     monkeypatch.delenv(pdl.PDL_ENV_VAR, raising=False)
-    assert pdl.pdl_options(torch.device("cuda", 0)) == {"PDL": True, "launch_pdl": True}
+    assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}  # wait only, by default
+    monkeypatch.setenv(pdl.PDL_ENV_VAR, "trigger")
+    assert pdl.pdl_options(cuda) == {"PDL": 2, "launch_pdl": True}
     monkeypatch.setenv(pdl.PDL_ENV_VAR, "0")
-    assert pdl.pdl_options(torch.device("cuda", 0)) == {"PDL": False}
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, "1")
+    assert pdl.pdl_options(cuda) == {"PDL": 0}
+    monkeypatch.setenv(pdl.PDL_ENV_VAR, "sometimes")
+    with pytest.raises(ValueError, match=r"SPECTER_KERNELS_PDL='sometimes' is not a PDL mode"):
+        pdl.pdl_options(cuda)
+    monkeypatch.setenv(pdl.PDL_ENV_VAR, "wait")
     monkeypatch.setattr(pdl, "_capable", lambda index: False)  # before Hopper
-    assert pdl.pdl_options(torch.device("cuda", 0)) == {"PDL": False}
+    assert pdl.pdl_options(cuda) == {"PDL": 0}
 
 
 def _layer(x, norm, w1, w2):
@@ -34,8 +40,10 @@ def _layer(x, norm, w1, w2):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(seed, monkeypatch):
+@pytest.mark.parametrize("mode", ["wait", "trigger"])
+def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(seed, monkeypatch, mode):
     monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    monkeypatch.setenv(pdl.PDL_ENV_VAR, mode)
     if not pdl.pdl_enabled(torch.device("cuda")):
         pytest.skip("this GPU or environment does not use PDL")
     H, I = 2048, 1408
@@ -51,7 +59,7 @@ def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(seed, monke
 
     monkeypatch.setenv(pdl.PDL_ENV_VAR, "0")
     plain = chain(x)
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, "1")
+    monkeypatch.setenv(pdl.PDL_ENV_VAR, mode)
     assert torch.equal(chain(x), plain)
     static = x.clone()
     chain(static)  # compiled with PDL before the capture
@@ -64,5 +72,5 @@ def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(seed, monke
         graph.replay()
         monkeypatch.setenv(pdl.PDL_ENV_VAR, "0")
         expected = chain(fresh)
-        monkeypatch.setenv(pdl.PDL_ENV_VAR, "1")
+        monkeypatch.setenv(pdl.PDL_ENV_VAR, mode)
         assert torch.equal(out, expected)

@@ -135,7 +135,7 @@ def _grouped_gate_up_kernel(
     PAIR_BLOCKS: tl.constexpr = False,
     STREAM: tl.constexpr = False,
     FILL: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)
@@ -223,7 +223,7 @@ def _grouped_down_kernel(
     PAIR_BLOCKS: tl.constexpr = False,
     STREAM: tl.constexpr = False,
     FILL: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)

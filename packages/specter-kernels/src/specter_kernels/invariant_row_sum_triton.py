@@ -21,7 +21,7 @@ ROW_SUM_WARPS = 4
 
 @triton.jit(do_not_specialize=["stride_xr"])
 def _invariant_row_sum_kernel(
-    x_ptr, out_ptr, N, stride_xr, stride_xn, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+    x_ptr, out_ptr, N, stride_xr, stride_xn, BLOCK: tl.constexpr, PDL: tl.constexpr = 0
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)

@@ -35,7 +35,7 @@ def _invariant_softmax_kernel(
     BLOCK: tl.constexpr,
     LOG: tl.constexpr,
     ZERO_MASKED_ROWS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)

@@ -38,7 +38,7 @@ def _mla_chunk_kernel(
     scale,
     SPLIT: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, MASK_MODE: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     local = tl.program_id(0)
@@ -107,7 +107,7 @@ def _mla_chunk_kernel(
 def _mla_merge_kernel(
     acc_ptr, max_ptr, sum_ptr, out_ptr, R, row0, s_oh, s_ot, chunks,
     BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     local = tl.program_id(0)

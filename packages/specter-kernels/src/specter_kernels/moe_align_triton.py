@@ -55,7 +55,7 @@ def _moe_align_kernel(
     E_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     counts = tl.zeros([E_PAD], dtype=tl.int32)

@@ -3,17 +3,25 @@
 A decode step is hundreds of small kernels, and on an H200 each one pays a launch gap
 after its predecessor finishes (one to two microseconds inside a CUDA graph) before its
 first load is issued. With PDL a kernel is launched with the programmatic stream
-serialization attribute: its programs may be scheduled while the previous kernel still
-runs, and each of them waits in ``griddepcontrol.wait`` until that kernel has completed and
+serialization attribute: it may be launched before the previous kernel has completed, and
+each of its programs waits in ``griddepcontrol.wait`` until that kernel has completed and
 its writes are visible. Every kernel of this package that takes part calls
 :func:`pdl_enter` first, before any load or store, so it reads and writes exactly what it
-would without PDL: only the launch overlaps. After the wait it lets its own successor
-launch (``griddepcontrol.launch_dependents``).
+would without PDL: only the launch overlaps.
 
-``pdl_options(device)`` gives the launch arguments: on a CUDA device of compute capability
-9.0 or more, with the Triton compiler (not the interpreter) and unless
-``SPECTER_KERNELS_PDL=0``, ``{"PDL": True, "launch_pdl": True}``; otherwise
-``{"PDL": False}``. CUDA graphs keep the programmatic edges of a captured stream.
+``SPECTER_KERNELS_PDL`` picks the mode (:data:`PDL_MODES`):
+
+* ``wait`` (the default): the wait only. A kernel's successor may launch as the kernel's
+  programs exit, so the successor's launch overlaps the kernel's completion.
+* ``trigger``: after the wait, each program also lets the successor launch at once
+  (``griddepcontrol.launch_dependents``); the successor's programs then wait on the SMs
+  while this kernel runs.
+* ``0``: off.
+
+``pdl_options(device)`` gives a launch's arguments: on a CUDA device of compute capability
+9.0 or more, with the Triton compiler (not the interpreter), ``{"PDL": mode, "launch_pdl":
+True}``; otherwise ``{"PDL": 0}``. CUDA graphs keep the programmatic edges of a captured
+stream.
 """
 
 from __future__ import annotations
@@ -29,15 +37,19 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from specter_kernels.backend import triton_interpreter_enabled
 
 PDL_ENV_VAR = "SPECTER_KERNELS_PDL"
-"""``0`` turns programmatic dependent launch off; anything else (or unset) leaves it on."""
+"""The PDL mode: ``wait`` (default), ``trigger``, or ``0`` (off); see the module docstring."""
+PDL_MODES = {"0": 0, "off": 0, "wait": 1, "1": 1, "trigger": 2}
+"""Values of ``SPECTER_KERNELS_PDL`` and the ``PDL`` constexpr each gives."""
 
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    """A kernel's first statement: with PDL, wait for the previous kernel to complete (its
-    writes visible), then allow the next kernel to launch; without, nothing."""
-    if PDL:
+    """A kernel's first statement: with PDL (``PDL >= 1``), wait for the previous kernel to
+    complete (its writes visible); with ``PDL == 2`` then allow the next kernel to launch;
+    without PDL, nothing."""
+    if PDL >= 1:
         gdc_wait()
+    if PDL >= 2:
         gdc_launch_dependents()
 
 
@@ -46,17 +58,30 @@ def _capable(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
+def pdl_mode() -> int:
+    """The ``PDL`` constexpr ``SPECTER_KERNELS_PDL`` asks for (1, ``wait``, when unset).
+
+    Raises:
+        ValueError: the variable holds something other than the :data:`PDL_MODES`.
+    """
+    value = os.environ.get(PDL_ENV_VAR, "wait").strip().lower() or "wait"
+    if value not in PDL_MODES:
+        raise ValueError(
+            f"{PDL_ENV_VAR}={value!r} is not a PDL mode; expected one of {sorted(PDL_MODES)} "
+            "('wait' is the default, '0' turns PDL off)"
+        )
+    return PDL_MODES[value]
+
+
 def pdl_enabled(device: torch.device) -> bool:
     """Whether kernels launched for inputs on ``device`` use programmatic dependent launch."""
-    if device.type != "cuda" or triton_interpreter_enabled():
-        return False
-    if os.environ.get(PDL_ENV_VAR, "1").strip() == "0":
+    if device.type != "cuda" or triton_interpreter_enabled() or pdl_mode() == 0:
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def pdl_options(device: torch.device) -> dict[str, bool]:
+def pdl_options(device: torch.device) -> dict[str, int | bool]:
     """Launch keyword arguments of a kernel that calls :func:`pdl_enter` (see the module)."""
     if pdl_enabled(device):
-        return {"PDL": True, "launch_pdl": True}
-    return {"PDL": False}
+        return {"PDL": pdl_mode(), "launch_pdl": True}
+    return {"PDL": 0}

@@ -40,7 +40,7 @@ def _rotary_complex_kernel(
     sfb,
     sfs,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row, b, s, x_row = _row_origin(x_ptr, H, S, sxb, sxh, sxs)
@@ -76,7 +76,7 @@ def launch_rotary_complex(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 def _rotary_half_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr, H, S, HALF, sxb, sxh, sxs, sxd, scb, scs, ssb, sss,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row, b, s, x_row = _row_origin(x_ptr, H, S, sxb, sxh, sxs)

@@ -26,7 +26,7 @@ def _routed_pair_sum_kernel(
     stride_pj,
     K_PAIRS: tl.constexpr,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)

@@ -28,7 +28,7 @@ _ROUNDING = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 def _router_logits_kernel(
     x_ptr, w_ptr, logits_ptr, H, E, stride_x,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
@@ -59,7 +59,7 @@ def _router_select_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, scaling,
     TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     RENORMALIZE: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)

@@ -32,7 +32,7 @@ def _silu_and_mul_kernel(
     stride_xr,
     BLOCK: tl.constexpr,
     LIBDEVICE_EXP: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)

@@ -171,7 +171,7 @@ def _gemv_gate_up_kernel(
     MATH: tl.constexpr,
     SPLIT: tl.constexpr,
     ZERO_BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pair = tl.program_id(0)
@@ -280,7 +280,7 @@ def _gemv_down_kernel(
     BLOCK_K: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
     MATH: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pair = tl.program_id(0)
@@ -382,7 +382,7 @@ def _tile_gate_up_kernel(
     HAS_ZEROS: tl.constexpr,
     SPLIT: tl.constexpr,
     ZERO_BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)
@@ -494,7 +494,7 @@ def _tile_down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)
