@@ -21,22 +21,7 @@ CUDA_TESTS_TIMEOUT=150 cuda_tests_to gpu-tests-one-launch.txt \
 timeout 330 python3 scripts/sweep_invariant_matmul.py --shapes dsv2 --max-seconds 300 \
     --max-seconds-per-shape 36 --out "$out/sweep-one-launch.jsonl" \
     --write-config "$out/invariant_matmul_nvidia_h200.json" 2>&1 | grep -v "^\s*$" | tail -14
-steps() {  # TAG [ARGS...]: resident step times and the decode check, one process
-    local tag=$1
-    shift
-    timeout 150 python3 scripts/gpu_step_graphs.py --skip eager,fused,rotary,routers,mla,mlp,budget \
-        --tokens 32 --tag "$tag" --out "$out/steps-$tag.jsonl" "$@" >"$out/log-steps-$tag.txt" 2>&1
-    python3 - "$out/steps-$tag.jsonl" "$tag" <<'PY'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-steps = {(r["role"], r["rows"]): r["ms"] for r in rows if r["kind"] == "step"}
-dec = {r["depth"]: r["ms_per_token"] for r in rows if r["kind"] == "decode"}
-eq = [r["equal"] for r in rows if r["kind"] == "decode_equal"]
-print(sys.argv[2], {f"{k[0]}{k[1]}": round(v, 3) for k, v in steps.items()},
-      {f"K{k}": round(v, 2) for k, v in dec.items()}, "equal", eq)
-PY
-}
-PYTHONPATH="$old_path" steps old
+PYTHONPATH="$old_path" resident_steps old 32
 export SPECTER_INVARIANT_MATMUL_CONFIGS="$out/invariant_matmul_nvidia_h200.json"
-PYTHONPATH="$new_path" steps new
-PYTHONPATH="$new_path" steps new-invdraft --invariant-draft-linears
+PYTHONPATH="$new_path" resident_steps new 32
+PYTHONPATH="$new_path" resident_steps new-invdraft 32 --invariant-draft-linears

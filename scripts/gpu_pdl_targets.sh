@@ -12,9 +12,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 CUDA_TESTS_TIMEOUT=60 cuda_tests_to gpu-tests-pdl-modes.txt packages/specter-kernels/tests/test_pdl.py
 for mode in 0 wait trigger; do
-    SPECTER_KERNELS_PDL=$mode timeout 100 python3 scripts/gpu_step_graphs.py \
-        --skip eager,fused,rotary,routers,mla,mlp,budget --tokens 16 --tag "pdl-$mode" \
-        --out "$out/steps-pdl-$mode.jsonl" >"$out/log-steps-pdl-$mode.txt" 2>&1
+    SPECTER_KERNELS_PDL=$mode resident_steps "pdl-$mode" 16
 done
 best=$(python3 - "$out" <<'PY'
 import json, sys

@@ -99,3 +99,10 @@ def in_scalar_aten(module: str, function: str, *args: object) -> None:
         [sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def rows_together(lm, prompt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Logits ``[T, V]`` of ``rows [1, T]`` verified in one target forward after ``prompt``."""
+    lm.reset()
+    lm.target.forward(prompt, 0)
+    return lm.target.forward(rows, prompt.shape[1])[0]

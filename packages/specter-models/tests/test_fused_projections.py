@@ -11,7 +11,7 @@ import torch
 
 import specter_models.fused_projections as fused_projections
 import specter_models.invariant_scopes as invariant_scopes
-from model_helpers import in_scalar_aten, random_prompt
+from model_helpers import in_scalar_aten, random_prompt, rows_together
 from specter_models import load
 
 # The loader fuses by default: these tests fuse by hand, so they load unfused models.
@@ -121,7 +121,7 @@ def check_fused_rows_bit_identical(checkpoint: str) -> None:
     lm = load(checkpoint, device="cpu", dtype=torch.float32, batch_invariant=True, **UNFUSED)
     prompt = random_prompt(6, lm.config.vocab_size, seed=3)
     rows = random_prompt(5, lm.config.vocab_size, seed=4)
-    unfused = _rows_together(lm, prompt, rows)
+    unfused = rows_together(lm, prompt, rows)
     assert fused_projections.install_fused_q_kv_a(lm.model, lm.runtime) == TINY_DEEPSEEK_LAYERS
     fused_ptrs = {_fused(m).weight.data_ptr() for m in _attention(lm.model)}
     invariant_gemms = []
@@ -133,7 +133,7 @@ def check_fused_rows_bit_identical(checkpoint: str) -> None:
         return invariant_linear(x, weight, bias)
 
     invariant_scopes.invariant_linear = counted
-    together = _rows_together(lm, prompt, rows)
+    together = rows_together(lm, prompt, rows)
     start = prompt.shape[1]
     lm.target.truncate(start)
     alone = [lm.target.forward(rows[:, i : i + 1], start + i)[0, 0] for i in range(rows.shape[1])]
@@ -141,10 +141,3 @@ def check_fused_rows_bit_identical(checkpoint: str) -> None:
     assert len(invariant_gemms) == (2 + rows.shape[1]) * TINY_DEEPSEEK_LAYERS
     assert torch.equal(together, torch.stack(alone))
     torch.testing.assert_close(together, unfused, rtol=1e-5, atol=1e-5)
-
-
-def _rows_together(lm, prompt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Logits of ``rows`` verified in one forward after ``prompt``."""
-    lm.reset()
-    lm.target.forward(prompt, 0)
-    return lm.target.forward(rows, prompt.shape[1])[0]
