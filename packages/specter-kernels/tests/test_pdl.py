@@ -31,6 +31,50 @@ def test_the_variable_picks_the_mode(monkeypatch):
     assert pdl.pdl_options(cuda) == {"PDL": 0}
 
 
+_RMS_NORM_PTX = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from specter_kernels import rms_norm_triton as rn
+
+signature = {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16", "N": "i32",
+             "stride_xr": "i32", "stride_or": "i32", "eps": "fp32", "BLOCK": "constexpr",
+             "PDL": "constexpr"}
+ptx = {}
+for mode in (0, 1, 2):
+    src = ASTSource(fn=rn._rms_norm_kernel, signature=signature,
+                    constexprs={"BLOCK": 1024, "PDL": mode})
+    ptx[mode] = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+sys.stdout.write(json.dumps(ptx))
+"""
+
+
+def test_each_mode_compiles_to_its_grid_dependency_instructions():
+    """Compiled for an H100/H200 (sm_90), a kernel's PTX holds ``griddepcontrol.wait`` in the
+    ``wait`` and ``trigger`` modes, ``launch_dependents`` in ``trigger`` only, and neither
+    without PDL. Needs no GPU: a subprocess without the interpreter compiles it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _RMS_NORM_PTX], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    ptx = {int(mode): text for mode, text in json.loads(done.stdout).items()}
+    assert "griddepcontrol" not in ptx[0]
+    assert "griddepcontrol.wait" in ptx[1]
+    assert "griddepcontrol.launch_dependents" not in ptx[1]
+    assert "griddepcontrol.wait" in ptx[2]
+    assert "griddepcontrol.launch_dependents" in ptx[2]
+    # The wait comes before the kernel's first global load.
+    assert ptx[1].index("griddepcontrol.wait") < ptx[1].index("ld.global")
+
+
 def _layer(x, norm, w1, w2):
     """A decode-layer-like chain of this package's kernels: norm, GEMM, SwiGLU, GEMM."""
     h = sk.rms_norm(x, norm, 1e-6)

@@ -141,9 +141,9 @@ from specter_kernels import rotary_triton as rt
 signature = {name: "i32" for name in ("H", "S", "HALF", "sxb", "sxh", "sxs", "sxd", "scb",
                                       "scs", "ssb", "sss")}
 signature = {"x_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16", "out_ptr": "*fp16",
-             **signature, "BLOCK": "constexpr"}
+             **signature, "BLOCK": "constexpr", "PDL": "constexpr"}
 options = dict(rt.HALF_COMPILE_OPTIONS)
-src = ASTSource(fn=rt._rotary_half_kernel, signature=signature, constexprs={"BLOCK": 64})
+src = ASTSource(fn=rt._rotary_half_kernel, signature=signature, constexprs={"BLOCK": 64, "PDL": 1})
 kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 sys.stdout.write(json.dumps(kernel.asm["ptx"]))
 """
@@ -169,3 +169,4 @@ def test_half_kernel_keeps_torch_roundings_in_ptx():
     assert "mul.rn.f16" in ptx  # torch's rounded products ...
     assert "add.rn.f16" in ptx  # ... and rounded sum
     assert "fma" not in ptx
+    assert "griddepcontrol.wait" in ptx  # compiled in PDL's wait mode, as on the H200
