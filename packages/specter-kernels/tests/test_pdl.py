@@ -7,9 +7,23 @@ import specter_kernels as sk
 from specter_kernels import pdl
 
 
+@pytest.fixture(autouse=True)
+def _fresh_settings():
+    """Each test reads the variables it sets; the next test starts from the real ones."""
+    pdl.refresh_pdl_settings()
+    yield
+    pdl.refresh_pdl_settings()
+
+
+def _set_mode(monkeypatch, value: str) -> None:
+    monkeypatch.setenv(pdl.PDL_ENV_VAR, value)
+    pdl.refresh_pdl_settings()
+
+
 def test_pdl_is_off_on_the_cpu_and_under_the_interpreter(monkeypatch):
     assert pdl.pdl_options(torch.device("cpu")) == {"PDL": 0}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pdl.refresh_pdl_settings()
     assert not pdl.pdl_enabled(torch.device("cuda", 0))  # the interpreter cannot launch PDL
 
 
@@ -18,15 +32,20 @@ def test_the_variable_picks_the_mode(monkeypatch):
     monkeypatch.setattr(pdl, "_capable", lambda index: True)
     cuda = torch.device("cuda", 0)
     monkeypatch.delenv(pdl.PDL_ENV_VAR, raising=False)
+    pdl.refresh_pdl_settings()
     assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}  # wait only, by default
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, "trigger")
+    _set_mode(monkeypatch, "trigger")
     assert pdl.pdl_options(cuda) == {"PDL": 2, "launch_pdl": True}
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, "0")
+    _set_mode(monkeypatch, "0")
     assert pdl.pdl_options(cuda) == {"PDL": 0}
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, "sometimes")
+    monkeypatch.setenv(pdl.PDL_ENV_VAR, "1")
+    assert pdl.pdl_options(cuda) == {"PDL": 0}  # read once: the next launch still has "0"
+    pdl.refresh_pdl_settings()
+    assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}
+    _set_mode(monkeypatch, "sometimes")
     with pytest.raises(ValueError, match=r"SPECTER_KERNELS_PDL='sometimes' is not a PDL mode"):
         pdl.pdl_options(cuda)
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, "wait")
+    _set_mode(monkeypatch, "wait")
     monkeypatch.setattr(pdl, "_capable", lambda index: False)  # before Hopper
     assert pdl.pdl_options(cuda) == {"PDL": 0}
 
@@ -87,7 +106,7 @@ def _layer(x, norm, w1, w2):
 @pytest.mark.parametrize("mode", ["wait", "trigger"])
 def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(seed, monkeypatch, mode):
     monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, mode)
+    _set_mode(monkeypatch, mode)
     if not pdl.pdl_enabled(torch.device("cuda")):
         pytest.skip("this GPU or environment does not use PDL")
     H, I = 2048, 1408
@@ -101,9 +120,9 @@ def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(seed, monke
             x = x + _layer(x, norm, w1, w2)
         return x
 
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, "0")
+    _set_mode(monkeypatch, "0")
     plain = chain(x)
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, mode)
+    _set_mode(monkeypatch, mode)
     assert torch.equal(chain(x), plain)
     static = x.clone()
     chain(static)  # compiled with PDL before the capture
@@ -114,7 +133,7 @@ def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(seed, monke
         fresh = torch.randn_like(x)
         static.copy_(fresh)
         graph.replay()
-        monkeypatch.setenv(pdl.PDL_ENV_VAR, "0")
+        _set_mode(monkeypatch, "0")
         expected = chain(fresh)
-        monkeypatch.setenv(pdl.PDL_ENV_VAR, mode)
+        _set_mode(monkeypatch, mode)
         assert torch.equal(out, expected)

@@ -21,7 +21,9 @@ would without PDL: only the launch overlaps.
 ``pdl_options(device)`` gives a launch's arguments: on a CUDA device of compute capability
 9.0 or more, with the Triton compiler (not the interpreter), ``{"PDL": mode, "launch_pdl":
 True}``; otherwise ``{"PDL": 0}``. CUDA graphs keep the programmatic edges of a captured
-stream.
+stream. Every eager launch asks, so the variable and ``TRITON_INTERPRET`` are read once, at
+the first launch (reading the environment cost about 4 us a launch on a slow host);
+:func:`refresh_pdl_settings` reads them again.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _capable(index: int) -> bool:
 
 
 def pdl_mode() -> int:
-    """The ``PDL`` constexpr ``SPECTER_KERNELS_PDL`` asks for (1, ``wait``, when unset).
+    """The ``PDL`` constexpr ``SPECTER_KERNELS_PDL`` asks for now (1, ``wait``, when unset).
 
     Raises:
         ValueError: the variable holds something other than the :data:`PDL_MODES`.
@@ -73,9 +75,23 @@ def pdl_mode() -> int:
     return PDL_MODES[value]
 
 
+@functools.cache
+def _settings() -> int:
+    """The PDL mode launches use: 0 under the interpreter, else :func:`pdl_mode` (cached)."""
+    return 0 if triton_interpreter_enabled() else pdl_mode()
+
+
+def refresh_pdl_settings() -> None:
+    """Read ``SPECTER_KERNELS_PDL`` and ``TRITON_INTERPRET`` again at the next launch."""
+    _settings.cache_clear()
+
+
+_OFF: dict[str, int | bool] = {"PDL": 0}
+
+
 def pdl_enabled(device: torch.device) -> bool:
     """Whether kernels launched for inputs on ``device`` use programmatic dependent launch."""
-    if device.type != "cuda" or triton_interpreter_enabled() or pdl_mode() == 0:
+    if device.type != "cuda" or _settings() == 0:
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -83,5 +99,5 @@ def pdl_enabled(device: torch.device) -> bool:
 def pdl_options(device: torch.device) -> dict[str, int | bool]:
     """Launch keyword arguments of a kernel that calls :func:`pdl_enter` (see the module)."""
     if pdl_enabled(device):
-        return {"PDL": pdl_mode(), "launch_pdl": True}
-    return {"PDL": 0}
+        return {"PDL": _settings(), "launch_pdl": True}
+    return _OFF
