@@ -106,3 +106,28 @@ def rows_together(lm, prompt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     lm.reset()
     lm.target.forward(prompt, 0)
     return lm.target.forward(rows, prompt.shape[1])[0]
+
+
+def rows_alone(lm, start: int, rows: torch.Tensor) -> torch.Tensor:
+    """Logits ``[T, V]`` of ``rows [1, T]`` decoded one target forward each from ``start``."""
+    lm.target.truncate(start)
+    return torch.stack(
+        [lm.target.forward(rows[:, i : i + 1], start + i)[0, 0] for i in range(rows.shape[1])]
+    )
+
+
+def record_invariant_gemms(weight_ptrs: set[int]) -> list[torch.Size]:
+    """From now on in this process, the weight shape of every invariant linear the models run
+    over a weight whose ``data_ptr()`` is in ``weight_ptrs`` (for the subprocess checks)."""
+    import specter_models.invariant_scopes as invariant_scopes
+
+    recorded: list[torch.Size] = []
+    invariant_linear = invariant_scopes.invariant_linear
+
+    def counted(x, weight, bias=None):
+        if weight.data_ptr() in weight_ptrs:
+            recorded.append(weight.shape)
+        return invariant_linear(x, weight, bias)
+
+    invariant_scopes.invariant_linear = counted
+    return recorded

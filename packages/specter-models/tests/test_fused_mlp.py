@@ -10,8 +10,13 @@ import pytest
 import torch
 
 import specter_models.fused_mlp as fused_mlp
-import specter_models.invariant_scopes as invariant_scopes
-from model_helpers import in_scalar_aten, random_prompt, rows_together
+from model_helpers import (
+    in_scalar_aten,
+    random_prompt,
+    record_invariant_gemms,
+    rows_alone,
+    rows_together,
+)
 from specter_models import load
 
 # The loader installs the fused MLPs itself (fused_mlp=True, the default): these tests install
@@ -130,24 +135,14 @@ def check_fused_rows_bit_identical(checkpoint: str) -> None:
     rows = random_prompt(5, lm.config.vocab_size, seed=4)
     unfused = rows_together(lm, prompt, rows)
     assert fused_mlp.install_fused_gate_up(lm.model, lm.runtime) > 0
-    invariant_gemms = []
-    invariant_linear = invariant_scopes.invariant_linear
     gate_ups = {m._specter_gate_up.data_ptr() for m in _swiglu_mlps(lm.model)}
-
-    def counted(x, weight, bias=None):
-        if weight.data_ptr() in gate_ups:  # the fused gate/up GEMMs only
-            invariant_gemms.append(weight.shape)
-        return invariant_linear(x, weight, bias)
-
-    invariant_scopes.invariant_linear = counted
+    invariant_gemms = record_invariant_gemms(gate_ups)  # the fused gate/up GEMMs only
     together = rows_together(lm, prompt, rows)
-    start = prompt.shape[1]
-    lm.target.truncate(start)
-    alone = [lm.target.forward(rows[:, i : i + 1], start + i)[0, 0] for i in range(rows.shape[1])]
+    alone = rows_alone(lm, prompt.shape[1], rows)
     # One invariant gate_up GEMM per fused MLP and forward: the prompt, the rows together,
     # then each row alone.
     assert len(invariant_gemms) == (2 + rows.shape[1]) * len(_swiglu_mlps(lm.model))
-    assert torch.equal(together, torch.stack(alone))
+    assert torch.equal(together, alone)
     torch.testing.assert_close(together, unfused, rtol=1e-5, atol=1e-5)
 
 

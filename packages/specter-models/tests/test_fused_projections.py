@@ -10,8 +10,13 @@ import pytest
 import torch
 
 import specter_models.fused_projections as fused_projections
-import specter_models.invariant_scopes as invariant_scopes
-from model_helpers import in_scalar_aten, random_prompt, rows_together
+from model_helpers import (
+    in_scalar_aten,
+    random_prompt,
+    record_invariant_gemms,
+    rows_alone,
+    rows_together,
+)
 from specter_models import load
 
 # The loader fuses by default: these tests fuse by hand, so they load unfused models.
@@ -124,20 +129,10 @@ def check_fused_rows_bit_identical(checkpoint: str) -> None:
     unfused = rows_together(lm, prompt, rows)
     assert fused_projections.install_fused_q_kv_a(lm.model, lm.runtime) == TINY_DEEPSEEK_LAYERS
     fused_ptrs = {_fused(m).weight.data_ptr() for m in _attention(lm.model)}
-    invariant_gemms = []
-    invariant_linear = invariant_scopes.invariant_linear
-
-    def counted(x, weight, bias=None):
-        if weight.data_ptr() in fused_ptrs:
-            invariant_gemms.append(weight.shape)
-        return invariant_linear(x, weight, bias)
-
-    invariant_scopes.invariant_linear = counted
+    invariant_gemms = record_invariant_gemms(fused_ptrs)
     together = rows_together(lm, prompt, rows)
-    start = prompt.shape[1]
-    lm.target.truncate(start)
-    alone = [lm.target.forward(rows[:, i : i + 1], start + i)[0, 0] for i in range(rows.shape[1])]
+    alone = rows_alone(lm, prompt.shape[1], rows)
     # One invariant GEMM per layer and forward: the prompt, the rows together, each row alone.
     assert len(invariant_gemms) == (2 + rows.shape[1]) * TINY_DEEPSEEK_LAYERS
-    assert torch.equal(together, torch.stack(alone))
+    assert torch.equal(together, alone)
     torch.testing.assert_close(together, unfused, rtol=1e-5, atol=1e-5)

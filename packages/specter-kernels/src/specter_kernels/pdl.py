@@ -89,15 +89,15 @@ def refresh_pdl_settings() -> None:
 _OFF: dict[str, int | bool] = {"PDL": 0}
 
 
-def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels launched for inputs on ``device`` use programmatic dependent launch."""
-    if device.type != "cuda" or _settings() == 0:
-        return False
-    return _capable(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def pdl_options(device: torch.device) -> dict[str, int | bool]:
     """Launch keyword arguments of a kernel that calls :func:`pdl_enter` (see the module)."""
-    if pdl_enabled(device):
-        return {"PDL": _settings(), "launch_pdl": True}
-    return _OFF
+    mode = _settings()
+    if mode == 0 or device.type != "cuda":
+        return _OFF
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return {"PDL": mode, "launch_pdl": True} if _capable(index) else _OFF
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels launched for inputs on ``device`` use programmatic dependent launch."""
+    return pdl_options(device)["PDL"] != 0

@@ -80,14 +80,14 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
         fused = getattr(module, "_specter_q_kv_a", None)  # fused_projections' one GEMM
         if fused is not None:
             q, compressed = torch.split(fused(hidden_states), [H * (nope + rope), R + rope], -1)
-        elif module.q_lora_rank is None:
-            q = module.q_proj(hidden_states)
         else:
-            q = module.q_b_proj(module.q_a_layernorm(module.q_a_proj(hidden_states)))
+            if module.q_lora_rank is None:
+                q = module.q_proj(hidden_states)
+            else:
+                q = module.q_b_proj(module.q_a_layernorm(module.q_a_proj(hidden_states)))
+            compressed = module.kv_a_proj_with_mqa(hidden_states)
         q = q.view(1, T, H, nope + rope).transpose(1, 2)
         q_nope, q_pe = torch.split(q, [nope, rope], dim=-1)
-        if fused is None:
-            compressed = module.kv_a_proj_with_mqa(hidden_states)
         kv_nope, k_pe = torch.split(compressed, [R, rope], dim=-1)
         latent = module.kv_a_layernorm(kv_nope).view(1, 1, T, R)
         k_pe = k_pe.view(1, 1, T, rope)

@@ -33,7 +33,7 @@ from torch import nn
 from specter_kernels import FLOAT_DTYPES, silu_and_mul, silu_and_mul_reference
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.invariant_scopes import runtime_linear
-from specter_models.module_patches import patch_forwards
+from specter_models.module_patches import concatenate_linear_weights, patch_forwards
 
 FUSED_MLP_CLASSES = ("DeepseekV2MLP", "Qwen2MoeMLP")
 """Class names of the SwiGLU MLP modules that are fused."""
@@ -81,30 +81,13 @@ def install_fused_gate_up(model: nn.Module, runtime: ExpertsRuntime) -> int:
     """
 
     def make_forward(module: nn.Module, _plain: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
-        gate_up = _concatenate_gate_up(module)
+        gate_up = concatenate_linear_weights(
+            module, ("gate_proj", "up_proj"), "install_fused_gate_up"
+        )
         module._specter_gate_up = gate_up  # a plain attribute: not in state_dict
         return _fused_forward(module, runtime, gate_up)
 
     return patch_forwards(model, is_fusable_mlp, "_specter_fused_gate_up", make_forward)
-
-
-@torch.no_grad()
-def _concatenate_gate_up(module: nn.Module) -> torch.Tensor:
-    """``[2I, H]`` = cat(gate_proj.weight, up_proj.weight); the two weights become its halves."""
-    gate, up = module.gate_proj.weight, module.up_proj.weight
-    if gate.is_meta:
-        raise ValueError(
-            f"{type(module).__name__}.gate_proj.weight {tuple(gate.shape)} is on the meta "
-            "device: install_fused_gate_up copies real weights, so call it after the weights "
-            "are loaded (load_non_expert_weights or init_non_expert_weights)"
-        )
-    intermediate = gate.shape[0]
-    gate_up = torch.empty(2 * intermediate, gate.shape[1], dtype=gate.dtype, device=gate.device)
-    gate_up[:intermediate].copy_(gate)
-    gate_up[intermediate:].copy_(up)
-    module.gate_proj.weight = nn.Parameter(gate_up[:intermediate], requires_grad=False)
-    module.up_proj.weight = nn.Parameter(gate_up[intermediate:], requires_grad=False)
-    return gate_up
 
 
 def _fused_forward(

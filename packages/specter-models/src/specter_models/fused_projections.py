@@ -32,9 +32,12 @@ from torch import nn
 from specter_models.absorbed_mla import is_mla_attention
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.invariant_scopes import runtime_linear
+from specter_models.module_patches import concatenate_linear_weights
 
 FUSED_ATTRIBUTE = "_specter_q_kv_a"
 """The attribute holding a fused module's projection (``x -> [q | c_kv]``)."""
+PROJECTIONS = ("q_proj", "kv_a_proj_with_mqa")
+"""The fused linears, in the order of their rows in the fused weight."""
 
 
 def is_fusable_attention(module: nn.Module) -> bool:
@@ -68,30 +71,10 @@ def install_fused_q_kv_a(model: nn.Module, runtime: ExpertsRuntime) -> int:
     for module in model.modules():
         if getattr(module, FUSED_ATTRIBUTE, None) is not None or not is_fusable_attention(module):
             continue
-        weight = _concatenate(module)
+        weight = concatenate_linear_weights(module, PROJECTIONS, "install_fused_q_kv_a")
         setattr(module, FUSED_ATTRIBUTE, _projection(runtime, weight))
         count += 1
     return count
-
-
-@torch.no_grad()
-def _concatenate(module: nn.Module) -> torch.Tensor:
-    """``[Nq + Nkv, hidden]`` = cat(q_proj.weight, kv_a_proj_with_mqa.weight); the two
-    weights become its parts."""
-    q, kv = module.q_proj.weight, module.kv_a_proj_with_mqa.weight
-    if q.is_meta or kv.is_meta:
-        raise ValueError(
-            f"{type(module).__name__}.q_proj.weight {tuple(q.shape)} is on the meta device: "
-            "install_fused_q_kv_a copies real weights, so call it after the weights are "
-            "loaded (load_non_expert_weights or init_non_expert_weights)"
-        )
-    rows = q.shape[0]
-    fused = torch.empty(rows + kv.shape[0], q.shape[1], dtype=q.dtype, device=q.device)
-    fused[:rows].copy_(q)
-    fused[rows:].copy_(kv)
-    module.q_proj.weight = nn.Parameter(fused[:rows], requires_grad=False)
-    module.kv_a_proj_with_mqa.weight = nn.Parameter(fused[rows:], requires_grad=False)
-    return fused
 
 
 def _projection(
