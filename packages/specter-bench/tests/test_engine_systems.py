@@ -251,3 +251,32 @@ def test_specter_staged_stages_in_float16_and_keeps_specter_tokens():
     assert staging_width(plain) == 0
     run = EngineSystemRunner(plain, ENGINE_SYSTEMS["specter-staged"], depth=3).generate(prompt, 4)
     assert run.settings["stream_staging"] == 0
+
+
+def test_plain_steps_overlap_only_with_every_expert_resident():
+    kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
+    config = specter_models.preset_config("tiny-qwen2-moe")
+    full = specter_models.load("tiny-qwen2-moe", draft=None, policy="lru", **kwargs)
+    budgeted = specter_models.load(
+        "tiny-qwen2-moe", slots_per_layer=3, draft=None, policy="lru", **kwargs
+    )
+    assert full.cache.slots_per_layer[0] == config.num_experts
+    assert DecodeWindow(full.cache, None).plain_steps_may_overlap()
+    assert not DecodeWindow(budgeted.cache, None).plain_steps_may_overlap()
+    reference = build_reference_model("tiny-qwen2-moe", seed=3, device="cpu", dtype=torch.float64)
+    prompt = _prompt(2, config.vocab_size)
+    expected = HFRunner(reference, "hf-default").generate(prompt, 10).tokens
+    runner = EngineSystemRunner(full, ENGINE_SYSTEMS["lru"])
+    runner.controller.pipeline_plain = True  # on by default on CUDA only
+    queue_plain, queued = runner.controller._queue_plain, []
+
+    def spy(*args, **kwargs):
+        queued.append(args[1])  # n: the committed length the step extends
+        return queue_plain(*args, **kwargs)
+
+    runner.controller._queue_plain = spy
+    run = runner.generate(prompt, 10)
+    assert run.tokens == expected
+    assert len(queued) == 10  # every decode step went through the queue
+    assert run.generation["iterations"] == 10
+    assert run.generation["proposed"] == 0

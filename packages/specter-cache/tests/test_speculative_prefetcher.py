@@ -257,3 +257,17 @@ def test_pinned_slots_are_not_room_for_prefetches(make_store):
     verify(cache, {0: [0, 6], 1: [3, 7]})
     pf.on_verify_end(4)
     assert (pf.stats()["boundaries"], pf.stats()["cleanups"]) == (1, 1)
+
+
+def test_plain_steps_may_overlap_only_once_every_expert_is_resident(make_store):
+    store, _ = make_store(2, 4, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=4, device="cpu", policy="lru")
+    pf = SpeculativePrefetcher(cache, RoutingCounter(2, 4, "cpu"))
+    assert not pf.plain_steps_may_overlap()  # slots for all, but nothing loaded yet
+    verify(cache, {0: [0, 1, 2, 3]})
+    assert not pf.plain_steps_may_overlap()  # layer 1 still loads on demand
+    verify(cache, {1: [0, 1, 2, 3]})
+    assert pf.plain_steps_may_overlap()
+    _, _, budgeted = make(make_store, slots=3)  # a budget below the expert count
+    verify(budgeted.cache, {0: [0, 1, 2], 1: [0, 1, 2]})
+    assert not budgeted.plain_steps_may_overlap()

@@ -231,7 +231,7 @@ def fake_quantized(model, bits: int = 4):
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Target-only greedy tokens from transformers' own ``generate``."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),

@@ -215,6 +215,11 @@ class DecodeWindow:
         if self.inner is not None:
             self.inner.on_draft_token(index)
 
+    def plain_steps_may_overlap(self) -> bool:
+        """True when every expert is resident (an unlimited budget): plain steps then have
+        no cache work to keep in order, so the controller queues them one ahead."""
+        return self.cache.every_layer_resident()
+
     def on_verify_start(self, num_tokens: int) -> None:
         if self.inner is not None:
             self.inner.on_verify_start(num_tokens)

@@ -15,6 +15,8 @@ is given, by duck typing:
   predicting, one last snapshot and prefetch, then the counters are cleared.
 * ``on_verify_end(num_accepted)``: the window closes; prefetched experts the target did not use
   count as wasted; the planned experts are scored against those the target needed.
+* ``plain_steps_may_overlap()``: True once every expert is resident, so a controller may
+  queue plain steps one ahead of each other.
 """
 
 from __future__ import annotations
@@ -169,6 +171,12 @@ class SpeculativePrefetcher:
         self._planned = [set() for _ in range(self.cache.num_layers)]
         self.cache.expire_prefetches()
         st["accepted_tokens"] += num_accepted
+
+    def plain_steps_may_overlap(self) -> bool:
+        """Whether a controller may queue plain (K = 0) steps ahead of each other's
+        ``on_verify_end``: only once every expert of every layer is resident, when there is
+        nothing left to load, plan or score (see specter-spec's ``pipeline_plain``)."""
+        return self.cache.every_layer_resident()
 
     # ------------------------------------------------------------------------- internals
     def _feed_measurements(self) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -10,6 +13,7 @@ import torch
 from specter_spec.acceptance import AcceptanceResult, greedy_accept, rejection_sample
 from specter_spec.depth_policy import DepthPolicy, FixedDepth, as_depth_policy, check_depth
 from specter_spec.phase_clock import PhaseClock
+from specter_spec.queued_steps import PIPELINE_DEPTH, QueuedPlainStep, TokenReadback
 from specter_spec.sampling import SamplingConfig, sampling_probs
 from specter_spec.spec_model import SpecModel, check_spec_model
 from specter_spec.speculation_observer import check_observer
@@ -86,6 +90,18 @@ class SpecController:
             from those); tests inject a virtual clock.
         check_kv: verify the KV contract after every iteration (three integer
             reads per iteration; a violation raises ``RuntimeError``).
+        pipeline_plain: queue plain (K = 0) steps one ahead of reading their tokens
+            back (see :mod:`specter_spec.queued_steps`): the device then never idles
+            between plain steps while the host streams, counts and picks the next
+            depth. None (the default) turns it on when the target's device is CUDA.
+            It applies while the observer allows it (``cache`` is None, or its
+            ``plain_steps_may_overlap()`` returns True when decoding starts): an
+            observer whose plain iterations must not overlap (an expert cache that
+            still loads experts) keeps every iteration in order. Queued steps give
+            the same tokens; at a stop token the one step queued past it is dropped
+            (its KV is truncated). A plain step's ``total_time_s`` runs from the
+            previous step's token read (or its own queueing, if later) to its own,
+            so iteration times still sum to the decode's wall time.
 
     Raises:
         TypeError: a model or the observer does not follow its protocol, or
@@ -108,8 +124,11 @@ class SpecController:
         *,
         clock: Callable[[], float] | None = None,
         check_kv: bool = True,
+        pipeline_plain: bool | None = None,
     ) -> None:
         check_spec_model(target, "target")
+        if pipeline_plain is not None and not isinstance(pipeline_plain, bool):
+            raise TypeError(f"pipeline_plain must be True, False or None, got {pipeline_plain!r}")
         self.depth_policy = as_depth_policy(depth)
         if draft is None:
             policy = self.depth_policy
@@ -140,6 +159,7 @@ class SpecController:
         self.sampling = sampling
         self.clock = clock
         self.check_kv = check_kv
+        self.pipeline_plain = pipeline_plain
 
     # -- public API ------------------------------------------------------------------
 
@@ -243,12 +263,51 @@ class SpecController:
         stream.stats.prefill_time_s = clock() - start
 
         generated = 0
+        pipelined = self._pipelines_plain_steps(device)
+        queue: deque[QueuedPlainStep] = deque()
+        readback = TokenReadback(device) if pipelined else None
+        host_clock = time.perf_counter if isinstance(clock, PhaseClock) else clock
+        plain = _PlainRun(last_read=None)
         while True:
-            iteration_start = clock()
-            remaining = max_new_tokens - generated
+            # Tokens not queued yet: every queued step commits exactly one (or the
+            # generation stops at its stop token and drops what follows it).
+            remaining = max_new_tokens - generated - len(queue)
+            if remaining == 0:
+                while queue:  # the last tokens are all queued: read them back
+                    generated += yield from self._retire_plain(
+                        stream, queue, readback, plain, host_clock, stop
+                    )
+                    if stream.stop_reason is not None:
+                        return
+                stream.stop_reason = "max_new_tokens"
+                return
+            # A queued step is still running: the host clock must not wait for it.
+            iteration_start = host_clock() if queue else clock()
             depth = check_depth(self.depth_policy.choose_depth(), "the depth policy's choice")
             # More proposals than the budget can commit would be wasted work.
             depth = min(depth, remaining - 1)
+            if pipelined and depth == 0:
+                queue.append(self._queue_plain(committed, n, generator, readback, iteration_start))
+                n += 1
+                if len(queue) >= PIPELINE_DEPTH:
+                    generated += yield from self._retire_plain(
+                        stream, queue, readback, plain, host_clock, stop
+                    )
+                    if stream.stop_reason is not None:
+                        return
+                continue
+            if queue:
+                # A speculative iteration reads the committed tokens on the host side
+                # (stop tokens, KV lengths): every queued step is read back first.
+                while queue:
+                    generated += yield from self._retire_plain(
+                        stream, queue, readback, plain, host_clock, stop
+                    )
+                    if stream.stop_reason is not None:
+                        return
+                iteration_start = clock()
+            plain.last_read = None
+            remaining = max_new_tokens - generated
 
             if observer is not None:
                 observer.on_draft_start(depth)
@@ -316,6 +375,94 @@ class SpecController:
             yield from new_tokens
             if stream.stop_reason is not None:
                 return
+
+    def _pipelines_plain_steps(self, device: torch.device) -> bool:
+        """Whether this generation queues plain steps ahead (see ``pipeline_plain``)."""
+        if self.pipeline_plain is False or (self.pipeline_plain is None and device.type != "cuda"):
+            return False
+        observer = self.cache
+        if observer is None:
+            return True
+        may_overlap = getattr(observer, "plain_steps_may_overlap", None)
+        return callable(may_overlap) and bool(may_overlap())
+
+    def _queue_plain(
+        self,
+        committed: torch.Tensor,
+        n: int,
+        generator: torch.Generator | None,
+        readback: TokenReadback,
+        queued_at: float,
+    ) -> QueuedPlainStep:
+        """Queue one plain step: the target's forward over ``committed[n - 1]`` and the
+        acceptance of its bonus token, written to ``committed[n]`` on the device and copied
+        to a host slot; nothing waits for the device."""
+        observer, target = self.cache, self.target
+        if observer is not None:
+            observer.on_draft_start(0)
+            observer.on_verify_start(1)
+        if self.check_kv and target.kv_length != n - 1:
+            raise RuntimeError(
+                f"KV contract broken before a queued plain step: the target holds "
+                f"{target.kv_length} positions, expected {n - 1}."
+            )
+        logits = target.forward(committed[n - 1 : n].unsqueeze(0), n - 1)
+        self._check_logits(logits, 1, "target")
+        no_proposals = committed[:0]
+        outcome = self._accept(no_proposals, None, logits[0], generator)
+        committed[n : n + 1] = outcome.next_token.view(1)
+        self._check_contract(n + 1, where="after a queued plain step")
+        slot, ready = readback.push(outcome.next_token)
+        return QueuedPlainStep(position=n, slot=slot, ready=ready, queued_at=queued_at)
+
+    def _retire_plain(
+        self,
+        stream: TokenStream,
+        queue: deque[QueuedPlainStep],
+        readback: TokenReadback,
+        plain: _PlainRun,
+        host_clock: Callable[[], float],
+        stop: frozenset[int],
+    ) -> Generator[int, None, int]:
+        """Read the oldest queued step's token back, record it and yield it; at a stop token,
+        drop the steps queued after it and roll both models back. Returns tokens committed
+        (one)."""
+        step = queue.popleft()
+        token = readback.read(step)
+        read_at = host_clock()
+        started = (
+            step.queued_at if plain.last_read is None else max(step.queued_at, plain.last_read)
+        )
+        plain.last_read = read_at
+        if self.cache is not None:
+            self.cache.on_verify_end(0)
+        seconds = read_at - started
+        record = IterationStats(
+            depth=0,
+            accepted=0,
+            bonus=True,
+            committed=1,
+            draft_time_s=0.0,
+            verify_time_s=seconds,
+            total_time_s=seconds,
+            verified=0,
+        )
+        stream.stats.iterations.append(record)
+        self.depth_policy.observe(record)
+        stream.tokens.append(token)
+        if token in stop:
+            stream.stop_reason = "stop_token"
+            while queue:  # queued past the stop token: its KV goes, its window closes
+                queue.popleft()
+                if self.cache is not None:
+                    self.cache.on_verify_end(0)
+            length = step.position  # committed tokens up to the stop token, minus one
+            self.target.truncate(length)
+            if self.draft is not None:
+                self.draft.truncate(length)
+            self._check_contract(length + 1, where="after a stop token in queued plain steps")
+        yield token
+        return 1
 
     def _verify(self, verify_ids: torch.Tensor, start: int) -> torch.Tensor:
         """The target's forward over the verified rows. A greedy controller lets a target
@@ -435,6 +582,14 @@ class SpecController:
                 f"more than the {n - 1} committed-and-cached ones; its scratch or a rejected "
                 "suffix survived truncate()."
             )
+
+
+@dataclass
+class _PlainRun:
+    """Timing state of a run of queued plain steps: when the last token was read back
+    (None before the run's first read, or after a speculative iteration)."""
+
+    last_read: float | None
 
 
 class TokenStream:

@@ -20,6 +20,14 @@ class SpeculationObserver(Protocol):
     rolled back after ``on_verify_end``. specter-cache implements this protocol
     to prefetch experts while the draft runs; specter-spec only calls it (duck
     typing: any object with these four methods works).
+
+    Optionally, ``plain_steps_may_overlap() -> bool``: asked when decoding starts. True lets
+    a controller queue a plain (K = 0) step before the previous plain step's
+    ``on_verify_end``, so two plain windows overlap: ``on_draft_start(0)``,
+    ``on_verify_start(1)`` of step ``i + 1`` come before ``on_verify_end(0)`` of step ``i``
+    (each window still closes, in order). An observer that tracks per-window state across a
+    plain step (an expert cache still loading experts) returns False or leaves the method
+    out, and every iteration keeps the order above.
     """
 
     def on_draft_start(self, depth: int) -> None:
