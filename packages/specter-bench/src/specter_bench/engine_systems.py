@@ -63,6 +63,7 @@ from typing import Any
 
 import torch
 
+from specter_bench.host_pauses import HostPauses
 from specter_bench.model_loading import FILL_CANDIDATES, STAGING_SLOTS
 from specter_bench.system_run import SystemRun
 from specter_bench.unfused_draft import unfused_draft_kernel
@@ -317,7 +318,7 @@ class EngineSystemRunner:
             if self.system.fused_draft
             else unfused_draft_kernel(self.loaded.draft)
         )
-        with kernel:
+        with kernel, HostPauses(device) as pauses:
             result = self.controller.generate(prompt_ids, max_new_tokens)
         stats = result.stats
         # Statistics are read once per generation, outside the decode loop (host syncs).
@@ -361,5 +362,6 @@ class EngineSystemRunner:
                 "batch_invariant": bool(getattr(self.loaded, "batch_invariant", False)),
                 "cuda_graphs": bool(getattr(self.loaded, "cuda_graphs", False)),
                 "graphs": _graph_stats(self.loaded),
+                "host_pauses": pauses.as_dict(),
             },
         )
