@@ -306,3 +306,87 @@ def test_best_depth_is_the_argmax_of_expected_rate():
             rates = [policy.expected_rate(k) for k in range(13)]
             expected = None if rates[0] is None else max(range(13), key=lambda k: (rates[k], -k))
             assert policy.best_depth() == expected
+
+
+class PipelinedEnvironment(Environment):
+    """Every expert resident, plain steps queued ahead (Qwen1.5-MoE unlimited on the H200, in
+    shape): a plain step costs 4.0 ms alone (the host's work before it shows) but 3.6 ms in a
+    run (hidden behind the previous step); speculation at K costs a 0.3 ms draft base plus
+    3.0 ms per proposal and a 3.9 + 0.15 ms-per-row verification, with 0.2 ms of commit. The
+    best rate is plain decoding in runs (3.6 ms a token), then K = 2-4 (about 3.74 ms), then
+    lone plain steps (4.2 ms)."""
+
+    def __init__(self, queued: bool, seed: int = 0) -> None:
+        super().__init__(0.95, 3.0e-3, 3.9e-3, 0.15e-3, overhead=0.2e-3, seed=seed)
+        self.queued = queued
+        self.previous = None
+
+    def draft(self, depth):
+        return 0.0 if depth == 0 else 0.3e-3 + depth * self.draft_cost
+
+    def iteration(self, depth):
+        previous, self.previous = self.previous, depth
+        if depth > 0:
+            return super().iteration(depth)
+        in_run = self.queued and previous == 0
+        seconds = 3.6e-3 if in_run else 4.0e-3 + self.overhead
+        return IterationStats(
+            depth=0,
+            accepted=0,
+            bonus=True,
+            committed=1,
+            draft_time_s=0.0,
+            verify_time_s=seconds,
+            total_time_s=seconds,
+            pipelined=in_run,
+        )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pipelined_plain_steps_are_priced_at_their_steady_state(seed):
+    # A K = 0 probe runs its plain steps in a row, so the queued ones show their steady
+    # state (flagged pipelined) and plain decoding wins, as it should.
+    policy = AdaptiveDepth()
+    env = PipelinedEnvironment(True, seed)
+    late = []
+    for i in range(400):
+        depth = policy.choose_depth()
+        iteration = env.iteration(depth)
+        policy.observe(iteration)
+        if i >= 250:
+            late.append(iteration)
+    assert [it.depth for it in late].count(0) >= 120
+    assert policy.steady_plain_s == pytest.approx(3.6e-3, rel=1e-6)
+    assert policy.best_depth() == 0
+    seconds = sum(it.total_time_s for it in late) / sum(it.committed for it in late)
+    assert seconds < 3.68e-3  # within about 2% of the steady plain step
+    assert policy.expected_rate(0) == pytest.approx(1 / 3.6e-3, rel=1e-6)
+    # A controller that runs every plain step alone (no queue) never shows a steady state:
+    # plain decoding is priced at its one-row verification and commit (4.2 ms a token).
+    alone = AdaptiveDepth()
+    run(alone, PipelinedEnvironment(False, seed), 400)
+    assert alone.steady_plain_s is None
+    assert alone.expected_rate(0) == pytest.approx(1 / 4.2e-3, rel=0.03)
+
+
+def test_a_deep_best_depth_still_probes_plain_decoding_in_runs():
+    env = Environment(alpha=0.9, draft_cost=0.5e-3, verify_fixed=10e-3, verify_per_row=0.5e-3)
+    config = AdaptiveDepthConfig(max_depth=16, probe_interval=4, max_probe_interval=8)
+    policy = AdaptiveDepth(config)
+    depths = run(policy, env, 300)
+    assert policy.best_depth() >= 4
+    runs = [len(list(group)) for depth, group in itertools.groupby(depths[50:]) if depth == 0]
+    assert runs  # plain decoding is probed now and then, though speculation wins
+    assert set(runs) == {config.plain_probe_steps}  # each probe, its plain steps in a row
+    assert sum(runs) <= 0.15 * 250
+
+
+def test_plain_and_speculative_iterations_keep_their_own_overhead():
+    policy = AdaptiveDepth()
+    for _ in range(50):
+        policy.observe(IterationStats(0, 0, True, 1, 0.0, 3e-3, 3.1e-3))
+        policy.observe(IterationStats(4, 4, True, 5, 8e-3, 5e-3, 13.5e-3))
+    assert policy.plain_overhead_s == pytest.approx(0.1e-3)
+    assert policy.overhead_s == pytest.approx(0.5e-3)
+    with pytest.raises(ValueError, match="plain_probe_steps"):
+        AdaptiveDepthConfig(plain_probe_steps=0)

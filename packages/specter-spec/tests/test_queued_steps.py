@@ -217,3 +217,15 @@ def test_cuda_queued_steps_equal_in_order_steps(sampling):
     assert outputs[0] == outputs[1]
     if sampling is None:
         assert outputs[0] == hf_greedy(model, prompt, 16)
+
+
+def test_queued_steps_after_the_first_of_a_run_are_flagged_pipelined():
+    script = [0, 0, 0, 2, 0, 0]
+    target = _table_target()
+    draft = ShiftedDraft(target, wrong=lambda index: False)
+    result = _generate(target, ScriptedDepth(script), True, draft=draft, new=12)
+    flags = [(it.depth, it.pipelined) for it in result.stats.iterations]
+    # A run's first step found the device idle; the speculative iteration ends the run.
+    assert flags[:6] == [(0, False), (0, True), (0, True), (2, False), (0, False), (0, True)]
+    in_order = _generate(_table_target(), ScriptedDepth(script), False, draft=draft, new=12)
+    assert not any(it.pipelined for it in in_order.stats.iterations)

@@ -52,6 +52,9 @@ class AdaptiveDepthConfig:
             ran it for this many iterations (the conditions they were measured in have
             moved on); more than twice ``max_probe_interval``, so the depths that K = 0
             probes in turn keep theirs.
+        plain_probe_steps: a probe of K = 0 runs this many plain steps in a row, so a
+            controller that queues plain steps ahead (``pipeline_plain``) shows their
+            steady state, which a lone plain step (the host's work not hidden) does not.
     """
 
     max_depth: int = 16
@@ -63,6 +66,7 @@ class AdaptiveDepthConfig:
     probe_interval: int = 8
     max_probe_interval: int = 32
     cost_horizon: int = 96
+    plain_probe_steps: int = 3
 
     def __post_init__(self) -> None:
         check_depth(self.max_depth, "AdaptiveDepthConfig.max_depth")
@@ -106,6 +110,13 @@ class AdaptiveDepthConfig:
             raise ValueError(
                 f"AdaptiveDepthConfig.cost_horizon must be an int > 2 * max_probe_interval="
                 f"{2 * self.max_probe_interval}, got {self.cost_horizon!r}."
+            )
+        if isinstance(self.plain_probe_steps, bool) or not (
+            isinstance(self.plain_probe_steps, int) and self.plain_probe_steps >= 1
+        ):
+            raise ValueError(
+                f"AdaptiveDepthConfig.plain_probe_steps must be an int >= 1, "
+                f"got {self.plain_probe_steps!r}."
             )
 
 
@@ -261,7 +272,9 @@ class AdaptiveDepth:
         cfg = self.config
         self._accepted = cfg.prior_acceptance * cfg.prior_trials
         self._trials = cfg.prior_trials
-        self._overhead = None
+        self._overhead: dict[bool, float | None] = {False: None, True: None}  # by K > 0
+        self._steady: tuple[float, int] | None = None  # (pipelined plain step, observed at)
+        self._plain_hold = 0  # plain steps a K = 0 probe still runs
         self._verify = _CostTable(cfg.cost_decay)
         self._draft = _CostTable(cfg.cost_decay, proportional=True)
         self._choices = 0
@@ -306,8 +319,28 @@ class AdaptiveDepth:
 
     @property
     def overhead_s(self) -> float:
-        """Estimated per-iteration time outside drafting and verifying."""
-        return self._overhead or 0.0
+        """Estimated per-iteration time outside drafting and verifying, of speculative
+        iterations (of plain ones until a speculative one was observed)."""
+        return self._overhead_of(True)
+
+    @property
+    def plain_overhead_s(self) -> float:
+        """The same for plain (K = 0) iterations, whose commit is lighter."""
+        return self._overhead_of(False)
+
+    def _overhead_of(self, speculative: bool) -> float:
+        value = self._overhead[speculative]
+        if value is None:
+            value = self._overhead[not speculative]
+        return value or 0.0
+
+    @property
+    def steady_plain_s(self) -> float | None:
+        """Decaying mean time of a pipelined plain step (see ``IterationStats.pipelined``),
+        None while none was observed within ``cost_horizon`` iterations."""
+        if self._steady is None or self._observed - self._steady[1] > self.config.cost_horizon:
+            return None
+        return self._steady[0]
 
     def _rates(self, largest: int) -> list[float] | None:
         """Estimated committed tokens per second at K = 0..largest; None while unknown."""
@@ -315,10 +348,13 @@ class AdaptiveDepth:
         draft = self._draft.curve(largest) if self._draft.weight else None
         if verify is None or draft is None:
             return None
-        alpha, overhead = self.acceptance, self.overhead_s
+        alpha, overhead, steady = self.acceptance, self.overhead_s, self.steady_plain_s
+        # Plain decoding costs a pipelined step where the controller queues plain steps
+        # ahead (the host's work hidden), else a one-row verification and its commit.
+        plain = steady if steady is not None else self.plain_overhead_s + verify[1]
         rates = []
         for k in range(largest + 1):
-            seconds = overhead + (draft[k] if k else 0.0) + verify[k + 1]
+            seconds = overhead + draft[k] + verify[k + 1] if k else plain
             rates.append(math.inf if seconds <= 0 else expected_committed(alpha, k) / seconds)
         return rates
 
@@ -345,6 +381,9 @@ class AdaptiveDepth:
         """The depth of the next iteration (see the class docstring)."""
         cfg = self.config
         self._choices += 1
+        if self._plain_hold > 0:  # a K = 0 probe runs its plain steps in a row
+            self._plain_hold -= 1
+            return 0
         best = self.best_depth()
         if self._probed_best is not None and best is not None:
             # The last probe has been observed: back off while probes confirm the best.
@@ -362,6 +401,8 @@ class AdaptiveDepth:
             self._next_probe = self._choices + self._interval
         else:
             depth = best
+        if depth == 0 and best != 0:
+            self._plain_hold = cfg.plain_probe_steps - 1
         self._last_depth = depth
         return depth
 
@@ -372,6 +413,8 @@ class AdaptiveDepth:
         if depth == 0:
             deep = min(max(2, self.config.initial_depth), self.max_depth)
             return 1 if self._probes % 2 == 1 else deep
+        if depth >= 2 and self._probes % 3 == 0:
+            return 0  # every third probe: plain decoding, the rate any depth must beat
         down, up = depth // 2, min(2 * depth, self.max_depth)
         if up == depth or self._probes % 2 == 1:
             return down
@@ -393,13 +436,19 @@ class AdaptiveDepth:
         self._verify.add(depth + 1, iteration.verify_time_s, self._observed)
         for table in (self._draft, self._verify):
             table.tick(self._observed, cfg.cost_horizon)
+        if depth == 0 and iteration.pipelined:
+            seconds = iteration.total_time_s
+            if self.steady_plain_s is not None:
+                seconds = cfg.cost_decay * self.steady_plain_s + (1 - cfg.cost_decay) * seconds
+            self._steady = (seconds, self._observed)
         overhead = max(
             iteration.total_time_s - iteration.draft_time_s - iteration.verify_time_s, 0.0
         )
-        if self._overhead is None:
-            self._overhead = overhead
-        else:
-            self._overhead = cfg.cost_decay * self._overhead + (1 - cfg.cost_decay) * overhead
+        kind = depth > 0
+        last = self._overhead[kind]
+        self._overhead[kind] = (
+            overhead if last is None else cfg.cost_decay * last + (1 - cfg.cost_decay) * overhead
+        )
 
     def __repr__(self) -> str:
         return (

@@ -430,9 +430,10 @@ class SpecController:
         step = queue.popleft()
         token = readback.read(step)
         read_at = host_clock()
-        started = (
-            step.queued_at if plain.last_read is None else max(step.queued_at, plain.last_read)
-        )
+        # Queued before the previous step's token was read: the host's work for it ran
+        # while the device computed that step (the run's steady state).
+        pipelined = plain.last_read is not None and step.queued_at <= plain.last_read
+        started = max(step.queued_at, plain.last_read) if pipelined else step.queued_at
         plain.last_read = read_at
         if self.cache is not None:
             self.cache.on_verify_end(0)
@@ -446,6 +447,7 @@ class SpecController:
             verify_time_s=seconds,
             total_time_s=seconds,
             verified=0,
+            pipelined=pipelined,
         )
         stream.stats.iterations.append(record)
         self.depth_policy.observe(record)

@@ -33,6 +33,10 @@ class IterationStats:
             leading rows (miss-aware row truncation, greedy only); the extra token then
             comes from the last verified row, and ``bonus`` means all verified ones were
             accepted. None is read as ``depth``.
+        pipelined: a plain step (K = 0) queued while the previous plain step still ran
+            (see ``SpecController(pipeline_plain=...)``): its time is the device's step
+            time with the host's work hidden behind it, the steady state of a run of plain
+            steps. False for every other iteration, including the first step of a run.
     """
 
     depth: int
@@ -43,6 +47,7 @@ class IterationStats:
     verify_time_s: float
     total_time_s: float
     verified: int | None = None
+    pipelined: bool = False
 
     @property
     def verified_proposals(self) -> int:
@@ -72,6 +77,7 @@ class IterationStats:
             "verify_time_s": self.verify_time_s,
             "total_time_s": self.total_time_s,
             "verified": self.verified_proposals,
+            "pipelined": self.pipelined,
         }
 
 
