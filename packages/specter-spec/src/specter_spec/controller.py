@@ -272,14 +272,9 @@ class SpecController:
             # Tokens not queued yet: every queued step commits exactly one (or the
             # generation stops at its stop token and drops what follows it).
             remaining = max_new_tokens - generated - len(queue)
-            if remaining == 0:
-                while queue:  # the last tokens are all queued: read them back
-                    generated += yield from self._retire_plain(
-                        stream, queue, readback, plain, host_clock, stop
-                    )
-                    if stream.stop_reason is not None:
-                        return
-                stream.stop_reason = "max_new_tokens"
+            if remaining == 0:  # the last tokens are all queued: read them back
+                yield from self._retire_plain(stream, queue, readback, plain, host_clock, stop, 0)
+                stream.stop_reason = stream.stop_reason or "max_new_tokens"
                 return
             # A queued step is still running: the host clock must not wait for it.
             iteration_start = host_clock() if queue else clock()
@@ -289,22 +284,20 @@ class SpecController:
             if pipelined and depth == 0:
                 queue.append(self._queue_plain(committed, n, generator, readback, iteration_start))
                 n += 1
-                if len(queue) >= PIPELINE_DEPTH:
-                    generated += yield from self._retire_plain(
-                        stream, queue, readback, plain, host_clock, stop
-                    )
-                    if stream.stop_reason is not None:
-                        return
+                generated += yield from self._retire_plain(
+                    stream, queue, readback, plain, host_clock, stop, PIPELINE_DEPTH - 1
+                )
+                if stream.stop_reason is not None:
+                    return
                 continue
             if queue:
                 # A speculative iteration reads the committed tokens on the host side
                 # (stop tokens, KV lengths): every queued step is read back first.
-                while queue:
-                    generated += yield from self._retire_plain(
-                        stream, queue, readback, plain, host_clock, stop
-                    )
-                    if stream.stop_reason is not None:
-                        return
+                generated += yield from self._retire_plain(
+                    stream, queue, readback, plain, host_clock, stop, 0
+                )
+                if stream.stop_reason is not None:
+                    return
                 iteration_start = clock()
             plain.last_read = None
             remaining = max_new_tokens - generated
@@ -423,10 +416,27 @@ class SpecController:
         plain: _PlainRun,
         host_clock: Callable[[], float],
         stop: frozenset[int],
+        keep: int,
     ) -> Generator[int, None, int]:
-        """Read the oldest queued step's token back, record it and yield it; at a stop token,
-        drop the steps queued after it and roll both models back. Returns tokens committed
-        (one)."""
+        """Read queued steps' tokens back, oldest first, until ``keep`` are left: record and
+        yield each; at a stop token, drop the steps queued after it and roll both models
+        back. Returns the tokens committed."""
+        committed = 0
+        while len(queue) > keep and stream.stop_reason is None:
+            committed += 1
+            yield self._retire_one(stream, queue, readback, plain, host_clock, stop)
+        return committed
+
+    def _retire_one(
+        self,
+        stream: TokenStream,
+        queue: deque[QueuedPlainStep],
+        readback: TokenReadback,
+        plain: _PlainRun,
+        host_clock: Callable[[], float],
+        stop: frozenset[int],
+    ) -> int:
+        """Read the oldest queued step's token back and record it (see ``_retire_plain``)."""
         step = queue.popleft()
         token = readback.read(step)
         read_at = host_clock()
@@ -463,8 +473,7 @@ class SpecController:
             if self.draft is not None:
                 self.draft.truncate(length)
             self._check_contract(length + 1, where="after a stop token in queued plain steps")
-        yield token
-        return 1
+        return token
 
     def _verify(self, verify_ids: torch.Tensor, start: int) -> torch.Tensor:
         """The target's forward over the verified rows. A greedy controller lets a target
