@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -264,38 +264,36 @@ class SpecController:
 
         generated = 0
         pipelined = self._pipelines_plain_steps(device)
-        queue: deque[QueuedPlainStep] = deque()
-        readback = TokenReadback(device) if pipelined else None
-        host_clock = time.perf_counter if isinstance(clock, PhaseClock) else clock
-        plain = _PlainRun(last_read=None)
+        plain = _PlainQueue(
+            readback=TokenReadback(device) if pipelined else None,
+            host_clock=time.perf_counter if isinstance(clock, PhaseClock) else clock,
+            stop=stop,
+        )
+        queue = plain.steps
         while True:
             # Tokens not queued yet: every queued step commits exactly one (or the
             # generation stops at its stop token and drops what follows it).
             remaining = max_new_tokens - generated - len(queue)
             if remaining == 0:  # the last tokens are all queued: read them back
-                yield from self._retire_plain(stream, queue, readback, plain, host_clock, stop, 0)
+                yield from self._retire_plain(stream, plain, keep=0)
                 stream.stop_reason = stream.stop_reason or "max_new_tokens"
                 return
             # A queued step is still running: the host clock must not wait for it.
-            iteration_start = host_clock() if queue else clock()
+            iteration_start = plain.host_clock() if queue else clock()
             depth = check_depth(self.depth_policy.choose_depth(), "the depth policy's choice")
             # More proposals than the budget can commit would be wasted work.
             depth = min(depth, remaining - 1)
             if pipelined and depth == 0:
-                queue.append(self._queue_plain(committed, n, generator, readback, iteration_start))
+                queue.append(self._queue_plain(committed, n, generator, plain, iteration_start))
                 n += 1
-                generated += yield from self._retire_plain(
-                    stream, queue, readback, plain, host_clock, stop, PIPELINE_DEPTH - 1
-                )
+                generated += yield from self._retire_plain(stream, plain, keep=PIPELINE_DEPTH - 1)
                 if stream.stop_reason is not None:
                     return
                 continue
             if queue:
                 # A speculative iteration reads the committed tokens on the host side
                 # (stop tokens, KV lengths): every queued step is read back first.
-                generated += yield from self._retire_plain(
-                    stream, queue, readback, plain, host_clock, stop, 0
-                )
+                generated += yield from self._retire_plain(stream, plain, keep=0)
                 if stream.stop_reason is not None:
                     return
                 iteration_start = clock()
@@ -384,7 +382,7 @@ class SpecController:
         committed: torch.Tensor,
         n: int,
         generator: torch.Generator | None,
-        readback: TokenReadback,
+        plain: _PlainQueue,
         queued_at: float,
     ) -> QueuedPlainStep:
         """Queue one plain step: the target's forward over ``committed[n - 1]`` and the
@@ -405,41 +403,31 @@ class SpecController:
         outcome = self._accept(no_proposals, None, logits[0], generator)
         committed[n : n + 1] = outcome.next_token.view(1)
         self._check_contract(n + 1, where="after a queued plain step")
-        slot, ready = readback.push(outcome.next_token)
+        slot, ready = plain.readback.push(outcome.next_token)
         return QueuedPlainStep(position=n, slot=slot, ready=ready, queued_at=queued_at)
 
     def _retire_plain(
         self,
         stream: TokenStream,
-        queue: deque[QueuedPlainStep],
-        readback: TokenReadback,
-        plain: _PlainRun,
-        host_clock: Callable[[], float],
-        stop: frozenset[int],
+        plain: _PlainQueue,
+        *,
         keep: int,
     ) -> Generator[int, None, int]:
         """Read queued steps' tokens back, oldest first, until ``keep`` are left: record and
         yield each; at a stop token, drop the steps queued after it and roll both models
         back. Returns the tokens committed."""
         committed = 0
-        while len(queue) > keep and stream.stop_reason is None:
+        while len(plain.steps) > keep and stream.stop_reason is None:
             committed += 1
-            yield self._retire_one(stream, queue, readback, plain, host_clock, stop)
+            yield self._retire_one(stream, plain)
         return committed
 
-    def _retire_one(
-        self,
-        stream: TokenStream,
-        queue: deque[QueuedPlainStep],
-        readback: TokenReadback,
-        plain: _PlainRun,
-        host_clock: Callable[[], float],
-        stop: frozenset[int],
-    ) -> int:
+    def _retire_one(self, stream: TokenStream, plain: _PlainQueue) -> int:
         """Read the oldest queued step's token back and record it (see ``_retire_plain``)."""
+        queue = plain.steps
         step = queue.popleft()
-        token = readback.read(step)
-        read_at = host_clock()
+        token = plain.readback.read(step)
+        read_at = plain.host_clock()
         # Queued before the previous step's token was read: the host's work for it ran
         # while the device computed that step (the run's steady state).
         pipelined = plain.last_read is not None and step.queued_at <= plain.last_read
@@ -447,22 +435,11 @@ class SpecController:
         plain.last_read = read_at
         if self.cache is not None:
             self.cache.on_verify_end(0)
-        seconds = read_at - started
-        record = IterationStats(
-            depth=0,
-            accepted=0,
-            bonus=True,
-            committed=1,
-            draft_time_s=0.0,
-            verify_time_s=seconds,
-            total_time_s=seconds,
-            verified=0,
-            pipelined=pipelined,
-        )
+        record = IterationStats.plain_step(read_at - started, pipelined=pipelined)
         stream.stats.iterations.append(record)
         self.depth_policy.observe(record)
         stream.tokens.append(token)
-        if token in stop:
+        if token in plain.stop:
             stream.stop_reason = "stop_token"
             while queue:  # queued past the stop token: its KV goes, its window closes
                 queue.popleft()
@@ -596,11 +573,24 @@ class SpecController:
 
 
 @dataclass
-class _PlainRun:
-    """Timing state of a run of queued plain steps: when the last token was read back
-    (None before the run's first read, or after a speculative iteration)."""
+class _PlainQueue:
+    """One generation's queued plain steps (see ``pipeline_plain``).
 
-    last_read: float | None
+    Attributes:
+        readback: host slots their tokens are copied to (None: plain steps are not queued).
+        host_clock: a clock that does not wait for the device (``time.perf_counter`` in
+            place of a :class:`PhaseClock`).
+        stop: the generation's stop tokens.
+        steps: the queued steps, oldest first.
+        last_read: when the last token was read back (None before a run's first read, or
+            after a speculative iteration).
+    """
+
+    readback: TokenReadback | None
+    host_clock: Callable[[], float]
+    stop: frozenset[int]
+    steps: deque[QueuedPlainStep] = field(default_factory=deque)
+    last_read: float | None = None
 
 
 class TokenStream:

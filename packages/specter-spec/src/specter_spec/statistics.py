@@ -49,6 +49,22 @@ class IterationStats:
     verified: int | None = None
     pipelined: bool = False
 
+    @classmethod
+    def plain_step(cls, seconds: float, *, pipelined: bool = False) -> IterationStats:
+        """A plain (K = 0) iteration of ``seconds`` that committed one token, all of its time
+        in the target's step."""
+        return cls(
+            depth=0,
+            accepted=0,
+            bonus=True,
+            committed=1,
+            draft_time_s=0.0,
+            verify_time_s=seconds,
+            total_time_s=seconds,
+            verified=0,
+            pipelined=pipelined,
+        )
+
     @property
     def verified_proposals(self) -> int:
         """Proposals the target verified: ``verified``, or ``depth`` when it is None."""
