@@ -212,6 +212,9 @@ def test_routing_experiments(default_run):
     assert sweep["budget_gb"] == runner.budgets[1]
     assert sweep["data"]["best_depth"] == min(points, key=lambda p: p["tpot_ms"])["depth"]
     assert points[0]["acceptance_rate"] is None  # K = 0 proposes nothing
+    for p in points:  # each prompt's own time, whose mean is the point's
+        assert len(p["prompt_tpot_ms"]) == p["prompts"]
+        assert p["tpot_ms"] == pytest.approx(sum(p["prompt_tpot_ms"].values()) / p["prompts"])
     memory = by_kind["memory"]
     # One per engine load: at each budget the hot-set draft (specter), the plain draft
     # (spec-lru) and lru, less unlimited's two (every system shares the all-resident load),

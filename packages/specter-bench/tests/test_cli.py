@@ -158,6 +158,7 @@ def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_pa
         (["kernel-bench", "--tokens", "a,b"], "comma-separated list of ints"),
         (["bench", "--model", "tiny-qwen2-moe", "--hot-experts", "-1"], "expected an int >= 0"),
         (["bench", "--model", "tiny-qwen2-moe", "--calibration-prompts", "x"], "an int >= 0"),
+        (["bench", "--model", "tiny-qwen2-moe", "--sweep-prompts", "0"], "an int >= 1"),
         (["generate", "--batch-invariant", "maybe", "x"], "expected auto, on or off"),
         (["report", "/no/such.jsonl"], "does not exist"),
     ],
@@ -279,6 +280,20 @@ def test_bench_records_cuda_graphs_and_refuses_them_on_the_cpu(capsys, tmp_path,
     settings = tpot[0]["extra"]["settings"]
     assert settings["cuda_graphs"] is False
     assert settings["graphs"] == {"target": None, "draft": None}
+
+
+def test_bench_sweep_prompts_reach_the_config():
+    from specter_bench.bench_command import bench_config_from_args
+    from specter_bench.cli import build_parser
+
+    parser = build_parser()
+    default = bench_config_from_args(
+        parser.parse_args(["bench", "--model", "tiny-qwen2-moe"]), "cpu"
+    )
+    argv = ["bench", "--model", "tiny-qwen2-moe", "--sweep-prompts", "3", "--depths", "1,3"]
+    config = bench_config_from_args(parser.parse_args(argv), "cpu")
+    assert (config.sweep_prompts, config.sweep_depths) == (3, (1, 3))
+    assert default.sweep_prompts == 2
 
 
 def test_python_dash_m_runs_the_cli():

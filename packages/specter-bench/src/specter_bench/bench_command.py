@@ -68,6 +68,8 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
     kwargs: dict[str, object] = {}
     if args.hot_counts is not None:
         kwargs["hot_sweep_counts"] = tuple(args.hot_counts)
+    if getattr(args, "sweep_prompts", None) is not None:
+        kwargs["sweep_prompts"] = args.sweep_prompts
     if args.depths is not None:
         kwargs["sweep_depths"] = tuple(args.depths)
         kwargs["working_set_depths"] = tuple(d for d in args.depths if d >= 1) or (1,)

@@ -835,6 +835,9 @@ class BenchRunner:
                     ),
                     "hit_rate": _mean((r.cache or {}).get("hit_rate") for _, r in runner_runs),
                     "prompts": len(runner_runs),
+                    "prompt_tpot_ms": {
+                        p.prompt.id: 1e3 * r.tpot_s for p, r in runner_runs if r.tpot_s is not None
+                    },
                 }
             )
         best = min(points, key=lambda p: (p["tpot_ms"], p["depth"]))["depth"] if points else None

@@ -310,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="depths of the depth sweep / working set (default 0,2,4,8,16,32 / 1,2,4,8,16,32)",
     )
     bench.add_argument(
+        "--sweep-prompts",
+        type=_positive_int,
+        default=None,
+        help="prompts of the depth and hot-count sweeps, the first ones (default 2)",
+    )
+    bench.add_argument(
         "--out",
         default=os.environ.get("OUT") or "benchmarks/results",
         help="output folder (default: $OUT when set, else benchmarks/results)",
