@@ -79,6 +79,12 @@ def main() -> int:
         action="store_true",
         help="the draft's linears through the invariant GEMM (load(invariant_draft_linears=))",
     )
+    p.add_argument(
+        "--shared-overlap",
+        choices=("on", "off"),
+        default="on",
+        help="the shared experts on a side stream (load(shared_overlap=))",
+    )
     p.add_argument("--tag", default=None, help="a label added to every record")
     p.add_argument("--out", default="step-graphs.jsonl")
     args = p.parse_args()
@@ -103,6 +109,7 @@ def main() -> int:
             device="cuda",
             max_seq_len=max_seq_len,
             invariant_draft_linears=args.invariant_draft_linears,
+            shared_overlap=args.shared_overlap == "on",
             **kwargs,
         )
         print(f"built {lm!r} {kwargs} in {time.perf_counter() - t:.1f} s", flush=True)

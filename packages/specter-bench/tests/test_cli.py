@@ -282,6 +282,16 @@ def test_bench_records_cuda_graphs_and_refuses_them_on_the_cpu(capsys, tmp_path,
     assert settings["graphs"] == {"target": None, "draft": None}
 
 
+@pytest.mark.parametrize(("flag", "expected"), [(None, True), ("on", True), ("off", False)])
+def test_bench_records_the_shared_overlap_switch(capsys, tmp_path, flag, expected):
+    # DeepSeek-V2's two MoE blocks have shared experts; the CPU runs them in order either way.
+    extra = ["--shared-overlap", flag] if flag is not None else []
+    records = _tiny_tpot_bench(capsys, tmp_path, "tiny-deepseek-v2", "so", *extra)
+    tpot = [r for r in records if r["kind"] == "tpot"]
+    overlap = tpot[0]["extra"]["settings"]["shared_overlap"]
+    assert overlap == {"enabled": expected, "blocks": 2, "forks": 0}
+
+
 def test_bench_sweep_prompts_reach_the_config():
     from specter_bench.bench_command import bench_config_from_args
     from specter_bench.cli import build_parser

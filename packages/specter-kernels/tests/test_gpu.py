@@ -311,3 +311,43 @@ def test_mla_attention_on_the_gpu(seed, monkeypatch, T, L):
         q_lat[:, :1], q_pe[:, :1], c_kv[:last], k_pe[:last], 0.05, mask[:1, :last]
     )
     assert torch.equal(alone[:, 0], out[:, 0])
+
+
+def test_split_launches_on_two_streams_use_their_own_counters(seed, monkeypatch):
+    # The shared experts run on a side stream beside the routed ones: split-K launches of
+    # the two streams must not draw tickets from one counter (a tile would finish with
+    # another stream's partials, or never).
+    from specter_kernels import invariant_matmul_triton as kernel
+    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    config = MatmulConfig(BLOCK_M, 32, 128, split_k=4)
+    device = torch.device("cuda")
+    side = torch.cuda.Stream()
+    main_counters = kernel.tile_counters(device, 1)
+    with torch.cuda.stream(side):
+        side_counters = kernel.tile_counters(device, 1)
+    assert main_counters.data_ptr() != side_counters.data_ptr()
+    a = [torch.randn(1, 4, 2048, device="cuda").half() for _ in range(2)]
+    b = [torch.randn(1, 2048, 3072, device="cuda").half() * 0.02 for _ in range(2)]
+    alone = [
+        kernel.launch_invariant_bmm(
+            x, w, torch.empty(1, 4, 3072, device="cuda").half(), None, config
+        )
+        for x, w in zip(a, b, strict=True)
+    ]
+    for _ in range(20):  # both streams' launches in flight together
+        side.wait_stream(torch.cuda.current_stream())
+        outs = [None, None]
+        with torch.cuda.stream(side):
+            outs[1] = kernel.launch_invariant_bmm(
+                a[1], b[1], torch.empty(1, 4, 3072, device="cuda").half(), None, config
+            )
+        outs[0] = kernel.launch_invariant_bmm(
+            a[0], b[0], torch.empty(1, 4, 3072, device="cuda").half(), None, config
+        )
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(outs[0], alone[0])
+        assert torch.equal(outs[1], alone[1])
+    assert int(main_counters.count_nonzero()) == 0
+    assert int(side_counters.count_nonzero()) == 0

@@ -365,3 +365,39 @@ def test_cuda_staged_streaming_keeps_greedy_tokens_and_the_whole_graph(name):
     torch.cuda.synchronize()
     staged = [e for e in lm.runtime.staging.staged_experts.tolist() if e >= 0]
     assert len(staged) == len(set(staged))
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
+@pytest.mark.parametrize(
+    "budget",
+    [{}, {"slots_per_layer": 2}, {"slots_per_layer": 2, "miss_path": "stream"}],
+    ids=["resident", "piecewise", "streamed"],
+)
+def test_cuda_shared_overlap_keeps_every_bit(name, budget):
+    # The shared experts on a side stream (graphed whole, eager, or in order under piecewise
+    # graphs): the same logits bit for bit and the same greedy tokens as in order.
+    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
+    prompt = torch.randint(
+        0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(4)
+    )
+    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    out, tokens = {}, {}
+    for overlap in (False, True):
+        lm = load(name, shared_overlap=overlap, **kwargs)
+        lm.target.forward(prompt, 0)
+        logits = []
+        for _ in range(3):  # eager, captured, replayed
+            logits.append(lm.target.forward(rows, 40))
+            lm.target.truncate(40)
+        assert torch.equal(logits[1], logits[0])
+        assert torch.equal(logits[2], logits[0])
+        out[overlap] = logits[0]
+        lm.reset()
+        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
+        tokens[overlap] = spec.generate(prompt[0].tolist(), 24).tokens
+        stats = lm.graph_stats()
+        assert stats["draft"]["disabled_reason"] is None
+        assert stats["target"]["disabled_reason"] is None
+        assert (lm.shared_overlap.forks > 0) == overlap  # the draft's steps fork at least
+    assert torch.equal(out[True], out[False])
+    assert tokens[True] == tokens[False]

@@ -176,6 +176,14 @@ def _add_model_args(
         "routed-expert calls (default auto: whenever CUDA graphs are on)",
     )
     p.add_argument(
+        "--shared-overlap",
+        type=parse_auto_switch,
+        default=None,
+        metavar="{auto,on,off}",
+        help="run DeepSeek-V2's and Qwen2-MoE's shared experts on a side stream beside the "
+        "routed ones, the same bits (default auto: on; off runs them in order)",
+    )
+    p.add_argument(
         "--miss-path",
         default="load",
         choices=("load", "stream"),

@@ -147,6 +147,15 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
 cleared and no prefetch, that policy is exactly LRU)."""
 
 
+def _shared_overlap(loaded: Any) -> dict[str, object] | None:
+    """Whether the model runs its shared experts on a side stream, and how many blocks did
+    (``specter_models``' ``shared_overlap``); None for a model without the switch."""
+    overlap = getattr(loaded, "shared_overlap", None)
+    if overlap is None:
+        return None
+    return {"enabled": bool(overlap.enabled), "blocks": overlap.patched, "forks": overlap.forks}
+
+
 def staging_width(loaded: Any) -> int:
     """Experts the model's staging buffer holds (0: it was loaded without one)."""
     staging = getattr(getattr(loaded, "runtime", None), "staging", None)
@@ -361,6 +370,7 @@ class EngineSystemRunner:
                 "hot_experts_per_layer": self.loaded.memory.plan.hot_experts_per_layer,
                 "batch_invariant": bool(getattr(self.loaded, "batch_invariant", False)),
                 "cuda_graphs": bool(getattr(self.loaded, "cuda_graphs", False)),
+                "shared_overlap": _shared_overlap(self.loaded),
                 "graphs": _graph_stats(self.loaded),
                 "host_pauses": pauses.as_dict(),
             },

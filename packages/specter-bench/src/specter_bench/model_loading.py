@@ -135,6 +135,8 @@ class EngineOptions:
         stream_staging: ``specter_models.load(stream_staging=)``: FP16 experts of the
             streamed path's staging buffer (0: none; float16 only; a bench stage loads with
             the most its systems use, and each sets its own before a decode).
+        shared_overlap: the shared experts on a side stream (``specter_models.load(
+            shared_overlap=)``; None: the loader decides, on).
     """
 
     batch_invariant: bool | None = None
@@ -143,6 +145,7 @@ class EngineOptions:
     miss_path: str = "load"
     stream_fills: int = 0
     stream_staging: int = 0
+    shared_overlap: bool | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineOptions:
@@ -154,6 +157,7 @@ class EngineOptions:
             getattr(args, "miss_path", "load"),
             getattr(args, "stream_fills", 0),
             getattr(args, "stream_staging", 0),
+            getattr(args, "shared_overlap", None),
         )
 
     def load_kwargs(self) -> dict[str, Any]:

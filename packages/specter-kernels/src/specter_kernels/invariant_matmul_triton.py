@@ -17,9 +17,9 @@ per-device buffer (:func:`tile_counters`) that every split launch leaves zeroed.
 stretches and the summation order depend on (N, K, dtype) only, so split-K keeps the
 kernel batch-invariant (unlike cuBLAS's split-K, chosen by M).
 
-Two split launches that may run at the same time on different streams of one device
-would share counters; the engine runs its matmuls on one stream (CUDA graphs replay
-in stream order).
+Each stream has counters of its own (:func:`tile_counters`), so split launches on two
+streams of one device (the shared experts on a side stream beside the routed ones) never
+draw tickets from one counter; launches on one stream run in order.
 """
 
 from __future__ import annotations
@@ -140,32 +140,41 @@ COUNTER_FLOOR = 1 << 16
 """Arrival counters allocated per device at least (256 KB): every decode-sized split launch
 fits, so the buffer is made once, outside any CUDA graph capture."""
 
-_counters: dict[torch.device, torch.Tensor] = {}
+_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _stream_key(device: torch.device) -> int:
+    """The current stream of ``device`` (its raw handle; 0 off CUDA)."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """The device's zeroed int32 arrival counters, at least ``tiles`` of them.
+    """The zeroed int32 arrival counters of the device's current stream, at least ``tiles``.
 
     Split launches leave every counter they use at zero, so one buffer serves every
-    launch on the device. It is made (or grown) outside CUDA graph capture only: a buffer
-    first zeroed inside a capture would hold garbage until the graph's first replay.
+    launch on the stream; each stream has its own, so launches on two streams that run at
+    the same time never share a counter. It is made (or grown) outside CUDA graph capture
+    only: a buffer first zeroed inside a capture would hold garbage until the graph's first
+    replay.
 
     Raises:
         RuntimeError: the buffer must be made or grown while a CUDA graph is captured;
             run the same launch once eagerly before capturing it.
     """
-    buffer = _counters.get(device)
+    key = (device, _stream_key(device))
+    buffer = _counters.get(key)
     if buffer is not None and buffer.numel() >= tiles:
         return buffer
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
-            f"the invariant matmul needs {tiles} split-K arrival counters on {device} "
-            f"(has {0 if buffer is None else buffer.numel()}) while a CUDA graph is being "
-            "captured; run the same matmul once eagerly before capturing it"
+            f"the invariant matmul needs {tiles} split-K arrival counters on {device}'s "
+            f"current stream (has {0 if buffer is None else buffer.numel()}) while a CUDA "
+            "graph is being captured; run the same matmul once eagerly on that stream "
+            "before capturing it"
         )
     size = max(COUNTER_FLOOR, triton.next_power_of_2(tiles))
-    _counters[device] = torch.zeros(size, dtype=torch.int32, device=device)
-    return _counters[device]
+    _counters[key] = torch.zeros(size, dtype=torch.int32, device=device)
+    return _counters[key]
 
 
 @functools.cache

@@ -29,6 +29,7 @@ from specter_models.presets import (
 )
 from specter_models.reference_model import build_reference_model, reference_model_from
 from specter_models.row_truncation import RowTruncation, choose_cutoff
+from specter_models.shared_overlap import SharedExpertOverlap
 from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
 from specter_models.specter_experts import SpecterExperts
 from specter_models.specter_model import MemoryReport, SpecterModel
@@ -55,6 +56,7 @@ __all__ = [
     "MemoryReport",
     "Preset",
     "RowTruncation",
+    "SharedExpertOverlap",
     "SharedKV",
     "SpecterExperts",
     "SpecterModel",

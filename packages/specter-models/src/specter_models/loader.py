@@ -58,6 +58,7 @@ from specter_models.presets import (
 )
 from specter_models.random_weights import init_non_expert_weights, random_expert
 from specter_models.row_truncation import RowTruncation
+from specter_models.shared_overlap import install_shared_expert_overlap
 from specter_models.spec_adapters import SharedKV
 from specter_models.specter_model import MemoryReport, SpecterModel
 from specter_models.streamed_misses import (
@@ -97,6 +98,7 @@ def load(
     absorbed_mla: bool = True,
     fused_mlp: bool = True,
     fused_projections: bool = True,
+    shared_overlap: bool | None = None,
     row_truncation: bool | RowTruncation = False,
     hot_experts: Sequence[Sequence[int]] | None = None,
     miss_path: str = "load",
@@ -153,6 +155,10 @@ def load(
             ``silu_and_mul`` (``fused_mlp``); False keeps their two GEMMs and two kernels.
         fused_projections: run DeepSeek-V2's ``q_proj`` and ``kv_a_proj_with_mqa`` as one
             GEMM in the absorbed MLA form (``fused_projections``; needs ``absorbed_mla``).
+        shared_overlap: run the shared experts of DeepSeek-V2's and Qwen2-MoE's MoE blocks on
+            a side stream beside the router and the routed experts on CUDA
+            (``shared_overlap``; the same bits, in fewer microseconds); False runs them in
+            order; None (default): on. ``SpecterModel.shared_overlap`` holds the switch.
         row_truncation: miss-aware truncation of greedy expert-wise verification
             (``row_truncation``): True for the default policy, or a ``RowTruncation``;
             False (default) verifies every row. Greedy output is unchanged either way.
@@ -277,6 +283,10 @@ def load(
         install_fused_gate_up(model, runtime)  # copies the loaded gate and up weights
     if fused_projections and absorbed_mla:
         install_fused_q_kv_a(model, runtime)  # copies the loaded q and kv_a weights
+    shared_overlap = shared_overlap is None or bool(shared_overlap)
+    overlap = install_shared_expert_overlap(model, runtime, enabled=shared_overlap)
+    if shared_overlap:
+        overlap.prepare(device)  # the side stream and its counters, before any capture
     clock.lap("non_expert")
 
     layouts = [
@@ -365,6 +375,7 @@ def load(
         memory=memory,
         source=source,
         max_verify_rows=max_verify_rows,
+        shared_overlap=overlap,
     )
     loaded.runtime.fill_width = stream_fills
     loaded.stream_fills = stream_fills

@@ -15,6 +15,7 @@ from specter_models.architecture import Architecture
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.memory_meter import MemoryPeaks
 from specter_models.memory_plan import DEFAULT_MAX_VERIFY_ROWS, MemoryPlan
+from specter_models.shared_overlap import SharedExpertOverlap
 from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
 from specter_models.specter_experts import SpecterExperts
 from specter_models.step_graphs import DEFAULT_WINDOW_STEP, StepGraphs
@@ -65,6 +66,9 @@ class SpecterModel:
         tokenizer: the checkpoint's tokenizer, or None.
         memory: planned and measured memory.
         source: what was loaded (a checkpoint folder or ``preset:<name>:seed=<seed>``).
+        shared_overlap: the switch of the shared experts' side stream (``shared_overlap``),
+            or None when the model was built without it. Graphs already captured keep the
+            setting they were captured with.
 
     Example:
         >>> from specter_spec import SpecController
@@ -87,6 +91,7 @@ class SpecterModel:
         memory: MemoryReport,
         source: str,
         max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
+        shared_overlap: SharedExpertOverlap | None = None,
     ):
         self.model = model
         self.config: PretrainedConfig = model.config
@@ -103,6 +108,7 @@ class SpecterModel:
         self.memory = memory
         self.source = source
         self.max_verify_rows = max_verify_rows
+        self.shared_overlap = shared_overlap
 
     def __repr__(self) -> str:
         plan = self.memory.plan

@@ -1,0 +1,174 @@
+"""The shared experts on a side stream, beside the router and the routed experts.
+
+DeepSeek-V2's and Qwen2-MoE's MoE blocks add a shared-expert MLP to their routed experts::
+
+    out = routed(x) + shared(x)  # Qwen2-MoE: shared(x) = sigmoid(g x) * mlp(x)
+
+The two branches read the same input ``x [B, S, H]`` and nothing of each other. At batch
+size one each is a chain of small memory-bound kernels (on DeepSeek-V2-Lite the shared
+branch is a 23 MB gate/up GEMV, ``silu_and_mul`` and an 11.5 MB down GEMV, about 22 us per
+layer on an H200; the routed branch is the router's two kernels and the grouped expert
+kernels), and run one after the other a decode step leaves the GPU's memory bandwidth idle
+through each one's ramp and tail. :func:`install_shared_expert_overlap` runs the shared
+branch on a side stream of the device, forked when the block starts and joined before the
+add, so the two branches' kernels overlap; inside a CUDA graph capture the fork and the
+join become the graph's branches.
+
+The result is the same bits: the same kernels on the same inputs, and the same final add
+in the same order (``routed + shared``). Each stream has split-K counters of its own
+(``specter_kernels``' invariant matmul), so the branches' GEMMs never share one.
+
+The fork applies on CUDA only, and only while no routed-expert split is installed
+(``ExpertsRuntime.expert_split``): a piecewise graph capture ends a graph at each routed-expert
+call, and the fork and the join would land in different graphs. Elsewhere (CPU, piecewise
+captures and their replays, eager steps with padding rows) both branches run in order on
+the current stream, as transformers' forward does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specter_models.experts_runtime import ExpertsRuntime
+from specter_models.module_patches import patch_forwards
+
+__all__ = ["SharedExpertOverlap", "install_shared_expert_overlap", "shared_branches"]
+
+Branch = Callable[[torch.Tensor], torch.Tensor]
+
+
+def shared_branches(block: nn.Module) -> tuple[Branch, Branch] | None:
+    """``(routed, shared)`` of an MoE block with shared experts, each ``[B, S, H] -> [B, S, H]``
+    computing exactly what transformers' forward computes for that branch; None for a block
+    without shared experts (PhiMoE's) or one not recognised.
+
+    DeepSeek-V2 (``DeepseekV2Moe``): ``gate``, ``experts`` and ``shared_experts``.
+    Qwen2-MoE (``Qwen2MoeSparseMoeBlock``): ``gate``, ``experts``, ``shared_expert`` and
+    ``shared_expert_gate`` (a sigmoid gate of one column).
+    """
+    gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
+    if not isinstance(gate, nn.Module) or not isinstance(experts, nn.Module):
+        return None
+    if isinstance(getattr(block, "shared_experts", None), nn.Module):
+
+        def routed(x: torch.Tensor) -> torch.Tensor:
+            shape = x.shape
+            _, weights, ids = block.gate(x)
+            return block.experts(x.view(-1, shape[-1]), ids, weights).view(*shape)
+
+        def shared(x: torch.Tensor) -> torch.Tensor:
+            return block.shared_experts(x)
+
+        return routed, shared
+    if isinstance(getattr(block, "shared_expert", None), nn.Module) and isinstance(
+        getattr(block, "shared_expert_gate", None), nn.Module
+    ):
+
+        def routed(x: torch.Tensor) -> torch.Tensor:
+            flat = x.view(-1, x.shape[-1])
+            _, weights, ids = block.gate(flat)
+            return block.experts(flat, ids, weights).view(*x.shape)
+
+        def shared(x: torch.Tensor) -> torch.Tensor:
+            flat = x.view(-1, x.shape[-1])
+            mlp = block.shared_expert(flat)
+            return (F.sigmoid(block.shared_expert_gate(flat)) * mlp).view(*x.shape)
+
+        return routed, shared
+    return None
+
+
+class SharedExpertOverlap:
+    """The switch and the side streams of :func:`install_shared_expert_overlap`.
+
+    Args:
+        runtime: the model's experts runtime (its ``expert_split`` vetoes the fork).
+        enabled: fork at all (False: every block runs its branches in order).
+    """
+
+    def __init__(self, runtime: ExpertsRuntime, enabled: bool = True) -> None:
+        self.runtime = runtime
+        self.enabled = enabled
+        self.forks = 0  # blocks run with the shared branch on a side stream
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+
+    def prepare(self, device: torch.device | str) -> None:
+        """Make ``device``'s side stream and its split-K counters now, outside any CUDA graph
+        capture (a capture cannot make the counters; no-op off CUDA)."""
+        device = torch.device(device)
+        if device.type != "cuda":
+            return
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device in self._streams:
+            return
+        from specter_kernels.invariant_matmul_triton import COUNTER_FLOOR, tile_counters
+
+        stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            tile_counters(device, COUNTER_FLOOR)
+        self._streams[device] = stream
+
+    def side_stream(self, x: torch.Tensor) -> torch.cuda.Stream | None:
+        """The stream the shared branch of a block with input ``x`` runs on, or None to run
+        it in order (off, not CUDA, a routed-expert split installed, or no side stream made
+        for the device: see :meth:`prepare`)."""
+        if not (self.enabled and x.is_cuda) or self.runtime.expert_split is not None:
+            return None
+        return self._streams.get(x.device)
+
+    def run(self, x: torch.Tensor, routed: Branch, shared: Branch) -> torch.Tensor:
+        """``routed(x) + shared(x)``, the shared branch on the side stream when it applies."""
+        side = self.side_stream(x)
+        if side is None:
+            return routed(x) + shared(x)
+        main = torch.cuda.current_stream(x.device)
+        side.wait_stream(main)  # x is ready
+        with torch.cuda.stream(side):
+            shared_out = shared(x)
+        routed_out = routed(x)
+        main.wait_stream(side)
+        if not torch.cuda.is_current_stream_capturing():
+            # Made on the side stream, read on the main one: its memory is not reused
+            # before the main stream is past it.
+            shared_out.record_stream(main)
+        self.forks += 1
+        return routed_out + shared_out
+
+
+def install_shared_expert_overlap(
+    model: nn.Module, runtime: ExpertsRuntime, enabled: bool = True
+) -> SharedExpertOverlap:
+    """Give every MoE block of ``model`` with shared experts the forward of
+    :meth:`SharedExpertOverlap.run` (once; see the module docstring).
+
+    Install it after the fusions that replace the blocks' submodules' forwards (it calls the
+    submodules, so it runs whatever they are), and call :meth:`SharedExpertOverlap.prepare`
+    with the model's device before any CUDA graph capture.
+
+    Returns:
+        The overlap's switch (``enabled``) and counter (``forks``); its ``patched``
+        attribute is how many blocks this call patched.
+    """
+    overlap = SharedExpertOverlap(runtime, enabled)
+
+    def make_forward(block: nn.Module, _plain: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+        routed, shared = shared_branches(block)  # type: ignore[misc]
+
+        def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+            return overlap.run(hidden_states, routed, shared)
+
+        return forward
+
+    overlap.patched = patch_forwards(
+        model,
+        lambda m: shared_branches(m) is not None,
+        "_specter_shared_overlap",
+        make_forward,
+    )  # type: ignore[attr-defined]
+    return overlap
