@@ -316,7 +316,7 @@ def test_mla_attention_on_the_gpu(seed, monkeypatch, T, L):
 def test_split_launches_on_two_streams_use_their_own_counters(seed, monkeypatch):
     # The shared experts run on a side stream beside the routed ones: split-K launches of
     # the two streams must not draw tickets from one counter (a tile would finish with
-    # another stream's partials, or never).
+    # another stream's partials, or never): the side stream's take their own.
     from specter_kernels import invariant_matmul_triton as kernel
     from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
 
@@ -325,9 +325,9 @@ def test_split_launches_on_two_streams_use_their_own_counters(seed, monkeypatch)
     device = torch.device("cuda")
     side = torch.cuda.Stream()
     main_counters = kernel.tile_counters(device, 1)
-    with torch.cuda.stream(side):
-        side_counters = kernel.tile_counters(device, 1)
-    assert main_counters.data_ptr() != side_counters.data_ptr()
+    side_counters = kernel.split_counters(device)
+    with kernel.counters_in(side_counters):
+        assert kernel.tile_counters(device, 1) is side_counters
     a = [torch.randn(1, 4, 2048, device="cuda").half() for _ in range(2)]
     b = [torch.randn(1, 2048, 3072, device="cuda").half() * 0.02 for _ in range(2)]
     alone = [
@@ -339,7 +339,7 @@ def test_split_launches_on_two_streams_use_their_own_counters(seed, monkeypatch)
     for _ in range(20):  # both streams' launches in flight together
         side.wait_stream(torch.cuda.current_stream())
         outs = [None, None]
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), kernel.counters_in(side_counters):
             outs[1] = kernel.launch_invariant_bmm(
                 a[1], b[1], torch.empty(1, 4, 3072, device="cuda").half(), None, config
             )

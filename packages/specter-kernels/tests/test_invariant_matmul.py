@@ -223,3 +223,28 @@ def test_the_counter_buffer_grows_outside_a_capture_and_keeps_its_floor():
     assert grown.numel() >= kernel.COUNTER_FLOOR + 1
     assert int(grown.count_nonzero()) == 0
     assert kernel.tile_counters(device, 1) is grown
+
+
+def test_a_counters_in_block_uses_its_own_buffer(seed, poisoned):
+    # Launches that run beside others (the shared experts' side stream) count arrivals in a
+    # buffer of their own, left zeroed; the device's buffer is untouched.
+    from specter_kernels import invariant_matmul_triton as kernel
+    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+
+    device = torch.device("cpu")
+    config = MatmulConfig(BLOCK_M, 16, 16, split_k=3)
+    a, b = torch.randn(1, 5, 48), torch.randn(1, 48, 40)
+    shared = kernel.tile_counters(device, 1)
+    own = kernel.split_counters(device)
+    assert own.numel() >= kernel.COUNTER_FLOOR
+    assert int(own.count_nonzero()) == 0
+    expected = kernel.launch_invariant_bmm(a, b, torch.empty(1, 5, 40), None, config)
+    with kernel.counters_in(own):
+        assert kernel.tile_counters(device, 1) is own
+        with pytest.raises(RuntimeError, match="make it with split_counters"):
+            kernel.tile_counters(device, own.numel() + 1)  # never grows
+        got = kernel.launch_invariant_bmm(a, b, torch.empty(1, 5, 40), None, config)
+    assert kernel.tile_counters(device, 1) is shared  # the block is over
+    assert torch.equal(got, expected)
+    assert int(own.count_nonzero()) == 0
+    assert int(shared.count_nonzero()) == 0

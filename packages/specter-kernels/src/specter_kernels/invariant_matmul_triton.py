@@ -17,14 +17,18 @@ per-device buffer (:func:`tile_counters`) that every split launch leaves zeroed.
 stretches and the summation order depend on (N, K, dtype) only, so split-K keeps the
 kernel batch-invariant (unlike cuBLAS's split-K, chosen by M).
 
-Each stream has counters of its own (:func:`tile_counters`), so split launches on two
-streams of one device (the shared experts on a side stream beside the routed ones) never
-draw tickets from one counter; launches on one stream run in order.
+Launches on one stream run in order and share the device's counters. Launches that may run
+at the same time as others (the shared experts on a side stream beside the routed ones)
+take counters of their own for the block: ``with counters_in(split_counters(device)):``
+(:func:`counters_in`), so two launches never draw tickets from one counter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -140,41 +144,63 @@ COUNTER_FLOOR = 1 << 16
 """Arrival counters allocated per device at least (256 KB): every decode-sized split launch
 fits, so the buffer is made once, outside any CUDA graph capture."""
 
-_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+_counters: dict[torch.device, torch.Tensor] = {}
+_override = threading.local()  # .buffer: the counters of a counters_in block, else None
 
 
-def _stream_key(device: torch.device) -> int:
-    """The current stream of ``device`` (its raw handle; 0 off CUDA)."""
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+def split_counters(device: torch.device | str, tiles: int = COUNTER_FLOOR) -> torch.Tensor:
+    """A new zeroed int32 counter buffer of at least ``tiles`` (and ``COUNTER_FLOOR``), for
+    :func:`counters_in`. Make it outside any CUDA graph capture."""
+    size = max(COUNTER_FLOOR, triton.next_power_of_2(tiles))
+    return torch.zeros(size, dtype=torch.int32, device=device)
+
+
+@contextlib.contextmanager
+def counters_in(buffer: torch.Tensor) -> Iterator[None]:
+    """Split launches on ``buffer``'s device inside the block use ``buffer`` (from
+    :func:`split_counters`) instead of the device's counters: for launches that run at the
+    same time as others (another stream's). Blocks nest; the host thread's own."""
+    previous = getattr(_override, "buffer", None)
+    _override.buffer = buffer
+    try:
+        yield
+    finally:
+        _override.buffer = previous
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """The zeroed int32 arrival counters of the device's current stream, at least ``tiles``.
+    """The zeroed int32 arrival counters split launches on ``device`` use, at least ``tiles``:
+    those of the enclosing :func:`counters_in` block, else the device's.
 
     Split launches leave every counter they use at zero, so one buffer serves every
-    launch on the stream; each stream has its own, so launches on two streams that run at
-    the same time never share a counter. It is made (or grown) outside CUDA graph capture
-    only: a buffer first zeroed inside a capture would hold garbage until the graph's first
-    replay.
+    launch on the device (in stream order). The device's buffer is made (or grown) outside
+    CUDA graph capture only: a buffer first zeroed inside a capture would hold garbage until
+    the graph's first replay; a ``counters_in`` buffer never grows.
 
     Raises:
         RuntimeError: the buffer must be made or grown while a CUDA graph is captured;
             run the same launch once eagerly before capturing it.
     """
-    key = (device, _stream_key(device))
-    buffer = _counters.get(key)
+    own = getattr(_override, "buffer", None)
+    if own is not None and own.device == device:
+        if own.numel() < tiles:
+            raise RuntimeError(
+                f"the invariant matmul needs {tiles} split-K arrival counters, the "
+                f"counters_in buffer has {own.numel()}; make it with split_counters(device, "
+                f"{tiles})"
+            )
+        return own
+    buffer = _counters.get(device)
     if buffer is not None and buffer.numel() >= tiles:
         return buffer
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
-            f"the invariant matmul needs {tiles} split-K arrival counters on {device}'s "
-            f"current stream (has {0 if buffer is None else buffer.numel()}) while a CUDA "
-            "graph is being captured; run the same matmul once eagerly on that stream "
-            "before capturing it"
+            f"the invariant matmul needs {tiles} split-K arrival counters on {device} "
+            f"(has {0 if buffer is None else buffer.numel()}) while a CUDA graph is being "
+            "captured; run the same matmul once eagerly before capturing it"
         )
-    size = max(COUNTER_FLOOR, triton.next_power_of_2(tiles))
-    _counters[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    return _counters[key]
+    _counters[device] = split_counters(device, tiles)
+    return _counters[device]
 
 
 @functools.cache

@@ -15,8 +15,9 @@ add, so the two branches' kernels overlap; inside a CUDA graph capture the fork 
 join become the graph's branches.
 
 The result is the same bits: the same kernels on the same inputs, and the same final add
-in the same order (``routed + shared``). Each stream has split-K counters of its own
-(``specter_kernels``' invariant matmul), so the branches' GEMMs never share one.
+in the same order (``routed + shared``). The shared branch's split-K GEMMs take arrival
+counters of their own (``specter_kernels``' ``counters_in``), so the two branches' GEMMs never
+draw tickets from one counter.
 
 The fork applies on CUDA only, and only while no routed-expert split is installed
 (``ExpertsRuntime.expert_split``): a piecewise graph capture ends a graph at each routed-expert
@@ -96,10 +97,11 @@ class SharedExpertOverlap:
         self.enabled = enabled
         self.forks = 0  # blocks run with the shared branch on a side stream
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._counters: dict[torch.device, torch.Tensor] = {}
 
     def prepare(self, device: torch.device | str) -> None:
-        """Make ``device``'s side stream and its split-K counters now, outside any CUDA graph
-        capture (a capture cannot make the counters; no-op off CUDA)."""
+        """Make ``device``'s side stream and the shared branch's split-K counters now, outside
+        any CUDA graph capture (a capture cannot make the counters; no-op off CUDA)."""
         device = torch.device(device)
         if device.type != "cuda":
             return
@@ -107,12 +109,10 @@ class SharedExpertOverlap:
             device = torch.device("cuda", torch.cuda.current_device())
         if device in self._streams:
             return
-        from specter_kernels.invariant_matmul_triton import COUNTER_FLOOR, tile_counters
+        from specter_kernels.invariant_matmul_triton import split_counters
 
-        stream = torch.cuda.Stream(device)
-        with torch.cuda.stream(stream):
-            tile_counters(device, COUNTER_FLOOR)
-        self._streams[device] = stream
+        self._counters[device] = split_counters(device)
+        self._streams[device] = torch.cuda.Stream(device)
 
     def side_stream(self, x: torch.Tensor) -> torch.cuda.Stream | None:
         """The stream the shared branch of a block with input ``x`` runs on, or None to run
@@ -127,9 +127,11 @@ class SharedExpertOverlap:
         side = self.side_stream(x)
         if side is None:
             return routed(x) + shared(x)
+        from specter_kernels.invariant_matmul_triton import counters_in
+
         main = torch.cuda.current_stream(x.device)
         side.wait_stream(main)  # x is ready
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), counters_in(self._counters[x.device]):
             shared_out = shared(x)
         routed_out = routed(x)
         main.wait_stream(side)
