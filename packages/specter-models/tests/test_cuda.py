@@ -401,3 +401,39 @@ def test_cuda_shared_overlap_keeps_every_bit(name, budget):
         assert (lm.shared_overlap.forks > 0) == overlap  # the draft's steps fork at least
     assert torch.equal(out[True], out[False])
     assert tokens[True] == tokens[False]
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
+def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
+    # The full-size shapes' tuned tiles split K (the tiny ones' heuristic does not): with every
+    # invariant GEMM split, the target and the draft must still be captured (the capture's
+    # stream and the side stream make no counters) and give the in-order bits.
+    from specter_kernels import invariant_matmul_triton as kernel
+    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+
+    def split_everything(N, K, dtype, device_name=None):
+        return MatmulConfig(BLOCK_M, 16, 16, split_k=2)
+
+    monkeypatch.setattr(kernel, "matmul_config", split_everything)
+    prompt = torch.randint(
+        0, 96, (1, 30), device="cuda", generator=torch.Generator("cuda").manual_seed(8)
+    )
+    rows = torch.tensor([[3, 4]], device="cuda")
+    out = {}
+    for overlap in (False, True):
+        lm = load(name, device="cuda", dtype=torch.float16, seed=3, shared_overlap=overlap)
+        lm.target.forward(prompt, 0)
+        logits = []
+        for _ in range(3):  # eager, captured, replayed
+            logits.append(lm.target.forward(rows, 30))
+            lm.target.truncate(30)
+        assert torch.equal(logits[2], logits[0])
+        for _ in range(3):
+            lm.draft.forward(rows[:, :1], 30)
+            lm.draft.truncate(30)
+        stats = lm.graph_stats()
+        assert stats["target"]["disabled_reason"] is None
+        assert stats["target"]["replays"] > 0
+        assert stats["draft"]["disabled_reason"] is None
+        out[overlap] = logits[0]
+    assert torch.equal(out[True], out[False])
