@@ -70,7 +70,7 @@ def test_a_block_without_shared_experts_has_no_branches(checkpoints):
     assert shared_branches(torch.nn.Linear(2, 2)) is None
 
 
-def test_the_fork_needs_cuda_a_prepared_stream_and_no_expert_split():
+def test_the_fork_needs_a_graph_capture_on_cuda_and_no_expert_split():
     runtime = SimpleNamespace(expert_split=None)
     overlap = SharedExpertOverlap(runtime)  # type: ignore[arg-type]
     device = torch.device("cuda", 0)
@@ -79,6 +79,9 @@ def test_the_fork_needs_cuda_a_prepared_stream_and_no_expert_split():
     assert overlap.side_stream(on_gpu) is None  # no stream prepared for the device
     stream = object()
     overlap._streams[device] = stream  # what prepare() makes on a GPU
+    overlap.capturing = lambda: False  # an eager forward (the prefill): in order
+    assert overlap.side_stream(on_gpu) is None
+    overlap.capturing = lambda: True  # a whole-forward graph capture
     assert overlap.side_stream(on_gpu) is stream
     runtime.expert_split = lambda *args: None  # a piecewise capture cuts at the routed call
     assert overlap.side_stream(on_gpu) is None

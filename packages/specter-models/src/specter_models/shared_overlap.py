@@ -19,11 +19,14 @@ in the same order (``routed + shared``). The shared branch's split-K GEMMs take 
 counters of their own (``specter_kernels``' ``counters_in``), so the two branches' GEMMs never
 draw tickets from one counter.
 
-The fork applies on CUDA only, and only while no routed-expert split is installed
-(``ExpertsRuntime.expert_split``): a piecewise graph capture ends a graph at each routed-expert
-call, and the fork and the join would land in different graphs. Elsewhere (CPU, piecewise
-captures and their replays, eager steps with padding rows) both branches run in order on
-the current stream, as transformers' forward does.
+The fork applies only while a CUDA graph of a whole forward is captured: the stream is
+capturing and no routed-expert split is installed (``ExpertsRuntime.expert_split``; a
+piecewise capture ends a graph at each routed-expert call, and the fork and the join would
+land in different graphs). Graphed decode steps (every draft step, the target's with every
+expert resident or on the streamed miss path) replay it. Eager forwards (the prefill, steps
+with graphs off) are bound by the host's launches, where a fork only adds host work (on an
+H200 it made DeepSeek-V2-Lite's eager 349-token prefill 5-10% slower): there, and on the
+CPU, both branches run in order on the current stream, as transformers' forward does.
 """
 
 from __future__ import annotations
@@ -95,9 +98,10 @@ class SharedExpertOverlap:
     def __init__(self, runtime: ExpertsRuntime, enabled: bool = True) -> None:
         self.runtime = runtime
         self.enabled = enabled
-        self.forks = 0  # blocks run with the shared branch on a side stream
+        self.forks = 0  # blocks captured with the shared branch on a side stream
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
+        self.capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing
 
     def prepare(self, device: torch.device | str) -> None:
         """Make ``device``'s side stream and the shared branch's split-K counters now, outside
@@ -116,11 +120,12 @@ class SharedExpertOverlap:
 
     def side_stream(self, x: torch.Tensor) -> torch.cuda.Stream | None:
         """The stream the shared branch of a block with input ``x`` runs on, or None to run
-        it in order (off, not CUDA, a routed-expert split installed, or no side stream made
-        for the device: see :meth:`prepare`)."""
+        it in order (off, not CUDA, no graph being captured, a routed-expert split installed,
+        or no side stream made for the device: see :meth:`prepare`)."""
         if not (self.enabled and x.is_cuda) or self.runtime.expert_split is not None:
             return None
-        return self._streams.get(x.device)
+        stream = self._streams.get(x.device)
+        return stream if stream is not None and self.capturing() else None
 
     def run(self, x: torch.Tensor, routed: Branch, shared: Branch) -> torch.Tensor:
         """``routed(x) + shared(x)``, the shared branch on the side stream when it applies."""
@@ -134,11 +139,7 @@ class SharedExpertOverlap:
         with torch.cuda.stream(side), counters_in(self._counters[x.device]):
             shared_out = shared(x)
         routed_out = routed(x)
-        main.wait_stream(side)
-        if not torch.cuda.is_current_stream_capturing():
-            # Made on the side stream, read on the main one: its memory is not reused
-            # before the main stream is past it.
-            shared_out.record_stream(main)
+        main.wait_stream(side)  # the capture's join: the graph's two branches meet here
         self.forks += 1
         return routed_out + shared_out
 
