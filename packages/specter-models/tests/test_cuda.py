@@ -367,6 +367,20 @@ def test_cuda_staged_streaming_keeps_greedy_tokens_and_the_whole_graph(name):
     assert len(staged) == len(set(staged))
 
 
+def _rows_eager_captured_replayed(lm, prompt: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The target's logits of ``rows`` after ``prompt``: eagerly, then captured, then replayed,
+    checked equal bit for bit (each run truncated back to the prompt)."""
+    start = prompt.shape[1]
+    lm.target.forward(prompt, 0)
+    logits = []
+    for _ in range(3):
+        logits.append(lm.target.forward(rows, start))
+        lm.target.truncate(start)
+    assert torch.equal(logits[1], logits[0])
+    assert torch.equal(logits[2], logits[0])
+    return logits[0]
+
+
 @pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
 @pytest.mark.parametrize(
     "budget",
@@ -374,8 +388,9 @@ def test_cuda_staged_streaming_keeps_greedy_tokens_and_the_whole_graph(name):
     ids=["resident", "piecewise", "streamed"],
 )
 def test_cuda_shared_overlap_keeps_every_bit(name, budget):
-    # The shared experts on a side stream (graphed whole, eager, or in order under piecewise
-    # graphs): the same logits bit for bit and the same greedy tokens as in order.
+    # The shared experts on a side stream in whole-forward captures (in order in eager
+    # forwards and piecewise captures): the same logits bit for bit and the same greedy
+    # tokens as in order.
     kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
     prompt = torch.randint(
         0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(4)
@@ -384,14 +399,7 @@ def test_cuda_shared_overlap_keeps_every_bit(name, budget):
     out, tokens = {}, {}
     for overlap in (False, True):
         lm = load(name, shared_overlap=overlap, **kwargs)
-        lm.target.forward(prompt, 0)
-        logits = []
-        for _ in range(3):  # eager, captured, replayed
-            logits.append(lm.target.forward(rows, 40))
-            lm.target.truncate(40)
-        assert torch.equal(logits[1], logits[0])
-        assert torch.equal(logits[2], logits[0])
-        out[overlap] = logits[0]
+        out[overlap] = _rows_eager_captured_replayed(lm, prompt, rows)
         lm.reset()
         spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
         tokens[overlap] = spec.generate(prompt[0].tolist(), 24).tokens
@@ -422,12 +430,7 @@ def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
     out = {}
     for overlap in (False, True):
         lm = load(name, device="cuda", dtype=torch.float16, seed=3, shared_overlap=overlap)
-        lm.target.forward(prompt, 0)
-        logits = []
-        for _ in range(3):  # eager, captured, replayed
-            logits.append(lm.target.forward(rows, 30))
-            lm.target.truncate(30)
-        assert torch.equal(logits[2], logits[0])
+        out[overlap] = _rows_eager_captured_replayed(lm, prompt, rows)
         for _ in range(3):
             lm.draft.forward(rows[:, :1], 30)
             lm.draft.truncate(30)
@@ -435,5 +438,4 @@ def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
         assert stats["target"]["disabled_reason"] is None
         assert stats["target"]["replays"] > 0
         assert stats["draft"]["disabled_reason"] is None
-        out[overlap] = logits[0]
     assert torch.equal(out[True], out[False])
