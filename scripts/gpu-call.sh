@@ -47,7 +47,8 @@ tpot_cells() {
 
 # resident_steps TAG TOKENS [ARGS...]: DeepSeek-V2-Lite's resident step times (draft 1 row,
 # target 1 and 5 rows, graphs replayed) and the plain/speculative decode check of TOKENS
-# tokens, one process (scripts/gpu_step_graphs.py); prints one summary line.
+# tokens with its TPOT (prefill excluded), one process (scripts/gpu_step_graphs.py); prints
+# one summary line.
 resident_steps() {
     local tag=$1 tokens=$2
     shift 2
@@ -58,7 +59,7 @@ resident_steps() {
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 steps = {(r["role"], r["rows"]): r["ms"] for r in rows if r["kind"] == "step"}
-dec = {r["depth"]: r["ms_per_token"] for r in rows if r["kind"] == "decode"}
+dec = {r["depth"]: r.get("tpot_ms", r["ms_per_token"]) for r in rows if r["kind"] == "decode"}
 eq = [r["equal"] for r in rows if r["kind"] == "decode_equal"]
 print(sys.argv[2], {f"{k[0]}{k[1]}": round(v, 3) for k, v in steps.items()},
       {f"K{k}": round(v, 2) for k, v in dec.items()}, "equal", eq)
