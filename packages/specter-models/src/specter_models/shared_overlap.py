@@ -92,12 +92,20 @@ class SharedExpertOverlap:
 
     Args:
         runtime: the model's experts runtime (its ``expert_split`` vetoes the fork).
-        enabled: fork at all (False: every block runs its branches in order).
+        enabled: fork at all (False: every block runs its branches in order). Graphs
+            already captured keep what they were captured with.
+
+    Attributes:
+        patched: blocks whose forward :func:`install_shared_expert_overlap` replaced.
+        forks: block forwards captured with the shared branch on a side stream.
+        capturing: whether the current stream is capturing a CUDA graph (torch's query;
+            a test can stand in for it).
     """
 
     def __init__(self, runtime: ExpertsRuntime, enabled: bool = True) -> None:
         self.runtime = runtime
         self.enabled = enabled
+        self.patched = 0  # blocks whose forward install_shared_expert_overlap replaced
         self.forks = 0  # blocks captured with the shared branch on a side stream
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
@@ -113,7 +121,7 @@ class SharedExpertOverlap:
             device = torch.device("cuda", torch.cuda.current_device())
         if device in self._streams:
             return
-        from specter_kernels.invariant_matmul_triton import split_counters
+        from specter_kernels.invariant_matmul_triton import split_counters  # Triton: CUDA only
 
         self._counters[device] = split_counters(device)
         self._streams[device] = torch.cuda.Stream(device)
@@ -132,7 +140,7 @@ class SharedExpertOverlap:
         side = self.side_stream(x)
         if side is None:
             return routed(x) + shared(x)
-        from specter_kernels.invariant_matmul_triton import counters_in
+        from specter_kernels.invariant_matmul_triton import counters_in  # Triton: CUDA only
 
         main = torch.cuda.current_stream(x.device)
         side.wait_stream(main)  # x is ready
@@ -155,8 +163,8 @@ def install_shared_expert_overlap(
     with the model's device before any CUDA graph capture.
 
     Returns:
-        The overlap's switch (``enabled``) and counter (``forks``); its ``patched``
-        attribute is how many blocks this call patched.
+        The overlap: its switch (``enabled``), how many blocks this call patched
+        (``patched``) and how many block captures forked (``forks``).
     """
     overlap = SharedExpertOverlap(runtime, enabled)
 
@@ -169,9 +177,6 @@ def install_shared_expert_overlap(
         return forward
 
     overlap.patched = patch_forwards(
-        model,
-        lambda m: shared_branches(m) is not None,
-        "_specter_shared_overlap",
-        make_forward,
-    )  # type: ignore[attr-defined]
+        model, lambda m: shared_branches(m) is not None, "_specter_shared_overlap", make_forward
+    )
     return overlap
