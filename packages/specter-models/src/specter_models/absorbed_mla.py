@@ -38,6 +38,11 @@ from specter_models.module_patches import patch_forwards
 SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
+FUSED_Q_KV_A = "_specter_q_kv_a"
+"""The attribute where ``fused_projections`` keeps a module's one GEMM for ``q_proj`` and
+``kv_a_proj_with_mqa`` (``x -> [q | c_kv]``); the absorbed forward runs it when present."""
+
+
 def is_mla_attention(module: nn.Module) -> bool:
     """A transformers DeepSeek-V2 attention module (MLA with a ``kv_b_proj``)."""
     return type(module).__name__ == "DeepseekV2Attention" and hasattr(module, "kv_b_proj")
@@ -77,7 +82,7 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
         T = hidden_states.shape[1]
         H, nope, rope = module.num_heads, module.qk_nope_head_dim, module.qk_rope_head_dim
         R, v = module.kv_lora_rank, module.v_head_dim
-        fused = getattr(module, "_specter_q_kv_a", None)  # fused_projections' one GEMM
+        fused = getattr(module, FUSED_Q_KV_A, None)  # fused_projections' one GEMM
         if fused is not None:
             q, compressed = torch.split(fused(hidden_states), [H * (nope + rope), R + rope], -1)
         else:

@@ -29,12 +29,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from specter_models.absorbed_mla import is_mla_attention
+from specter_models.absorbed_mla import FUSED_Q_KV_A, is_mla_attention
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.invariant_scopes import runtime_linear
 from specter_models.module_patches import concatenate_linear_weights
 
-FUSED_ATTRIBUTE = "_specter_q_kv_a"
+FUSED_ATTRIBUTE = FUSED_Q_KV_A
 """The attribute holding a fused module's projection (``x -> [q | c_kv]``)."""
 PROJECTIONS = ("q_proj", "kv_a_proj_with_mqa")
 """The fused linears, in the order of their rows in the fused weight."""

@@ -120,6 +120,11 @@ class AdaptiveDepthConfig:
             )
 
 
+def _decayed(mean: float | None, value: float, decay: float) -> float:
+    """An exponential moving average's next value: ``value`` itself when there is none yet."""
+    return value if mean is None else decay * mean + (1 - decay) * value
+
+
 class _CostTable:
     """Measured time per count ``n`` (verified rows, or draft proposals), and ``T(n)``.
 
@@ -437,18 +442,13 @@ class AdaptiveDepth:
         for table in (self._draft, self._verify):
             table.tick(self._observed, cfg.cost_horizon)
         if depth == 0 and iteration.pipelined:
-            seconds = iteration.total_time_s
-            if self.steady_plain_s is not None:
-                seconds = cfg.cost_decay * self.steady_plain_s + (1 - cfg.cost_decay) * seconds
+            seconds = _decayed(self.steady_plain_s, iteration.total_time_s, cfg.cost_decay)
             self._steady = (seconds, self._observed)
         overhead = max(
             iteration.total_time_s - iteration.draft_time_s - iteration.verify_time_s, 0.0
         )
         kind = depth > 0
-        last = self._overhead[kind]
-        self._overhead[kind] = (
-            overhead if last is None else cfg.cost_decay * last + (1 - cfg.cost_decay) * overhead
-        )
+        self._overhead[kind] = _decayed(self._overhead[kind], overhead, cfg.cost_decay)
 
     def __repr__(self) -> str:
         return (

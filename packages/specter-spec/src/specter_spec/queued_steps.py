@@ -52,6 +52,9 @@ class TokenReadback:
     def __init__(self, device: torch.device, slots: int = PIPELINE_DEPTH + 1) -> None:
         self._cuda = device.type == "cuda"
         self._host = torch.empty(slots, dtype=torch.long, pin_memory=self._cuda)
+        # One event per slot, re-recorded at each push: a slot comes round again only after
+        # the step that used it was read (the ring exceeds the steps in flight).
+        self._events = [torch.cuda.Event() for _ in range(slots)] if self._cuda else None
         self._next = 0
 
     def push(self, token: torch.Tensor) -> tuple[int, torch.cuda.Event | None]:
@@ -63,9 +66,9 @@ class TokenReadback:
         slot = self._next
         self._next = (slot + 1) % self._host.numel()
         self._host[slot : slot + 1].copy_(token.reshape(1), non_blocking=self._cuda)
-        if not self._cuda:
+        if self._events is None:
             return slot, None
-        ready = torch.cuda.Event()
+        ready = self._events[slot]
         ready.record()
         return slot, ready
 
