@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (nineteenth session): the invariant GEMM's weight prefetch before the PDL
+# One device call (nineteenth session, run at e3b84d2; the prefetch was reverted after it): the invariant GEMM's weight prefetch before the PDL
 # wait (specter-kernels pdl.prefetch_l2). In order: the PDL CUDA tests (the chain of kernels
 # gives the same bits with the prefetch on and off, eagerly and in a graph); DeepSeek-V2-Lite
 # resident step times with the prefetch off and on under PDL `wait`, and on under `trigger`
