@@ -17,11 +17,6 @@ per-device buffer (:func:`tile_counters`) that every split launch leaves zeroed.
 stretches and the summation order depend on (N, K, dtype) only, so split-K keeps the
 kernel batch-invariant (unlike cuBLAS's split-K, chosen by M).
 
-With programmatic dependent launch each program first asks for its stretch of the weight
-to be brought into L2 (:func:`~specter_kernels.pdl.prefetch_l2`), then waits for the
-previous kernel: the weight does not depend on it, so its fetch overlaps that kernel's end
-instead of following it. The prefetch is a hint; the loads after the wait are the same.
-
 Launches on one stream run in order and share the device's counters. Launches that may run
 at the same time as others (the shared experts on a side stream beside the routed ones)
 take counters of their own for the block: ``with counters_in(split_counters(device)):``
@@ -40,7 +35,7 @@ import triton
 import triton.language as tl
 
 from specter_kernels.invariant_matmul_config import MatmulConfig, matmul_config
-from specter_kernels.pdl import L2_LINE_BYTES, pdl_enter, pdl_options, prefetch_l2, prefetch_options
+from specter_kernels.pdl import pdl_enter, pdl_options
 
 
 # M and the batch stride vary with the number of rows; specialising on them
@@ -81,32 +76,12 @@ def _invariant_matmul_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     PDL: tl.constexpr = 0,
-    PREFETCH: tl.constexpr = 0,
-    LINE_K: tl.constexpr = 1,
-    LINE_N: tl.constexpr = 1,
-    LINES_K: tl.constexpr = 1,
-    LINES_N: tl.constexpr = 1,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1) // SPLIT_K
     split = tl.program_id(1) % SPLIT_K
     batch = tl.program_id(2).to(tl.int64)
-    k_begin = split * k_split
-    k_end = tl.minimum(k_begin + k_split, K)
-    if PREFETCH:  # noqa: SIM102 (a constexpr test, then a runtime one)
-        # Before the wait: one address per L2 line of this program's weight stretch (LINE_K
-        # or LINE_N elements share a line along the weight's contiguous dimension; LINES_K x
-        # LINES_N lines a BLOCK_K step), clamped in bounds. Only programs of row tile 0 ask;
-        # the others read the same lines.
-        if pid_m == 0:
-            line_k = tl.arange(0, LINES_K) * LINE_K
-            line_n = pid_n * BLOCK_N + tl.arange(0, LINES_N) * LINE_N
-            line_n = tl.minimum(line_n, N - 1).to(tl.int64)
-            lines = b_ptr + batch * stride_bb + line_n[None, :] * stride_bn
-            for k0 in range(k_begin, k_end, BLOCK_K):
-                kk = tl.minimum(k0 + line_k, K - 1).to(tl.int64)
-                prefetch_l2(lines + kk[:, None] * stride_bk)
-    pdl_enter(PDL)  # with PDL, wait for the previous kernel before the first load
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -116,6 +91,8 @@ def _invariant_matmul_kernel(
     a_rows = a_ptr + batch * stride_ab + offs_m.to(tl.int64)[:, None] * stride_am
     b_cols = b_ptr + batch * stride_bb + offs_n.to(tl.int64)[None, :] * stride_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_begin = split * k_split
+    k_end = tl.minimum(k_begin + k_split, K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         kk = k0 + offs_k
         k_mask = kk < k_end
@@ -232,34 +209,6 @@ def _device_name(device: torch.device) -> str | None:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
-def _prefetch_lines(b: torch.Tensor, c: MatmulConfig) -> dict[str, int]:
-    """The weight prefetch's constexprs for ``b [B, K, N]`` and tile ``c``: on (where PDL is)
-    when K or N is ``b``'s contiguous dimension, with one address per L2 line along it."""
-    options = prefetch_options(b.device)
-    if not options["PREFETCH"]:
-        return options
-    line = max(1, L2_LINE_BYTES // b.element_size())
-    if b.stride(1) == 1:  # an nn.Linear weight [N, K] seen as [K, N]
-        lines_k = max(1, c.block_k // line)
-        return {
-            "PREFETCH": 1,
-            "LINE_K": line,
-            "LINE_N": 1,
-            "LINES_K": lines_k,
-            "LINES_N": c.block_n,
-        }
-    if b.stride(2) == 1:
-        lines_n = max(1, c.block_n // line)
-        return {
-            "PREFETCH": 1,
-            "LINE_K": 1,
-            "LINE_N": line,
-            "LINES_K": c.block_k,
-            "LINES_N": lines_n,
-        }
-    return {"PREFETCH": 0}
-
-
 def launch_invariant_bmm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -292,6 +241,6 @@ def launch_invariant_bmm(
         HAS_BIAS=bias is not None, IEEE=a.dtype == torch.float32,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=split,
         num_warps=c.num_warps, num_stages=c.num_stages,
-        **pdl_options(a.device), **_prefetch_lines(b, c),
+        **pdl_options(a.device),
     )  # fmt: skip
     return out

@@ -24,15 +24,6 @@ True}``; otherwise ``{"PDL": 0}``. CUDA graphs keep the programmatic edges of a 
 stream. Every eager launch asks, so the variable and ``TRITON_INTERPRET`` are read once, at
 the first launch (reading the environment cost about 4 us a launch on a slow host);
 :func:`refresh_pdl_settings` reads them again.
-
-**Weight prefetch before the wait.** A kernel's weights are not written by the kernels before
-it, so a program may start fetching them before ``griddepcontrol.wait``: while the previous
-kernel still runs (``trigger`` mode) or finishes (``wait``). :func:`prefetch_l2` asks for the
-128-byte lines holding some addresses to be brought into L2; it returns nothing to the
-program and changes no value it reads (L2 is where every SM's loads and stores meet, so a
-line fetched early is still the line a later store updates). Kernels that do it take a
-``PREFETCH`` constexpr from :func:`prefetch_options`: on wherever PDL is, unless
-``SPECTER_KERNELS_PREFETCH=0``.
 """
 
 from __future__ import annotations
@@ -51,11 +42,6 @@ PDL_ENV_VAR = "SPECTER_KERNELS_PDL"
 """The PDL mode: ``wait`` (default), ``trigger``, or ``0`` (off); see the module docstring."""
 PDL_MODES = {"0": 0, "off": 0, "wait": 1, "1": 1, "trigger": 2}
 """Values of ``SPECTER_KERNELS_PDL`` and the ``PDL`` constexpr each gives."""
-PREFETCH_ENV_VAR = "SPECTER_KERNELS_PREFETCH"
-"""``0`` (or ``off``) turns the weight prefetch before the PDL wait off; anything else, or
-unset, leaves it on wherever PDL is on."""
-L2_LINE_BYTES = 128
-"""Bytes of one L2 cache line (what one :func:`prefetch_l2` address brings in)."""
 
 
 @triton.jit
@@ -67,20 +53,6 @@ def pdl_enter(PDL: tl.constexpr):
         gdc_wait()
     if PDL >= 2:
         gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """Ask for the L2 lines holding each address of the pointer tensor ``ptrs`` (in-bounds
-    addresses only: clamp them). A hint: no value comes back and nothing waits for it."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
-        "=r,l",
-        [ptrs],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
 
 
 @functools.cache
@@ -110,10 +82,8 @@ def _settings() -> int:
 
 
 def refresh_pdl_settings() -> None:
-    """Read ``SPECTER_KERNELS_PDL``, ``SPECTER_KERNELS_PREFETCH`` and ``TRITON_INTERPRET``
-    again at the next launch."""
+    """Read ``SPECTER_KERNELS_PDL`` and ``TRITON_INTERPRET`` again at the next launch."""
     _settings.cache_clear()
-    _prefetch_setting.cache_clear()
 
 
 _OFF: dict[str, int | bool] = {"PDL": 0}
@@ -126,20 +96,6 @@ def pdl_options(device: torch.device) -> dict[str, int | bool]:
         return _OFF
     index = device.index if device.index is not None else torch.cuda.current_device()
     return {"PDL": mode, "launch_pdl": True} if _capable(index) else _OFF
-
-
-@functools.cache
-def _prefetch_setting() -> bool:
-    value = os.environ.get(PREFETCH_ENV_VAR, "1").strip().lower()
-    return value not in ("0", "off", "false", "no")
-
-
-def prefetch_options(device: torch.device) -> dict[str, int]:
-    """``{"PREFETCH": 1}`` when a kernel launched on ``device`` runs with PDL (so it has a
-    window before its wait) and ``SPECTER_KERNELS_PREFETCH`` is not ``0``; else
-    ``{"PREFETCH": 0}``. Read once, like the PDL mode (:func:`refresh_pdl_settings`)."""
-    on = pdl_options(device)["PDL"] != 0 and _prefetch_setting()
-    return {"PREFETCH": int(on)}
 
 
 def pdl_enabled(device: torch.device) -> bool:
