@@ -351,3 +351,29 @@ def test_split_launches_on_two_streams_use_their_own_counters(seed, monkeypatch)
         assert torch.equal(outs[1], alone[1])
     assert int(main_counters.count_nonzero()) == 0
     assert int(side_counters.count_nonzero()) == 0
+
+
+@pytest.mark.parametrize("T", [1, 5, 200])
+@pytest.mark.parametrize("positions", [False, True])
+def test_mla_prologue_gives_the_bits_of_its_parts_on_the_gpu(seed, monkeypatch, T, positions):
+    """DeepSeek-V2-Lite's sizes: the one-launch prologue writes the bits ``rms_norm``,
+    ``rotary_complex`` and two cache copies write, and returns the same rotated queries."""
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    H, nope, rope, R, S = 16, 128, 64, 512, 512
+    fused = (2 * torch.randn(T, H * (nope + rope) + R + rope, device="cuda")).half()
+    q = fused[:, : H * (nope + rope)].view(T, H, nope + rope)
+    q_pe, kv_nope, k_pe = q[..., nope:], fused[:, -R - rope : -rope], fused[:, -rope:]
+    weight = (1 + 0.1 * torch.randn(R, device="cuda")).half()
+    angles = torch.arange(40, 40 + T, device="cuda")[:, None] * torch.rand(rope // 2, device="cuda")
+    freqs = torch.polar(torch.ones_like(angles), angles)[None]
+    rows = torch.randperm(S, device="cuda")[:T] if positions else 100
+    index = rows if positions else torch.arange(100, 100 + T, device="cuda")
+    latent, key = (
+        torch.zeros(S, R, device="cuda").half(),
+        torch.zeros(S, rope, device="cuda").half(),
+    )
+    out = sk.mla_prologue(q_pe, kv_nope, k_pe, weight, 1e-6, freqs, latent, key, rows)
+    assert torch.equal(out, sk.rotary_complex(q_pe.transpose(0, 1)[None], freqs)[0])
+    assert torch.equal(latent[index], sk.rms_norm(kv_nope, weight, 1e-6))
+    assert torch.equal(key[index], sk.rotary_complex(k_pe[None, None], freqs)[0, 0])
+    assert int((latent.abs().sum(1) != 0).sum()) == T  # no other row written

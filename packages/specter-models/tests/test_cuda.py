@@ -439,3 +439,43 @@ def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
         assert stats["target"]["replays"] > 0
         assert stats["draft"]["disabled_reason"] is None
     assert torch.equal(out[True], out[False])
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [{}, {"slots_per_layer": 2}, {"slots_per_layer": 2, "miss_path": "stream"}],
+    ids=["resident", "piecewise", "streamed"],
+)
+def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
+    # DeepSeek-V2's latent norm, rotations and cache writes in one launch: the same logits bit
+    # for bit (eager prefill, captured and replayed steps) and the same greedy tokens as the
+    # parts apart; the cache holds the same rows.
+    from specter_models import absorbed_mla
+
+    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
+    prompt = torch.randint(
+        0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(6)
+    )
+    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    out, tokens, caches, launches = {}, {}, {}, {}
+    calls = []
+    real = absorbed_mla.mla_prologue
+    monkeypatch.setattr(absorbed_mla, "mla_prologue", lambda *a: calls.append(1) or real(*a))
+    for fused in (False, True):
+        monkeypatch.setattr(absorbed_mla, "MLA_PROLOGUE", fused)
+        lm = load("tiny-deepseek-v2", **kwargs)
+        before = len(calls)
+        out[fused] = _rows_eager_captured_replayed(lm, prompt, rows)
+        lm.reset()
+        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
+        tokens[fused] = spec.generate(prompt[0].tolist(), 24).tokens
+        n = lm.target.kv_length
+        layer = lm.target.kv.cache.layers[0]
+        caches[fused] = (layer.keys[..., :n, :].clone(), layer.values[..., :n, :].clone())
+        launches[fused] = len(calls) - before
+    assert launches[False] == 0
+    assert launches[True] > 0
+    assert torch.equal(out[True], out[False])
+    assert tokens[True] == tokens[False]
+    for fused_rows, apart_rows in zip(caches[True], caches[False], strict=True):
+        assert torch.equal(fused_rows, apart_rows)

@@ -144,3 +144,32 @@ def test_set_length_moves_every_layer():
     assert [layer.length for layer in cache.layers] == [9, 9, 9]
     with pytest.raises(ValueError, match=r"\[0, 16\]"):
         cache.set_length(17)
+
+
+def test_reserve_hands_out_the_rows_update_would_write():
+    # A kernel that writes the rows itself takes them with reserve: the same length moves and
+    # the same views as update, in both modes, and no row is written.
+    cache = _cache(layers=1, max_seq_len=16)
+    layer = cache.layers[0]
+    rows, keys, values = layer.reserve(5)
+    assert rows == 0
+    assert layer.length == 5
+    assert keys.data_ptr() == layer.keys.data_ptr()
+    assert keys.shape == (1, 2, 5, 4)
+    assert values.shape == (1, 2, 5, 3)
+    assert (layer.keys == 0).all()
+    rows, keys, _ = layer.reserve(3)
+    assert rows == 5
+    assert keys.shape[2] == 8
+    positions = torch.tensor([8, 9])
+    with cache.window(12, positions, end=10):
+        rows, keys, values = layer.reserve(2)
+        assert rows is positions
+        assert keys.shape == (1, 2, 12, 4)
+        assert values.shape == (1, 2, 12, 3)
+        with pytest.raises(ValueError, match="writes 2 positions, got 3 rows"):
+            layer.reserve(3)
+    assert layer.length == 10
+    with pytest.raises(ValueError, match=r"positions 10\.\.16 would overflow"):
+        layer.reserve(7)
+    assert layer.length == 10  # a refused reserve moves nothing

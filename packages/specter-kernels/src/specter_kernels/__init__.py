@@ -47,6 +47,7 @@ from specter_kernels.invariant_reductions import (
     invariant_softmax,
 )
 from specter_kernels.mla_attention import mla_attention, mla_attention_reference
+from specter_kernels.mla_prologue import MAX_LATENT, mla_prologue, mla_prologue_reference
 from specter_kernels.moe_align import (
     max_aligned_blocks,
     moe_align_block_size,
@@ -74,6 +75,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BACKEND_ENV_VAR",
     "FLOAT_DTYPES",
+    "MAX_LATENT",
     "SUPPORTED_GROUP_SIZES",
     "BatchInvariantMode",
     "Int4Weight",
@@ -107,6 +109,8 @@ __all__ = [
     "max_aligned_blocks",
     "mla_attention",
     "mla_attention_reference",
+    "mla_prologue",
+    "mla_prologue_reference",
     "moe_align_block_size",
     "moe_align_block_size_reference",
     "pack_int4",

@@ -19,12 +19,18 @@ attention output is rounded differently (mathematically it is the same function)
 batch invariance the two ``bmm`` run on the invariant GEMM (the attention module is scoped
 by ``install_batch_invariance``) and ``mla_attention`` is invariant by construction.
 
+With Specter's fused RMSNorm and rotary kernels installed, on CUDA, over a
+:class:`~specter_models.kv_cache.StaticKVCache`, the latent norm, both rotations and the two
+cache writes run as one launch (specter-kernels ``mla_prologue``), which writes the bits
+those kernels and copies write. ``SPECTER_MLA_PROLOGUE=0`` (read at import) keeps them apart.
+
 The replacement takes batch size one with ``sdpa`` or ``eager`` attention (what Specter
 runs); anything else falls back to transformers' forward.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -32,10 +38,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from specter_kernels import mla_attention
+from specter_kernels import FLOAT_DTYPES, MAX_LATENT, mla_attention, mla_prologue
+from specter_models.fused_rotary import rotary_applies
+from specter_models.kv_cache import StaticKVCache, StaticKVLayer
 from specter_models.module_patches import patch_forwards
 
 SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager")
+
+MLA_PROLOGUE = os.environ.get("SPECTER_MLA_PROLOGUE", "1").strip().lower() not in ("0", "off")
+"""Whether the latent norm, the rotations and the cache writes run as one launch where they
+can (``SPECTER_MLA_PROLOGUE=0`` at import keeps them apart; tests flip this constant)."""
 
 
 FUSED_Q_KV_A = "_specter_q_kv_a"
@@ -94,12 +106,23 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
         q = q.view(1, T, H, nope + rope).transpose(1, 2)
         q_nope, q_pe = torch.split(q, [nope, rope], dim=-1)
         kv_nope, k_pe = torch.split(compressed, [R, rope], dim=-1)
-        latent = module.kv_a_layernorm(kv_nope).view(1, 1, T, R)
-        k_pe = k_pe.view(1, 1, T, rope)
-        # Looked up per call: install_fused_rotary swaps the module's function around us.
-        q_pe, k_pe = namespace.apply_rotary_emb(q_pe, k_pe, position_embeddings.to(q_pe.device))
-        if past_key_values is not None:
-            latent, k_pe = past_key_values.update(latent, k_pe, module.layer_idx)
+        freqs = position_embeddings.to(q_pe.device)
+        layer = _prologue_layer(module, past_key_values, q_pe, k_pe, freqs)
+        if layer is not None:
+            key_pe = k_pe[0]  # [T, rope], rotated and cached by the one launch
+            rows, latent, k_pe = layer.reserve(T)
+            norm = module.kv_a_layernorm
+            q_pe = mla_prologue(
+                q_pe[0].transpose(0, 1), kv_nope[0], key_pe, norm.weight, norm.variance_epsilon,
+                freqs, layer.keys[0, 0], layer.values[0, 0], rows,
+            )[None]  # fmt: skip
+        else:
+            latent = module.kv_a_layernorm(kv_nope).view(1, 1, T, R)
+            k_pe = k_pe.view(1, 1, T, rope)
+            # Looked up per call: install_fused_rotary swaps the module's function around us.
+            q_pe, k_pe = namespace.apply_rotary_emb(q_pe, k_pe, freqs)
+            if past_key_values is not None:
+                latent, k_pe = past_key_values.update(latent, k_pe, module.layer_idx)
         L = latent.shape[2]
         w_kv_b = module.kv_b_proj.weight.view(H, nope + v, R)
         q_lat = torch.bmm(q_nope[0], w_kv_b[:, :nope])  # [H, T, nope] @ [H, nope, R]
@@ -111,6 +134,36 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
         return module.o_proj(out), None
 
     return forward
+
+
+def _prologue_layer(
+    module: nn.Module,
+    past_key_values: Any,
+    q_pe: torch.Tensor,
+    k_pe: torch.Tensor,
+    freqs: torch.Tensor,
+) -> StaticKVLayer | None:
+    """The cache layer the one-launch prologue writes, or None where the parts run apart:
+    the switch is off, Specter's fused norm or rotary is not installed on this module (the
+    prologue gives their bits, not transformers'), the inputs are not CUDA floats the fused
+    kernels take, or the cache is not a :class:`StaticKVCache`."""
+    norm = module.kv_a_layernorm
+    if not (
+        MLA_PROLOGUE
+        and isinstance(past_key_values, StaticKVCache)
+        and getattr(norm, "_specter_fused", False)
+        and getattr(module, "_specter_fused_rotary", False)
+        and norm.weight.dtype in FLOAT_DTYPES
+        and norm.weight.numel() <= MAX_LATENT
+    ):
+        return None
+    k_pe = k_pe.view(1, 1, k_pe.shape[1], k_pe.shape[2])
+    if not rotary_applies(q_pe, k_pe, freqs) or freqs.shape[0] != 1:
+        return None
+    layer = past_key_values.layers[module.layer_idx]
+    if layer.keys.dtype != q_pe.dtype or layer.keys.device != q_pe.device:
+        return None
+    return layer
 
 
 def _mask(attention_mask: torch.Tensor | None, T: int, L: int) -> torch.Tensor | None:

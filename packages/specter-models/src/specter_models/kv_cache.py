@@ -107,32 +107,58 @@ class StaticKVLayer(CacheLayerMixin):
                     f"StaticKVLayer.update: {name} are {new.dtype} on {new.device}, the cache "
                     f"holds {buf.dtype} on {buf.device}; build the cache with the model's dtype"
                 )
+        _, keys, values = self.reserve(end - start)
+        self.keys[:, :, start:end].copy_(key_states)
+        self.values[:, :, start:end].copy_(value_states)
+        return keys, values
+
+    def reserve(self, rows: int) -> tuple[int | torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Take the next ``rows`` positions for the caller to write itself (a kernel that
+        computes and stores the rows in one launch), moving the length as ``update`` does.
+
+        Returns:
+            ``(where, keys, values)``: ``where`` is the first position of the rows (an int),
+            or in window mode the ``[rows]`` device positions; ``keys`` and ``values`` are the
+            views ``update`` would return (the filled prefix, or the window).
+
+        Raises:
+            ValueError: the rows would run past ``max_seq_len``, or in window mode their
+                count differs from the window's write positions.
+        """
+        if self._window is not None:
+            window, positions, end = self._window
+            if rows != positions.numel():
+                raise ValueError(
+                    f"StaticKVLayer in window mode writes {positions.numel()} positions, got "
+                    f"{rows} rows"
+                )
+            self.length = end
+            return positions, self.keys[:, :, :window], self.values[:, :, :window]
+        start, end = self.length, self.length + rows
         if end > self.max_seq_len:
             raise ValueError(
                 f"the KV cache holds at most max_seq_len={self.max_seq_len} positions; writing "
                 f"positions {start}..{end - 1} would overflow it. Load the model with a larger "
                 "max_seq_len."
             )
-        self.keys[:, :, start:end].copy_(key_states)
-        self.values[:, :, start:end].copy_(value_states)
         self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        return start, self.keys[:, :, :end], self.values[:, :, :end]
 
     def _update_window(
         self, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Window mode: rows go to the device-side positions, the first ``window`` rows come
         back (no host-side length in any shape or index)."""
-        window, positions, end = self._window
+        _, positions, _ = self._window
         if key_states.shape[-2] != positions.numel() or value_states.shape[-2] != positions.numel():
             raise ValueError(
                 f"StaticKVLayer.update in window mode: {key_states.shape[-2]} key rows and "
                 f"{value_states.shape[-2]} value rows for {positions.numel()} write positions"
             )
+        positions, keys, values = self.reserve(positions.numel())
         self.keys.index_copy_(2, positions, key_states)
         self.values.index_copy_(2, positions, value_states)
-        self.length = end
-        return self.keys[:, :, :window], self.values[:, :, :window]
+        return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """``(kv_length, kv_offset)`` for a query of ``query_length`` rows (as DynamicLayer;
