@@ -3,6 +3,8 @@
 Each program normalises its latent row as ``_rms_norm_kernel`` does (the same lanes, warps
 and tree, so the same bits), rotates its key's and every head's query rope pairs as
 ``_rotary_complex_kernel`` does, and stores the latent and the key at the token's cache row.
+Compiled without floating-point contraction, as the rotary kernel is, so each product is
+rounded apart in both.
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ def launch_mla_prologue(
         rows if positions else out, 0 if positions else rows, T, H, R, rope // 2,
         q_pe.stride(0), q_pe.stride(1), q_pe.stride(2), kv_nope.stride(0), k_pe.stride(0),
         freqs.stride(0), latent_cache.stride(0), rope_cache.stride(0), eps,
-        BLOCK_R=min(triton.next_power_of_2(R), 4096), BLOCK_HALF=triton.next_power_of_2(rope // 2),
-        BLOCK_H=triton.next_power_of_2(H), HAS_POSITIONS=positions, num_warps=NUM_WARPS,
+        BLOCK_R=min(triton.next_power_of_2(R), 4096),
+        BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_H=triton.next_power_of_2(H),
+        HAS_POSITIONS=positions, num_warps=NUM_WARPS, enable_fp_fusion=False,
         **pdl_options(q_pe.device),
     )  # fmt: skip
     return out

@@ -9,6 +9,10 @@ import triton.language as tl
 from specter_kernels.pdl import pdl_enter, pdl_options
 
 NUM_WARPS = 1
+# The complex kernel's compile options: no contraction either, so its two products are rounded
+# apart before the sum whichever kernel computes them (mla_prologue does the same rotation and
+# must give the same bits; with contraction LLVM picks which product it fuses per kernel).
+COMPLEX_COMPILE_OPTIONS = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
 # rotate-half's compile options. No contraction: LLVM turns torch's rounded fp16 product and
 # sum into one fma.rn.f16 otherwise, one rounding fewer than torch (seen on the H200, triton
 # 3.6: a quarter of the outputs off by an ulp).
@@ -66,7 +70,7 @@ def launch_rotary_complex(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     sfb = freqs.stride(0) if freqs.shape[0] > 1 else 0
     _rotary_complex_kernel[(B * H * S,)](
         x, freqs, out, H, S, half, x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-        sfb, freqs.stride(1), BLOCK=triton.next_power_of_2(half), num_warps=NUM_WARPS,
+        sfb, freqs.stride(1), BLOCK=triton.next_power_of_2(half), **COMPLEX_COMPILE_OPTIONS,
         **pdl_options(x.device),
     )  # fmt: skip
     return out
