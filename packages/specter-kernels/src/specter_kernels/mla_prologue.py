@@ -26,7 +26,8 @@ from specter_kernels.rotary import rotary_complex_reference
 __all__ = ["MAX_LATENT", "mla_prologue", "mla_prologue_reference"]
 
 MAX_LATENT = 4096
-"""Widest latent (``R``) one program normalises in one block, as ``rms_norm`` does."""
+"""Widest latent (``R``) one program normalises in one block: ``rms_norm``'s widest block
+(``rms_norm_triton.MAX_BLOCK``), so both sum the squares over the same lanes."""
 
 
 def mla_prologue_reference(

@@ -96,7 +96,7 @@ def launch_mla_prologue(
         rows if positions else out, 0 if positions else rows, T, H, R, rope // 2,
         q_pe.stride(0), q_pe.stride(1), q_pe.stride(2), kv_nope.stride(0), k_pe.stride(0),
         freqs.stride(0), latent_cache.stride(0), rope_cache.stride(0), eps,
-        BLOCK_R=min(triton.next_power_of_2(R), 4096),
+        BLOCK_R=triton.next_power_of_2(R),  # R <= MAX_LATENT: rms_norm's one block
         BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_H=triton.next_power_of_2(H),
         HAS_POSITIONS=positions, num_warps=NUM_WARPS, enable_fp_fusion=False,
         **pdl_options(q_pe.device),
