@@ -9,14 +9,19 @@ from kernel_helpers import random_routing, rel_err
 TOLERANCE = 2e-3
 
 
-def problem(T, H, I, E, k, resident_count):
+def problem(T, H, I, E, k, resident_count, *, stream_one=False):
     """Inputs, every expert's weights, and slots holding the first ``resident_count`` experts
-    of a random order (the other slots NaN: reading one shows up in the result)."""
+    of a random order (the other slots NaN: reading one shows up in the result). With
+    ``stream_one`` the first routed expert comes last in the order, so (``resident_count <
+    E``) at least one routed expert is streamed whatever the draw."""
     x = torch.randn(T, H).half()
     ids, weights = random_routing(T, k, E)
     w13 = (torch.randn(E, 2 * I, H) * 0.05).half()
     w2 = (torch.randn(E, H, I) * 0.05).half()
     order = torch.randperm(E)
+    if stream_one:
+        first = ids[0, 0]
+        order = torch.cat([order[order != first], first.reshape(1)])
     S = max(resident_count, 1) + 1
     w13_slots = torch.full((S, 2 * I, H), float("nan")).half()
     w2_slots = torch.full((S, H, I), float("nan")).half()

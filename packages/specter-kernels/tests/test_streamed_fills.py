@@ -83,7 +83,7 @@ def test_fills_hold_the_streamed_experts_and_change_no_bit(
     if T == 40:
         E = 4  # 30 pairs per expert: several aligned blocks, only the first fills
     x, ids, weights, w13, w2, w13_slots, w2_slots, slot_of, streamed = problem(
-        T, H, I, E, k, resident
+        T, H, I, E, k, resident, stream_one=True
     )
     first_spare = w13_slots.shape[0]
     w13_slots, w2_slots = with_spares(w13_slots, w2_slots, spares)
