@@ -381,3 +381,20 @@ def test_mla_prologue_gives_the_bits_of_its_parts_on_the_gpu(seed, monkeypatch, 
     differ = {name: int((a != b).sum()) for name, (a, b) in parts.items()}
     assert differ == {"queries": 0, "latents": 0, "keys": 0}
     assert int((latent.abs().sum(1) != 0).sum()) == T  # no other row written
+
+
+@pytest.mark.parametrize("T", [1, 5, 200])
+def test_fused_residual_adds_give_the_bits_of_their_parts_on_the_gpu(seed, monkeypatch, T):
+    """DeepSeek-V2-Lite's hidden size: ``add_rms_norm`` gives the bits of torch's add and
+    ``rms_norm``, ``residual_add`` those of the two torch adds, rows alone as together."""
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    N = 2048
+    x, residual, shared = ((4 * torch.randn(1, T, N, device="cuda")).half() for _ in range(3))
+    weight = (1 + 0.1 * torch.randn(N, device="cuda")).half()
+    summed, normed = sk.add_rms_norm(x, residual, weight, 1e-6)
+    assert int((summed != residual + x).sum()) == 0
+    assert int((normed != sk.rms_norm(residual + x, weight, 1e-6)).sum()) == 0
+    assert int((sk.residual_add(residual, x, shared) != residual + (x + shared)).sum()) == 0
+    alone = torch.cat([sk.add_rms_norm(x[:, i : i + 1], residual[:, i : i + 1], weight, 1e-6)[1]
+                       for i in range(T)], dim=1)  # fmt: skip
+    assert torch.equal(alone, normed)

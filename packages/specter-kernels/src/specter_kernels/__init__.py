@@ -53,6 +53,12 @@ from specter_kernels.moe_align import (
     moe_align_block_size,
     moe_align_block_size_reference,
 )
+from specter_kernels.residual_norm import (
+    add_rms_norm,
+    add_rms_norm_reference,
+    residual_add,
+    residual_add_reference,
+)
 from specter_kernels.rms_norm import rms_norm, rms_norm_reference
 from specter_kernels.rotary import (
     rotary_complex,
@@ -83,6 +89,8 @@ __all__ = [
     "StagingBuffer",
     "StreamedExperts",
     "__version__",
+    "add_rms_norm",
+    "add_rms_norm_reference",
     "assign_fill_slots",
     "assign_fill_slots_reference",
     "batch_invariant",
@@ -115,6 +123,8 @@ __all__ = [
     "moe_align_block_size_reference",
     "pack_int4",
     "quantize_int4",
+    "residual_add",
+    "residual_add_reference",
     "rms_norm",
     "rms_norm_reference",
     "rotary_complex",
