@@ -79,9 +79,12 @@ def test_a_row_without_visible_keys_gets_zeros(seed, poisoned):
     assert torch.isfinite(out).all()
 
 
-def test_rows_are_batch_invariant_across_windows(seed, triton_backend):
+@pytest.mark.parametrize("split", [16, 32, 64])
+def test_rows_are_batch_invariant_across_windows(seed, triton_backend, monkeypatch, split):
     # Five verified rows at positions 60..64 in a 128-key window, against each row alone
-    # in the window plain decoding would use (just past its own position): the same bits.
+    # in the window plain decoding would use (just past its own position): the same bits,
+    # at every key chunk.
+    monkeypatch.setattr(mla_triton, "SPLIT", split)
     T, W = 5, 128
     q_lat, q_pe, c_kv, k_pe = _problem(T, W)
     positions = torch.arange(60, 65)
@@ -105,6 +108,26 @@ def test_row_chunks_do_not_change_bits(seed, triton_backend, monkeypatch):
     whole = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3)
     monkeypatch.setattr(mla_triton, "PARTIAL_BYTES", 1)  # one row per launch
     assert torch.equal(sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3), whole)
+
+
+@pytest.mark.parametrize("split", [16, 128])
+def test_every_key_chunk_matches_the_reference(seed, triton_backend, monkeypatch, split):
+    monkeypatch.setattr(mla_triton, "SPLIT", split)
+    q_lat, q_pe, c_kv, k_pe = _problem(2, 150)
+    out = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.2)
+    ref = sk.mla_attention_reference(*(t.double() for t in (q_lat, q_pe, c_kv, k_pe)), 0.2)
+    assert rel_err(out, ref) < 5e-3
+
+
+def test_the_key_chunk_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(mla_triton.SPLIT_ENV_VAR, raising=False)
+    assert mla_triton._split_from_env() == 64
+    monkeypatch.setenv(mla_triton.SPLIT_ENV_VAR, "32")
+    assert mla_triton._split_from_env() == 32
+    for bad in ("48", "8", "x", "-16"):
+        monkeypatch.setenv(mla_triton.SPLIT_ENV_VAR, bad)
+        with pytest.raises(ValueError, match=f"SPECTER_MLA_SPLIT='{bad}' is not a key chunk"):
+            mla_triton._split_from_env()
 
 
 def test_strided_queries_and_broadcast_mask(seed, triton_backend):

@@ -14,15 +14,36 @@ unchanged (max of the old max and -inf, a factor of exp(0) = 1, zero probabiliti
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from specter_kernels.pdl import pdl_enter, pdl_options
 
-SPLIT = 64
-"""Key positions per chunk (a multiple of ``BLOCK_L``)."""
+SPLIT_ENV_VAR = "SPECTER_MLA_SPLIT"
+"""Overrides :data:`SPLIT` at import (16, 32, 64 or 128), for sweeps and A/B runs."""
+SPLIT_CHOICES = (16, 32, 64, 128)
+
+
+def _split_from_env(default: int = 64) -> int:
+    value = os.environ.get(SPLIT_ENV_VAR, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) not in SPLIT_CHOICES:
+        raise ValueError(
+            f"{SPLIT_ENV_VAR}={value!r} is not a key chunk; expected one of {SPLIT_CHOICES}. "
+            "Unset it for the default."
+        )
+    return int(value)
+
+
+SPLIT = _split_from_env()
+"""Key positions per chunk (a multiple of ``BLOCK_L``); it sets the result's bits (the
+chunks' sums and their merge), never by row count."""
 BLOCK_L = 32
+"""Keys per step of a chunk's walk (at most ``SPLIT``; ``tl.dot`` needs 16 or more)."""
 NUM_WARPS = 8
 PARTIAL_BYTES = 32 << 20
 """Most fp32 partial-accumulator bytes one launch uses; longer prompts go in row chunks."""
@@ -170,7 +191,8 @@ def launch_mla_attention(
             q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
             c_kv.stride(0), k_pe.stride(0), s_mt, s_ml,
             scale,
-            SPLIT=SPLIT, BLOCK_L=BLOCK_L, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p,
+            SPLIT=SPLIT, BLOCK_L=min(BLOCK_L, SPLIT),
+            BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p,
             MASK_MODE=mode, num_warps=NUM_WARPS,
             **pdl_options(q_lat.device),
         )  # fmt: skip
