@@ -479,3 +479,40 @@ def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
     assert tokens[True] == tokens[False]
     for fused_rows, apart_rows in zip(caches[True], caches[False], strict=True):
         assert torch.equal(fused_rows, apart_rows)
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
+@pytest.mark.parametrize(
+    "budget",
+    [{}, {"slots_per_layer": 2}, {"slots_per_layer": 2, "miss_path": "stream"}],
+    ids=["resident", "piecewise", "streamed"],
+)
+def test_cuda_fused_residuals_keep_every_bit(name, budget, monkeypatch):
+    # The attention's residual add in the post-attention norm and the MoE block's branch add
+    # in the layer's: the same logits bit for bit (eager prefill, captured and replayed steps)
+    # and the same greedy tokens as the adds apart, with the shared experts' side stream.
+    from specter_models import fused_residuals
+
+    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
+    prompt = torch.randint(
+        0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(6)
+    )
+    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    out, tokens, launches = {}, {}, {}
+    calls = []
+    real = fused_residuals.add_rms_norm
+    monkeypatch.setattr(fused_residuals, "add_rms_norm", lambda *a: calls.append(1) or real(*a))
+    for fused in (False, True):
+        monkeypatch.setattr(fused_residuals, "FUSED_RESIDUALS", fused)
+        lm = load(name, **kwargs)
+        before = len(calls)
+        out[fused] = _rows_eager_captured_replayed(lm, prompt, rows)
+        lm.reset()
+        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
+        tokens[fused] = spec.generate(prompt[0].tolist(), 24).tokens
+        launches[fused] = len(calls) - before
+        assert lm.graph_stats()["target"]["disabled_reason"] is None
+    assert launches[False] == 0
+    assert launches[True] > 0
+    assert torch.equal(out[True], out[False])
+    assert tokens[True] == tokens[False]

@@ -39,6 +39,7 @@ from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.fused_mlp import install_fused_gate_up
 from specter_models.fused_norms import install_fused_rms_norm
 from specter_models.fused_projections import install_fused_q_kv_a
+from specter_models.fused_residuals import install_fused_residuals
 from specter_models.fused_rotary import install_fused_rotary
 from specter_models.fused_routers import install_fused_routers
 from specter_models.gptq_checkpoint import load_gptq_draft
@@ -99,6 +100,7 @@ def load(
     fused_mlp: bool = True,
     fused_projections: bool = True,
     shared_overlap: bool | None = None,
+    fused_residuals: bool = True,
     row_truncation: bool | RowTruncation = False,
     hot_experts: Sequence[Sequence[int]] | None = None,
     miss_path: str = "load",
@@ -159,6 +161,10 @@ def load(
             a side stream beside the router and the routed experts on CUDA
             (``shared_overlap``; the same bits, in fewer microseconds); False runs them in
             order; None (default): on. ``SpecterModel.shared_overlap`` holds the switch.
+        fused_residuals: run DeepSeek-V2's and Qwen2-MoE's residual adds inside the kernels
+            beside them on CUDA: the attention's add with the post-attention RMSNorm, the
+            MoE block's branch add with the layer's (``fused_residuals``; the same bits in
+            two fewer launches a layer; needs ``fused_norms``). False keeps the adds apart.
         row_truncation: miss-aware truncation of greedy expert-wise verification
             (``row_truncation``): True for the default policy, or a ``RowTruncation``;
             False (default) verifies every row. Greedy output is unchanged either way.
@@ -287,6 +293,8 @@ def load(
     overlap = install_shared_expert_overlap(model, runtime, enabled=shared_overlap)
     if shared_overlap:
         overlap.prepare(device)  # the side stream and its counters, before any capture
+    if fused_residuals:
+        install_fused_residuals(model)  # after the overlap, whose blocks take the residual
     clock.lap("non_expert")
 
     layouts = [

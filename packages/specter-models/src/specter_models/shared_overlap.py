@@ -12,7 +12,9 @@ kernels), and run one after the other a decode step leaves the GPU's memory band
 through each one's ramp and tail. :func:`install_shared_expert_overlap` runs the shared
 branch on a side stream of the device, forked when the block starts and joined before the
 add, so the two branches' kernels overlap; inside a CUDA graph capture the fork and the
-join become the graph's branches.
+join become the graph's branches. The patched block's forward also takes the decoder
+layer's ``residual`` (``fused_residuals``) and then returns ``residual + (routed + shared)``
+from one kernel.
 
 The result is the same bits: the same kernels on the same inputs, and the same final add
 in the same order (``routed + shared``). The shared branch's split-K GEMMs take arrival
@@ -38,7 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specter_kernels import residual_add
 from specter_models.experts_runtime import ExpertsRuntime
+from specter_models.fused_residuals import TAKES_RESIDUAL
 from specter_models.module_patches import patch_forwards
 
 __all__ = ["SharedExpertOverlap", "install_shared_expert_overlap", "shared_branches"]
@@ -135,11 +139,19 @@ class SharedExpertOverlap:
         stream = self._streams.get(x.device)
         return stream if stream is not None and self.capturing() else None
 
-    def run(self, x: torch.Tensor, routed: Branch, shared: Branch) -> torch.Tensor:
-        """``routed(x) + shared(x)``, the shared branch on the side stream when it applies."""
+    def run(
+        self,
+        x: torch.Tensor,
+        routed: Branch,
+        shared: Branch,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``routed(x) + shared(x)``, the shared branch on the side stream when it applies;
+        given a ``residual`` (``x``'s shape and dtype), ``residual + (routed(x) + shared(x))``
+        in one launch (specter-kernels ``residual_add``: the bits of the two adds)."""
         side = self.side_stream(x)
         if side is None:
-            return routed(x) + shared(x)
+            return _join(routed(x), shared(x), residual)
         from specter_kernels.invariant_matmul_triton import counters_in  # Triton: CUDA only
 
         main = torch.cuda.current_stream(x.device)
@@ -149,7 +161,16 @@ class SharedExpertOverlap:
         routed_out = routed(x)
         main.wait_stream(side)  # the capture's join: the graph's two branches meet here
         self.forks += 1
-        return routed_out + shared_out
+        return _join(routed_out, shared_out, residual)
+
+
+def _join(
+    routed: torch.Tensor, shared: torch.Tensor, residual: torch.Tensor | None
+) -> torch.Tensor:
+    """``routed + shared``, or ``residual + (routed + shared)`` in one launch."""
+    if residual is None:
+        return routed + shared
+    return residual_add(residual, routed, shared)
 
 
 def install_shared_expert_overlap(
@@ -171,9 +192,12 @@ def install_shared_expert_overlap(
     def make_forward(block: nn.Module, _plain: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         routed, shared = shared_branches(block)  # type: ignore[misc]
 
-        def forward(hidden_states: torch.Tensor) -> torch.Tensor:
-            return overlap.run(hidden_states, routed, shared)
+        def forward(
+            hidden_states: torch.Tensor, residual: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            return overlap.run(hidden_states, routed, shared, residual)
 
+        setattr(block, TAKES_RESIDUAL, True)
         return forward
 
     overlap.patched = patch_forwards(
