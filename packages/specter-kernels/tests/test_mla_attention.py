@@ -142,6 +142,91 @@ def test_strided_queries_and_broadcast_mask(seed, triton_backend):
     assert torch.equal(got, sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3, mask))
 
 
+def _w_uv(dtype=torch.float16):
+    return (torch.randn(H, V, R) / R**0.5).to(dtype)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool"])
+@pytest.mark.parametrize(("T", "L"), [(1, 150), (11, 70), (5, 5)])
+def test_value_projection_matches_the_reference(seed, poisoned, mask_kind, T, L):
+    q_lat, q_pe, c_kv, k_pe = _problem(T, L)
+    mask = None if mask_kind == "none" else _causal(T, L) & (torch.rand(T, L) > 0.3)
+    if mask is not None:
+        mask[:, 0] = True
+    w_uv = _w_uv()
+    out = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.2, mask, w_uv=w_uv)
+    ref = sk.mla_attention_reference(
+        *(t.double() for t in (q_lat, q_pe, c_kv, k_pe)), 0.2, mask, w_uv=w_uv.double()
+    )
+    assert out.shape == (T, H, V)
+    assert out.dtype == torch.float16
+    assert rel_err(out, ref) < 5e-3
+
+
+def test_the_reference_projection_is_the_rounded_output_times_w_uv(seed):
+    q_lat, q_pe, c_kv, k_pe = _problem(4, 30)
+    w_uv = _w_uv()
+    o_lat = sk.mla_attention_reference(q_lat, q_pe, c_kv, k_pe, 0.3)
+    out = sk.mla_attention_reference(q_lat, q_pe, c_kv, k_pe, 0.3, w_uv=w_uv)
+    expected = (o_lat.float() @ w_uv.float().transpose(1, 2)).half().transpose(0, 1)
+    assert torch.equal(out, expected)
+
+
+def test_the_projection_is_close_to_a_separate_bmm(seed, triton_backend):
+    # The fused projection against the kernel's own o_lat times W_UV in the invariant GEMM:
+    # one rounding of the same products, summed in another order.
+    q_lat, q_pe, c_kv, k_pe = _problem(3, 90)
+    w_uv = _w_uv()
+    o_lat = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3)
+    apart = sk.invariant_bmm(o_lat, w_uv.transpose(1, 2)).transpose(0, 1)
+    fused = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3, w_uv=w_uv)
+    assert rel_err(fused, apart) < 2e-3
+
+
+@pytest.mark.parametrize("split", [16, 64])
+def test_projected_rows_are_batch_invariant(seed, triton_backend, monkeypatch, split):
+    monkeypatch.setattr(mla_triton, "SPLIT", split)
+    T, W = 9, 128  # more rows than a program's PROJECT_ROWS
+    q_lat, q_pe, c_kv, k_pe = _problem(T, W)
+    w_uv = _w_uv()
+    positions = torch.arange(60, 60 + T)
+    together = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.25, _causal(T, W, positions), w_uv)
+    for i in (0, 7, 8):
+        window = int(positions[i]) + 1 + i
+        alone = sk.mla_attention(
+            q_lat[:, i : i + 1], q_pe[:, i : i + 1], c_kv[:window], k_pe[:window], 0.25,
+            _causal(1, window, positions[i : i + 1]), w_uv,
+        )  # fmt: skip
+        assert torch.equal(alone[0], together[i])
+
+
+def test_projected_row_chunks_and_row_groups_do_not_change_bits(seed, triton_backend, monkeypatch):
+    T, L = 6, 100
+    q_lat, q_pe, c_kv, k_pe = _problem(T, L)
+    w_uv = torch.randn(H, 2 * V, R).half()[:, ::2]  # strided along V
+    whole = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3, w_uv=w_uv)
+    monkeypatch.setattr(mla_triton, "PARTIAL_BYTES", 1)  # one row per launch
+    assert torch.equal(sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3, w_uv=w_uv), whole)
+    monkeypatch.setattr(mla_triton, "PROJECT_ROWS", 4)
+    monkeypatch.setattr(mla_triton, "BLOCK_V", 8)
+    assert torch.equal(sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3, w_uv=w_uv), whole)
+
+
+@pytest.mark.parametrize(
+    ("w_uv", "error", "match"),
+    [
+        (torch.randn(H, V, R + 1), ValueError, r"W_UV \[H, V, R\]"),
+        (torch.randn(H + 1, V, R), ValueError, r"W_UV \[H, V, R\]"),
+        (torch.randn(H, V, R).double(), TypeError, "w_uv must have q_lat's dtype"),
+        ("weights", TypeError, "w_uv must be None or a tensor"),
+    ],
+)
+def test_bad_value_projections(w_uv, error, match):
+    q_lat, q_pe, c_kv, k_pe = _problem(2, 8, torch.float32)
+    with pytest.raises(error, match=match):
+        sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 1.0, w_uv=w_uv)
+
+
 @pytest.mark.parametrize(
     ("change", "error", "match"),
     [

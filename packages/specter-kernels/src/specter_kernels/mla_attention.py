@@ -40,8 +40,10 @@ def mla_attention_reference(
     k_pe: torch.Tensor,
     scale: float,
     mask: torch.Tensor | None = None,
+    w_uv: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``softmax((q_lat c^T + q_pe k_pe^T) * scale + mask) @ c`` in plain torch.
+    """``softmax((q_lat c^T + q_pe k_pe^T) * scale + mask) @ c`` in plain torch, then
+    ``@ W_UV^T`` per head when ``w_uv`` is given.
 
     Half-precision inputs: scores and softmax in fp32, the probabilities rounded to the
     input dtype before the product with ``c`` (as flash attention and SDPA's math path),
@@ -55,9 +57,12 @@ def mla_attention_reference(
         scale: multiplies the scores.
         mask: None (causal, bottom-right: row ``i`` sees keys ``j <= i + L - T``), bool
             ``[T, L]`` (True = attend) or additive float ``[T, L]``.
+        w_uv: None, or ``W_UV [H, V, R]``: the result is then ``o_lat`` (rounded to its
+            dtype) times ``W_UV[h]^T`` per head, in fp32 for half inputs, rounded once.
 
     Returns:
-        ``o_lat [H, T, R]`` in ``q_lat``'s dtype; a row with no visible key gets zeros.
+        ``o_lat [H, T, R]`` in ``q_lat``'s dtype (a row with no visible key gets zeros), or
+        with ``w_uv`` the projected ``out [T, H, V]`` (the layout ``o_proj`` reads).
     """
     T, L = q_lat.shape[1], c_kv.shape[0]
     work = torch.float32 if q_lat.dtype in HALF_DTYPES else q_lat.dtype
@@ -72,7 +77,11 @@ def mla_attention_reference(
     probs = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(work).tiny)
     if q_lat.dtype in HALF_DTYPES:
         probs = probs.to(c_kv.dtype).to(work)
-    return (probs @ c_kv.to(work)).to(q_lat.dtype)
+    o_lat = (probs @ c_kv.to(work)).to(q_lat.dtype)
+    if w_uv is None:
+        return o_lat
+    out = o_lat.to(work) @ w_uv.to(work).transpose(1, 2)  # [H, T, V]
+    return out.transpose(0, 1).contiguous().to(q_lat.dtype)
 
 
 def mla_attention(
@@ -82,9 +91,16 @@ def mla_attention(
     k_pe: torch.Tensor,
     scale: float,
     mask: torch.Tensor | None = None,
+    w_uv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Absorbed MLA attention (Triton on CUDA, the reference elsewhere); see the module
     docstring and ``mla_attention_reference`` for the arithmetic.
+
+    With ``w_uv`` the value up-projection runs inside the kernel that merges the key chunks:
+    each (row, head, ``V`` block) program merges its head's chunks, rounds ``o_lat`` to the
+    dtype and takes its fixed-order fp32 dot products with ``W_UV``'s rows, so the two
+    kernels and the ``[H, T, R]`` round trip of a separate ``bmm`` become one launch, and the
+    result is batch-invariant like the rest.
 
     Args:
         q_lat: ``[H, T, R]`` fp16/bf16 (the kernel) or fp32/fp64 (the reference), any
@@ -95,28 +111,49 @@ def mla_attention(
         scale: multiplies the scores.
         mask: None (bottom-right causal), bool ``[T, L]`` or additive float ``[T, L]`` (any
             strides, e.g. a broadcast view).
+        w_uv: None, or ``W_UV [H, V, R]`` of ``q_lat``'s dtype (any strides, e.g. a view of
+            ``kv_b_proj``'s weight).
 
     Returns:
-        ``o_lat [H, T, R]`` contiguous, in ``q_lat``'s dtype.
+        ``o_lat [H, T, R]`` contiguous, in ``q_lat``'s dtype; with ``w_uv``,
+        ``out [T, H, V]`` contiguous.
 
     Raises:
         TypeError: non-tensors or mixed dtypes.
         ValueError: shapes that do not fit or tensors on several devices.
     """
-    _, T, _, L, _ = _check(q_lat, q_pe, c_kv, k_pe, mask)
+    H, T, R, L, _ = _check(q_lat, q_pe, c_kv, k_pe, mask)
+    if w_uv is not None:
+        _check_w_uv(w_uv, q_lat, H, R)
     if (
         T == 0
         or L == 0
         or q_lat.dtype not in HALF_DTYPES  # fp32/fp64 models: exact products, no TF32
         or select_backend(q_lat.device) == "torch"
     ):
-        return mla_attention_reference(q_lat, q_pe, c_kv, k_pe, scale, mask)
+        return mla_attention_reference(q_lat, q_pe, c_kv, k_pe, scale, mask, w_uv)
     from specter_kernels.mla_attention_triton import launch_mla_attention
 
     q_lat, q_pe, c_kv, k_pe = (
         t if t.stride(-1) == 1 else t.contiguous() for t in (q_lat, q_pe, c_kv, k_pe)
     )
-    return launch_mla_attention(q_lat, q_pe, c_kv, k_pe, float(scale), mask)
+    if w_uv is not None and w_uv.stride(-1) != 1:
+        w_uv = w_uv.contiguous()
+    return launch_mla_attention(q_lat, q_pe, c_kv, k_pe, float(scale), mask, w_uv)
+
+
+def _check_w_uv(w_uv: torch.Tensor, q_lat: torch.Tensor, H: int, R: int) -> None:
+    if not isinstance(w_uv, torch.Tensor):
+        raise TypeError(f"w_uv must be None or a tensor, got {type(w_uv).__name__}")
+    if w_uv.dtype != q_lat.dtype or w_uv.device != q_lat.device:
+        raise TypeError(
+            f"w_uv must have q_lat's dtype {q_lat.dtype} on {q_lat.device}, got {w_uv.dtype} "
+            f"on {w_uv.device}"
+        )
+    if w_uv.dim() != 3 or w_uv.shape[0] != H or w_uv.shape[2] != R or w_uv.shape[1] == 0:
+        raise ValueError(
+            f"w_uv must be W_UV [H, V, R] = [{H}, V, {R}] with V >= 1, got {tuple(w_uv.shape)}"
+        )
 
 
 def _visible(mask: torch.Tensor | None, T: int, L: int, device: torch.device) -> torch.Tensor:

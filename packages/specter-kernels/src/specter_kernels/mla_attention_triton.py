@@ -6,6 +6,9 @@ keys at a time: ``tl.dot`` scores, mask, running max and sum, ``tl.dot`` of the 
 probabilities with the latents into an fp32 ``[BLOCK_H, R]`` accumulator; it writes the
 unnormalised accumulator, max and sum of its chunk. ``_mla_merge_kernel``: one program per
 (row, head) rescales and adds the row's chunks in chunk order and divides once.
+``_mla_merge_project_kernel`` (``w_uv`` given): the same merge, then the value
+up-projection ``o_lat @ W_UV[h]^T`` as fixed-order fp32 dot products, one program per
+(``PROJECT_ROWS`` rows, head, ``BLOCK_V`` outputs).
 
 Chunk boundaries are absolute key positions, so a row's chunks are the same whatever the
 row count or window; fully masked chunks and blocks leave the running state bit for bit
@@ -47,6 +50,11 @@ BLOCK_L = 32
 NUM_WARPS = 8
 PARTIAL_BYTES = 32 << 20
 """Most fp32 partial-accumulator bytes one launch uses; longer prompts go in row chunks."""
+BLOCK_V = 16
+"""``W_UV`` rows per program of the merge with the value projection."""
+PROJECT_ROWS = 8
+"""Query rows per program of the merge with the value projection (they share its tile)."""
+PROJECT_WARPS = 4
 NEG_BIG: tl.constexpr = tl.constexpr(-1.0e30)
 """The running max before any visible key (finite, so a masked block keeps exp(0) = 1)."""
 
@@ -154,6 +162,50 @@ def _mla_merge_kernel(
     )
 
 
+@triton.jit(do_not_specialize=["row0", "rows"])
+def _mla_merge_project_kernel(
+    acc_ptr, max_ptr, sum_ptr, w_ptr, out_ptr, R, V, row0, rows, chunks,
+    s_wh, s_wv, s_ot, s_oh,
+    BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    ROWS: tl.constexpr, PDL: tl.constexpr = 0,
+):  # fmt: skip
+    """``_mla_merge_kernel``'s merge of ``ROWS`` rows of head ``h``, each rounded to the
+    output dtype as ``o_lat`` would be, then their dot products with ``W_UV[h]``'s rows
+    ``vb * BLOCK_V ..`` (one ``[BLOCK_V, R]`` tile held for all of the program's rows)."""
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
+    first_row = tl.program_id(0) * ROWS
+    h = tl.program_id(1)
+    vv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    rr = tl.arange(0, BLOCK_R)
+    w = tl.load(
+        w_ptr + h * s_wh + vv[:, None] * s_wv + rr[None, :],
+        mask=(vv[:, None] < V) & (rr[None, :] < R),
+        other=0.0,
+    ).to(tl.float32)
+    for i in range(0, tl.minimum(ROWS, rows - first_row)):
+        local = first_row + i
+        first = local * chunks * BLOCK_H + h
+        peak = tl.load(max_ptr + first)
+        for s in range(1, chunks):
+            peak = tl.maximum(peak, tl.load(max_ptr + (local * chunks + s) * BLOCK_H + h))
+        wt = tl.exp(tl.load(max_ptr + first) - peak)
+        norm = wt * tl.load(sum_ptr + first)
+        total = wt * tl.load(acc_ptr + first * BLOCK_R + rr)
+        for s in range(1, chunks):  # chunk order, as _mla_merge_kernel
+            part = (local * chunks + s) * BLOCK_H + h
+            wt = tl.exp(tl.load(max_ptr + part) - peak)
+            norm = norm + wt * tl.load(sum_ptr + part)
+            total = total + wt * tl.load(acc_ptr + part * BLOCK_R + rr)
+        o_lat = tl.where(norm > 0.0, total / tl.where(norm > 0.0, norm, 1.0), 0.0)
+        o_lat = o_lat.to(out_ptr.dtype.element_ty).to(tl.float32)  # o_lat's rounding
+        out = tl.sum(w * o_lat[None, :], axis=1)
+        tl.store(
+            out_ptr + (row0 + local) * s_ot + h * s_oh + vv,
+            out.to(out_ptr.dtype.element_ty),
+            mask=vv < V,
+        )
+
+
 def launch_mla_attention(
     q_lat: torch.Tensor,
     q_pe: torch.Tensor,
@@ -161,9 +213,11 @@ def launch_mla_attention(
     k_pe: torch.Tensor,
     scale: float,
     mask: torch.Tensor | None,
+    w_uv: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``o_lat [H, T, R]`` (arguments checked by ``mla_attention``; ``c_kv``/``k_pe`` with
-    unit stride along their last dim)."""
+    """``o_lat [H, T, R]``, or with ``w_uv [H, V, R]`` (unit stride along R) the projected
+    ``out [T, H, V]`` (arguments checked by ``mla_attention``; ``c_kv``/``k_pe`` with unit
+    stride along their last dim)."""
     H, T, R = q_lat.shape
     L, P = k_pe.shape
     block_h = max(16, triton.next_power_of_2(H))
@@ -176,7 +230,11 @@ def launch_mla_attention(
         mode = 1 if mask.dtype == torch.bool else 2
         mask_arg = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
         s_mt, s_ml = mask.stride(0), mask.stride(1)
-    out = torch.empty(H, T, R, dtype=q_lat.dtype, device=q_lat.device)
+    if w_uv is None:
+        out = torch.empty(H, T, R, dtype=q_lat.dtype, device=q_lat.device)
+    else:
+        V = w_uv.shape[1]
+        out = torch.empty(T, H, V, dtype=q_lat.dtype, device=q_lat.device)
     rows_per_launch = max(1, min(T, PARTIAL_BYTES // (chunks * block_h * block_r * 4)))
     acc = torch.empty(rows_per_launch * chunks * block_h * block_r, dtype=torch.float32,
                       device=q_lat.device)  # fmt: skip
@@ -196,9 +254,18 @@ def launch_mla_attention(
             MASK_MODE=mode, num_warps=NUM_WARPS,
             **pdl_options(q_lat.device),
         )  # fmt: skip
-        _mla_merge_kernel[(rows, H)](
-            acc, run_max, run_sum, out, R, row0, out.stride(0), out.stride(1), chunks,
-            BLOCK_H=block_h, BLOCK_R=block_r, num_warps=4,
+        if w_uv is None:
+            _mla_merge_kernel[(rows, H)](
+                acc, run_max, run_sum, out, R, row0, out.stride(0), out.stride(1), chunks,
+                BLOCK_H=block_h, BLOCK_R=block_r, num_warps=4,
+                **pdl_options(out.device),
+            )  # fmt: skip
+            continue
+        _mla_merge_project_kernel[(triton.cdiv(rows, PROJECT_ROWS), H, triton.cdiv(V, BLOCK_V))](
+            acc, run_max, run_sum, w_uv, out, R, V, row0, rows, chunks,
+            w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1),
+            BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_V=BLOCK_V, ROWS=PROJECT_ROWS,
+            num_warps=PROJECT_WARPS,
             **pdl_options(out.device),
         )  # fmt: skip
     return out
