@@ -4,6 +4,8 @@ bits, and leaves other architectures alone."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -78,6 +80,41 @@ def test_the_kernel_gets_the_mask_and_scale(checkpoints, monkeypatch):
         if mask is not None:
             assert mask.dim() == 2
             assert not bool(mask[0, -1]) or mask.shape[0] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_value_projection_in_the_merge_gives_the_same_logits(checkpoints, monkeypatch, dtype):
+    # The CPU stand-in for the CUDA path: mla_attention gets W_UV (its reference applies it)
+    # and returns [T, H, v]; the logits equal the separate bmm's, prefill and decode.
+    prompt = random_prompt(9, 96, seed=8)
+    path = checkpoints["tiny-deepseek-v2"]
+    expected = _prefill_then_decode(load(path, device="cpu", dtype=dtype), prompt)
+    calls = []
+    original = absorbed_mla.mla_attention
+
+    def spy(*args):
+        calls.append(len(args) == 7 and args[6] is not None)
+        return original(*args)
+
+    monkeypatch.setattr(absorbed_mla, "mla_attention", spy)
+    monkeypatch.setattr(absorbed_mla, "fused_value_projection", lambda q_lat: True)
+    got = _prefill_then_decode(load(path, device="cpu", dtype=dtype), prompt)
+    assert calls
+    assert all(calls)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+
+
+def test_the_value_projection_applies_to_cuda_half_queries_with_the_switch(monkeypatch):
+    def queries(dtype, cuda=True):  # a stand-in for a CUDA tensor
+        return SimpleNamespace(is_cuda=cuda, dtype=dtype)
+
+    assert absorbed_mla.fused_value_projection(queries(torch.float16))
+    assert absorbed_mla.fused_value_projection(queries(torch.bfloat16))
+    assert not absorbed_mla.fused_value_projection(queries(torch.float32))
+    assert not absorbed_mla.fused_value_projection(queries(torch.float16, cuda=False))
+    monkeypatch.setattr(absorbed_mla, "MLA_FUSED_UV", False)
+    assert not absorbed_mla.fused_value_projection(queries(torch.float16))
 
 
 def test_batches_of_several_sequences_fall_back(checkpoints):

@@ -516,3 +516,46 @@ def test_cuda_fused_residuals_keep_every_bit(name, budget, monkeypatch):
     assert launches[True] > 0
     assert torch.equal(out[True], out[False])
     assert tokens[True] == tokens[False]
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [{}, {"slots_per_layer": 2}, {"slots_per_layer": 2, "miss_path": "stream"}],
+    ids=["resident", "piecewise", "streamed"],
+)
+def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget, monkeypatch):
+    # DeepSeek-V2's W_UV product inside the attention's merge kernel: logits close to the
+    # separate bmm's (another summation order), eager, captured and replayed rows equal, a
+    # row verified with others equal to the row alone, and speculative greedy tokens equal
+    # to plain greedy tokens.
+    from specter_models import absorbed_mla
+
+    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
+    prompt = torch.randint(
+        0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(9)
+    )
+    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    calls = []
+    real = absorbed_mla.mla_attention
+    monkeypatch.setattr(absorbed_mla, "mla_attention", lambda *a: calls.append(len(a)) or real(*a))
+    out = {}
+    for fused in (False, True):
+        monkeypatch.setattr(absorbed_mla, "MLA_FUSED_UV", fused)
+        lm = load("tiny-deepseek-v2", **kwargs)
+        calls.clear()
+        out[fused] = _rows_eager_captured_replayed(lm, prompt, rows).float()
+        assert bool(calls)
+        assert all(n == (7 if fused else 6) for n in calls)
+    assert (out[True] - out[False]).abs().max() < 0.02 * out[False].abs().max()
+    lm.reset()
+    lm.target.forward(prompt, 0)
+    together = lm.target.forward(rows, 40)
+    lm.target.truncate(40)
+    for i in range(rows.shape[1]):  # each row alone after the rows before it
+        alone = lm.target.forward(rows[:, i : i + 1], 40 + i)
+        assert torch.equal(alone[:, -1], together[:, i])
+    lm.reset()
+    tokens = prompt[0, :20].tolist()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4).generate(tokens, 24)
+    plain = SpecController(None, lm.target, depth=0).generate(tokens, 24)
+    assert spec.tokens == plain.tokens

@@ -13,11 +13,16 @@ the cache::
     o_lat = mla_attention(q_lat, q_pe, c, k_pe)  [H, T, R]   (specter-kernels)
     out   = o_lat @ W_UV^T                      [H, T, v]   (torch.bmm), then o_proj
 
+On CUDA the last line runs inside ``mla_attention``'s merge kernel (its ``w_uv``), which
+writes ``out`` as ``[T, H, v]``, the layout ``o_proj`` reads: one launch instead of the merge,
+the ``bmm`` and its round trip (``SPECTER_MLA_FUSED_UV=0`` keeps the ``bmm``).
+
 The projections, the kv norm, the rotary embedding and the cache writes are transformers'
 own calls in transformers' order, so the cache holds the same bits as before; only the
 attention output is rounded differently (mathematically it is the same function). Under
-batch invariance the two ``bmm`` run on the invariant GEMM (the attention module is scoped
-by ``install_batch_invariance``) and ``mla_attention`` is invariant by construction.
+batch invariance the ``bmm`` run on the invariant GEMM (the attention module is scoped by
+``install_batch_invariance``) and ``mla_attention``, its value projection included, is
+invariant by construction.
 
 With Specter's fused RMSNorm and rotary kernels installed, on CUDA, over a
 :class:`~specter_models.kv_cache.StaticKVCache`, the latent norm, both rotations and the two
@@ -48,6 +53,18 @@ SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager")
 MLA_PROLOGUE = os.environ.get("SPECTER_MLA_PROLOGUE", "1").strip().lower() not in ("0", "off")
 """Whether the latent norm, the rotations and the cache writes run as one launch where they
 can (``SPECTER_MLA_PROLOGUE=0`` at import keeps them apart; tests flip this constant)."""
+
+
+MLA_FUSED_UV = os.environ.get("SPECTER_MLA_FUSED_UV", "1").strip().lower() not in ("0", "off")
+"""Whether the value up-projection runs inside the attention's merge kernel on CUDA
+(``SPECTER_MLA_FUSED_UV=0`` at import keeps it a separate ``bmm``; tests flip this constant)."""
+
+
+def fused_value_projection(q_lat: torch.Tensor) -> bool:
+    """Whether the absorbed forward hands ``W_UV`` to ``mla_attention`` (its merge kernel
+    applies it) instead of running a ``bmm`` after it: CUDA half-precision queries, with
+    :data:`MLA_FUSED_UV` on."""
+    return MLA_FUSED_UV and q_lat.is_cuda and q_lat.dtype in (torch.float16, torch.bfloat16)
 
 
 FUSED_Q_KV_A = "_specter_q_kv_a"
@@ -126,12 +143,16 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
         L = latent.shape[2]
         w_kv_b = module.kv_b_proj.weight.view(H, nope + v, R)
         q_lat = torch.bmm(q_nope[0], w_kv_b[:, :nope])  # [H, T, nope] @ [H, nope, R]
-        o_lat = mla_attention(
-            q_lat, q_pe[0], latent[0, 0], k_pe[0, 0], module.scaling, _mask(attention_mask, T, L)
-        )
-        out = torch.bmm(o_lat, w_kv_b[:, nope:].transpose(1, 2))  # [H, T, R] @ [H, R, v]
-        out = out.transpose(0, 1).reshape(1, T, H * v)
-        return module.o_proj(out), None
+        mask = _mask(attention_mask, T, L)
+        if fused_value_projection(q_lat):  # [T, H, v] from the kernel that merges the chunks
+            out = mla_attention(
+                q_lat, q_pe[0], latent[0, 0], k_pe[0, 0], module.scaling, mask, w_kv_b[:, nope:]
+            )
+        else:
+            o_lat = mla_attention(q_lat, q_pe[0], latent[0, 0], k_pe[0, 0], module.scaling, mask)
+            out = torch.bmm(o_lat, w_kv_b[:, nope:].transpose(1, 2))  # [H, T, R] @ [H, R, v]
+            out = out.transpose(0, 1)
+        return module.o_proj(out.reshape(1, T, H * v)), None
 
     return forward
 
