@@ -313,6 +313,35 @@ def test_mla_attention_on_the_gpu(seed, monkeypatch, T, L):
     assert torch.equal(alone[:, 0], out[:, 0])
 
 
+@pytest.mark.parametrize(("T", "L"), [(1, 768), (5, 512), (300, 300)])
+def test_mla_value_projection_on_the_gpu(seed, monkeypatch, T, L):
+    # DeepSeek-V2-Lite's W_UV [16, 128, 512], a view of kv_b_proj's weight: the fused
+    # projection is close to the reference and to a separate invariant bmm, and a row's bits
+    # do not depend on the rows beside it or on the window.
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    q_lat = torch.randn(16, T, 512, device="cuda").half()
+    q_pe = torch.randn(16, T, 64, device="cuda").half()
+    c_kv = torch.randn(L, 512, device="cuda").half()
+    k_pe = torch.randn(L, 64, device="cuda").half()
+    w_uv = (0.03 * torch.randn(16, 256, 512, device="cuda")).half()[:, 128:]
+    positions = torch.arange(L - T, L, device="cuda")
+    mask = torch.arange(L, device="cuda")[None, :] <= positions[:, None]
+    out = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.05, mask, w_uv)
+    ref = sk.mla_attention_reference(
+        q_lat.double(), q_pe.double(), c_kv.double(), k_pe.double(), 0.05, mask, w_uv.double()
+    )
+    assert out.shape == (T, 16, 128)
+    assert _rel_err(out, ref) < 5e-3
+    o_lat = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.05, mask)
+    apart = sk.invariant_bmm(o_lat, w_uv.transpose(1, 2)).transpose(0, 1)
+    assert _rel_err(out, apart) < 2e-3
+    last = L - T + 1
+    alone = sk.mla_attention(
+        q_lat[:, :1], q_pe[:, :1], c_kv[:last], k_pe[:last], 0.05, mask[:1, :last], w_uv
+    )
+    assert torch.equal(alone[0], out[0])
+
+
 def test_split_launches_on_two_streams_use_their_own_counters(seed, monkeypatch):
     # The shared experts run on a side stream beside the routed ones: split-K launches of
     # the two streams must not draw tickets from one counter (a tile would finish with
