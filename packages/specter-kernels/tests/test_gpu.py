@@ -291,6 +291,38 @@ def test_router_topk_on_the_gpu(seed, monkeypatch, E, H, k, logits_dtype, T):
     assert torch.equal(alone[1][0], weights[-1])
 
 
+@pytest.mark.parametrize(("E", "k", "renormalize"), [(64, 6, False), (60, 4, True)])
+def test_router_in_one_launch_on_the_gpu(seed, monkeypatch, E, k, renormalize):
+    # DeepSeek-V2-Lite's and Qwen1.5-MoE's routers: the selection in the logits launch gives
+    # the logits' bits and the ids of the two launches, 200 launches and 20 graph replays
+    # give the same, and the row counters stay zero.
+    from specter_kernels import invariant_matmul_triton, router_topk_triton
+
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    x = torch.randn(5, 2048, device="cuda").half()
+    weight = (0.02 * torch.randn(E, 2048, device="cuda")).half()
+    kwargs = {"renormalize": renormalize, "scaling": 1.5}
+    monkeypatch.setattr(router_topk_triton, "ONE_LAUNCH", False)
+    apart = sk.router_topk(x, weight, k, **kwargs)
+    monkeypatch.setattr(router_topk_triton, "ONE_LAUNCH", True)
+    one = sk.router_topk(x, weight, k, **kwargs)
+    assert torch.equal(one[0], apart[0])
+    assert torch.equal(one[2], apart[2])
+    torch.testing.assert_close(one[1], apart[1], rtol=1e-6, atol=1e-6)
+    for _ in range(200):
+        again = sk.router_topk(x, weight, k, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(again, one, strict=True))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = sk.router_topk(x, weight, k, **kwargs)
+    for _ in range(20):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(captured, one, strict=True))
+    counters = invariant_matmul_triton.tile_counters(x.device, 5)
+    assert int(counters.count_nonzero()) == 0
+
+
 @pytest.mark.parametrize(("T", "L"), [(1, 768), (5, 512), (300, 300)])
 def test_mla_attention_on_the_gpu(seed, monkeypatch, T, L):
     # DeepSeek-V2-Lite: 16 heads, kv_lora_rank 512, rope dim 64.

@@ -186,7 +186,8 @@ def test_the_projection_is_close_to_a_separate_bmm(seed, triton_backend):
 @pytest.mark.parametrize("split", [16, 64])
 def test_projected_rows_are_batch_invariant(seed, triton_backend, monkeypatch, split):
     monkeypatch.setattr(mla_triton, "SPLIT", split)
-    T, W = 9, 128  # more rows than a program's PROJECT_ROWS
+    monkeypatch.setattr(mla_triton, "PARALLEL_ROWS", 4)  # 9 rows: groups of PROJECT_ROWS
+    T, W = 9, 128
     q_lat, q_pe, c_kv, k_pe = _problem(T, W)
     w_uv = _w_uv()
     positions = torch.arange(60, 60 + T)
@@ -207,6 +208,7 @@ def test_projected_row_chunks_and_row_groups_do_not_change_bits(seed, triton_bac
     whole = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3, w_uv=w_uv)
     monkeypatch.setattr(mla_triton, "PARTIAL_BYTES", 1)  # one row per launch
     assert torch.equal(sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3, w_uv=w_uv), whole)
+    monkeypatch.setattr(mla_triton, "PARALLEL_ROWS", 2)  # rows in groups of PROJECT_ROWS
     monkeypatch.setattr(mla_triton, "PROJECT_ROWS", 4)
     monkeypatch.setattr(mla_triton, "BLOCK_V", 8)
     assert torch.equal(sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.3, w_uv=w_uv), whole)

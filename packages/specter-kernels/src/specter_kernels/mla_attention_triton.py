@@ -53,7 +53,12 @@ PARTIAL_BYTES = 32 << 20
 BLOCK_V = 16
 """``W_UV`` rows per program of the merge with the value projection."""
 PROJECT_ROWS = 8
-"""Query rows per program of the merge with the value projection (they share its tile)."""
+"""Query rows per program of the merge with the value projection (they share its ``W_UV``
+tile, and walk their merges one after another) when a launch has more than
+:data:`PARALLEL_ROWS` rows; up to that, one row per program, all in parallel (at 5 rows,
+5 rows a program made the block 2.4 us slower than the separate ``bmm`` on an H200). A
+row's bits are the same either way."""
+PARALLEL_ROWS = 32
 PROJECT_WARPS = 4
 NEG_BIG: tl.constexpr = tl.constexpr(-1.0e30)
 """The running max before any visible key (finite, so a masked block keeps exp(0) = 1)."""
@@ -261,10 +266,11 @@ def launch_mla_attention(
                 **pdl_options(out.device),
             )  # fmt: skip
             continue
-        _mla_merge_project_kernel[(triton.cdiv(rows, PROJECT_ROWS), H, triton.cdiv(V, BLOCK_V))](
+        group = 1 if T <= PARALLEL_ROWS else PROJECT_ROWS
+        _mla_merge_project_kernel[(triton.cdiv(rows, group), H, triton.cdiv(V, BLOCK_V))](
             acc, run_max, run_sum, w_uv, out, R, V, row0, rows, chunks,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1),
-            BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_V=BLOCK_V, ROWS=PROJECT_ROWS,
+            BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_V=BLOCK_V, ROWS=group,
             num_warps=PROJECT_WARPS,
             **pdl_options(out.device),
         )  # fmt: skip

@@ -7,10 +7,14 @@ and summed by one fixed tree, so a logit's bits never depend on the other rows o
 bandwidth, which one program per row cannot (it measured some 20 us for DeepSeek-V2-Lite's
 256 KB router weight on the H200). ``_router_select_kernel``: one program per row reads its
 ``E`` logits, takes the softmax and the top-k (``top_k`` rounds of max, ties to the lower
-id), renormalises and scales.
+id), renormalises and scales. ``_router_one_launch_kernel`` (the default) runs both in one
+launch: a row's logits programs take tickets from the row's arrival counter (the split-K
+GEMM's per-device counters, left zeroed) and the last one selects.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -18,6 +22,11 @@ import triton.language as tl
 
 from specter_kernels.pdl import pdl_enter, pdl_options
 
+ONE_LAUNCH = os.environ.get("SPECTER_ROUTER_ONE_LAUNCH", "1").strip().lower() not in ("0", "off")
+"""Whether the selection runs in the logits launch's last program per row
+(``_router_one_launch_kernel``) rather than as a second kernel (``SPECTER_ROUTER_ONE_LAUNCH=0``
+at import; tests flip this constant). The logits have the same bits either way; the
+weights may differ in their last bits (the softmax's sums run over another thread layout)."""
 BLOCK_E = 4
 """Experts per logits program: 16 programs per row for 64 experts."""
 BLOCK_H = 512
@@ -54,6 +63,33 @@ def _router_logits_kernel(
     tl.store(logits_ptr + row * E + experts, logits.to(logits_ptr.dtype.element_ty), mask=live)
 
 
+@triton.jit(do_not_specialize=["stride_x"])
+def _router_one_launch_kernel(
+    x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr, H, E, stride_x, scaling,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
+    TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ALL: tl.constexpr,
+    RENORMALIZE: tl.constexpr, PDL: tl.constexpr = 0,
+):  # fmt: skip
+    """``_router_logits_kernel``, then the selection in the row's last program to finish:
+    each program stores its logits and takes a ticket from the row's arrival counter; the
+    one that draws the last ticket (whichever it is: the selection reads only the stored
+    logits) runs ``_router_select_kernel``'s selection and sets the counter back to zero."""
+    _router_logits_kernel(
+        x_ptr, w_ptr, logits_ptr, H, E, stride_x, BLOCK_E, BLOCK_H, ROUND, PDL,
+    )  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    # Every thread's logits are stored before the ticket; its acq_rel atomic publishes them
+    # to the program that draws the last one.
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel")
+    if ticket == tl.num_programs(1) - 1:
+        _select_row(
+            logits_ptr, weights_ptr, ids_ptr, row, E, scaling, TOP_K, BLOCK_K, BLOCK_ALL,
+            RENORMALIZE,
+        )  # fmt: skip
+        tl.atomic_xchg(counter_ptr + row, 0)  # zeroed for the next launch
+
+
 @triton.jit
 def _router_select_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, scaling,
@@ -63,6 +99,18 @@ def _router_select_kernel(
 ):  # fmt: skip
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
+    _select_row(
+        logits_ptr, weights_ptr, ids_ptr, row, E, scaling, TOP_K, BLOCK_K, BLOCK_E, RENORMALIZE
+    )
+
+
+@triton.jit
+def _select_row(
+    logits_ptr, weights_ptr, ids_ptr, row, E, scaling,
+    TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):  # fmt: skip
+    """Row ``row``'s softmax over its ``E`` stored logits, top-k and renormalised weights."""
     experts = tl.arange(0, BLOCK_E)
     live = experts < E
     logits = tl.load(logits_ptr + row * E + experts, mask=live, other=float("-inf"))
@@ -106,15 +154,28 @@ def launch_router_topk(
     weights = torch.empty(T, top_k, dtype=weights_dtype, device=x.device)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=x.device)
     block_h = max(16, min(BLOCK_H, triton.next_power_of_2(H)))
-    _router_logits_kernel[(T, triton.cdiv(E, BLOCK_E))](
+    block_k = max(triton.next_power_of_2(top_k), 2)
+    block_all = max(triton.next_power_of_2(E), 2)
+    grid = (T, triton.cdiv(E, BLOCK_E))
+    if ONE_LAUNCH:
+        from specter_kernels.invariant_matmul_triton import tile_counters
+
+        _router_one_launch_kernel[grid](
+            x, weight, logits, weights, ids, tile_counters(x.device, T), H, E, x.stride(0),
+            scaling,
+            BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], TOP_K=top_k,
+            BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), num_warps=4,
+            **pdl_options(x.device),
+        )  # fmt: skip
+        return logits, weights, ids
+    _router_logits_kernel[grid](
         x, weight, logits, H, E, x.stride(0),
         BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], num_warps=4,
         **pdl_options(x.device),
     )  # fmt: skip
     _router_select_kernel[(T,)](
         logits, weights, ids, E, scaling,
-        TOP_K=top_k, BLOCK_K=max(triton.next_power_of_2(top_k), 2),
-        BLOCK_E=max(triton.next_power_of_2(E), 2), RENORMALIZE=bool(renormalize),
+        TOP_K=top_k, BLOCK_K=block_k, BLOCK_E=block_all, RENORMALIZE=bool(renormalize),
         num_warps=1,
         **pdl_options(logits.device),
     )  # fmt: skip
