@@ -65,3 +65,15 @@ print(sys.argv[2], {f"{k[0]}{k[1]}": round(v, 3) for k, v in steps.items()},
       {f"K{k}": round(v, 2) for k, v in dec.items()}, "equal", eq)
 PY
 }
+
+# mla_projection_bench: DeepSeek-V2-Lite's attention block with the value projection apart and
+# fused (scripts/bench_mla_projection.py), one line per part.
+mla_projection_bench() {
+    timeout 90 python3 scripts/bench_mla_projection.py --out "$out/mla-uv.jsonl" \
+        >"$out/log-mla-uv.txt" 2>&1
+    python3 - "$out/mla-uv.jsonl" <<'PY'
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    print(f"L={r['L']:5d} T={r['T']} {r['part']:15s} {r['us']:7.2f} us  diff {r['rel_diff']:.1e}")
+PY
+}

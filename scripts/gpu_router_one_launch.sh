@@ -16,13 +16,7 @@ CUDA_TESTS_TIMEOUT=220 cuda_tests_to gpu-tests-router-one-launch.txt \
     packages/specter-models/tests/test_cuda.py \
     -k "value_projection or fused_residuals or speculation_is_exact or shared_overlap"
 echo "tests done at $(($(date +%s) - begin)) s"
-timeout 90 python3 scripts/bench_mla_projection.py --out "$out/mla-uv.jsonl" \
-    >"$out/log-mla-uv.txt" 2>&1
-python3 - "$out/mla-uv.jsonl" <<'PY'
-import json, sys
-for r in map(json.loads, open(sys.argv[1])):
-    print(f"L={r['L']:5d} T={r['T']} {r['part']:15s} {r['us']:7.2f} us  diff {r['rel_diff']:.1e}")
-PY
+mla_projection_bench
 echo "bench done at $(($(date +%s) - begin)) s"
 for arm in 0 1 0b 1b; do
     SPECTER_ROUTER_ONE_LAUNCH=${arm%b} resident_steps "router-$arm" 32
