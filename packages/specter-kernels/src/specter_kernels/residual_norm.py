@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from specter_kernels.backend import FLOAT_DTYPES, select_backend
-from specter_kernels.rms_norm import rms_norm_reference
+from specter_kernels.rms_norm import check_norm_args, rms_norm_reference
 
 
 def add_rms_norm_reference(
@@ -75,15 +75,8 @@ def add_rms_norm(
         ValueError: mismatched shapes or devices, or a negative ``eps``.
     """
     _check_float("add_rms_norm", x=x, residual=residual, weight=weight)
-    N = x.shape[-1] if x.dim() else 0
     _check_same("add_rms_norm", x, residual=residual)
-    if x.dim() < 1 or weight.shape != (N,) or weight.device != x.device:
-        raise ValueError(
-            f"add_rms_norm needs x [..., N] and weight [N] on one device, got x "
-            f"{tuple(x.shape)} on {x.device} and weight {tuple(weight.shape)} on {weight.device}"
-        )
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    N = check_norm_args("add_rms_norm", x, weight, eps)
     if x.numel() == 0 or select_backend(x.device) == "torch":
         return add_rms_norm_reference(x, residual, weight, eps)
     from specter_kernels.residual_norm_triton import launch_add_rms_norm

@@ -56,14 +56,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
             raise TypeError(f"{name} must be a tensor, got {type(tensor).__name__}")
         if tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} has dtype {tensor.dtype}; rms_norm takes {FLOAT_DTYPES}")
-    N = x.shape[-1] if x.dim() else 0
-    if x.dim() < 1 or weight.shape != (N,) or weight.device != x.device:
-        raise ValueError(
-            f"rms_norm needs x [..., N] and weight [N] on one device, got x "
-            f"{tuple(x.shape)} on {x.device} and weight {tuple(weight.shape)} on {weight.device}"
-        )
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    N = check_norm_args("rms_norm", x, weight, eps)
     if x.numel() == 0 or select_backend(x.device) == "torch":
         return rms_norm_reference(x, weight, eps)
     from specter_kernels.rms_norm_triton import launch_rms_norm
@@ -73,3 +66,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows = rows.contiguous()
     out_dtype = torch.promote_types(weight.dtype, x.dtype)
     return launch_rms_norm(rows, weight.contiguous(), float(eps), out_dtype).reshape(x.shape)
+
+
+def check_norm_args(op: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> int:
+    """``N``, once ``x`` is ``[..., N]``, ``weight`` is ``[N]`` on ``x``'s device and
+    ``eps >= 0`` (the dtypes are checked by the caller).
+
+    Raises:
+        ValueError: naming ``op``, the shapes and devices, or the epsilon.
+    """
+    N = x.shape[-1] if x.dim() else 0
+    if x.dim() < 1 or weight.shape != (N,) or weight.device != x.device:
+        raise ValueError(
+            f"{op} needs x [..., N] and weight [N] on one device, got x "
+            f"{tuple(x.shape)} on {x.device} and weight {tuple(weight.shape)} on {weight.device}"
+        )
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    return N
