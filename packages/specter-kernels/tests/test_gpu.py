@@ -323,16 +323,23 @@ def test_router_in_one_launch_on_the_gpu(seed, monkeypatch, E, k, renormalize):
     assert int(counters.count_nonzero()) == 0
 
 
-@pytest.mark.parametrize(("T", "L"), [(1, 768), (5, 512), (300, 300)])
-def test_mla_attention_on_the_gpu(seed, monkeypatch, T, L):
-    # DeepSeek-V2-Lite: 16 heads, kv_lora_rank 512, rope dim 64.
-    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+def _mla_problem(T: int, L: int):
+    """DeepSeek-V2-Lite's MLA at ``T`` rows over ``L`` keys (16 heads, kv_lora_rank 512, rope
+    dim 64): ``(q_lat, q_pe, c_kv, k_pe, causal mask [T, L])`` on the GPU."""
     q_lat = torch.randn(16, T, 512, device="cuda").half()
     q_pe = torch.randn(16, T, 64, device="cuda").half()
     c_kv = torch.randn(L, 512, device="cuda").half()
     k_pe = torch.randn(L, 64, device="cuda").half()
     positions = torch.arange(L - T, L, device="cuda")
     mask = torch.arange(L, device="cuda")[None, :] <= positions[:, None]
+    return q_lat, q_pe, c_kv, k_pe, mask
+
+
+@pytest.mark.parametrize(("T", "L"), [(1, 768), (5, 512), (300, 300)])
+def test_mla_attention_on_the_gpu(seed, monkeypatch, T, L):
+    # DeepSeek-V2-Lite: 16 heads, kv_lora_rank 512, rope dim 64.
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    q_lat, q_pe, c_kv, k_pe, mask = _mla_problem(T, L)
     out = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.05, mask)
     ref = sk.mla_attention_reference(
         q_lat.double(), q_pe.double(), c_kv.double(), k_pe.double(), 0.05, mask
@@ -351,13 +358,8 @@ def test_mla_value_projection_on_the_gpu(seed, monkeypatch, T, L):
     # projection is close to the reference and to a separate invariant bmm, and a row's bits
     # do not depend on the rows beside it or on the window.
     monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
-    q_lat = torch.randn(16, T, 512, device="cuda").half()
-    q_pe = torch.randn(16, T, 64, device="cuda").half()
-    c_kv = torch.randn(L, 512, device="cuda").half()
-    k_pe = torch.randn(L, 64, device="cuda").half()
+    q_lat, q_pe, c_kv, k_pe, mask = _mla_problem(T, L)
     w_uv = (0.03 * torch.randn(16, 256, 512, device="cuda")).half()[:, 128:]
-    positions = torch.arange(L - T, L, device="cuda")
-    mask = torch.arange(L, device="cuda")[None, :] <= positions[:, None]
     out = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.05, mask, w_uv)
     ref = sk.mla_attention_reference(
         q_lat.double(), q_pe.double(), c_kv.double(), k_pe.double(), 0.05, mask, w_uv.double()

@@ -381,28 +381,43 @@ def _rows_eager_captured_replayed(lm, prompt: torch.Tensor, rows: torch.Tensor) 
     return logits[0]
 
 
-@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
-@pytest.mark.parametrize(
+BUDGETS = pytest.mark.parametrize(
     "budget",
     [{}, {"slots_per_layer": 2}, {"slots_per_layer": 2, "miss_path": "stream"}],
     ids=["resident", "piecewise", "streamed"],
 )
+"""Every expert resident, two slots per layer with piecewise graphs, and the streamed path."""
+
+
+def _tiny_problem(budget: dict, seed: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """``(load kwargs, a [1, 40] prompt, three rows)`` of the tiny models' CUDA bit tests."""
+    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
+    prompt = torch.randint(
+        0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(seed)
+    )
+    return kwargs, prompt, torch.tensor([[5, 6, 7]], device="cuda")
+
+
+def _logits_and_greedy(lm, prompt: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """The rows' logits (:func:`_rows_eager_captured_replayed`), then after a reset the
+    speculative (K = 4) greedy tokens of 24 steps after ``prompt``."""
+    logits = _rows_eager_captured_replayed(lm, prompt, rows)
+    lm.reset()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
+    return logits, spec.generate(prompt[0].tolist(), 24).tokens
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
+@BUDGETS
 def test_cuda_shared_overlap_keeps_every_bit(name, budget):
     # The shared experts on a side stream in whole-forward captures (in order in eager
     # forwards and piecewise captures): the same logits bit for bit and the same greedy
     # tokens as in order.
-    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
-    prompt = torch.randint(
-        0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(4)
-    )
-    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    kwargs, prompt, rows = _tiny_problem(budget, seed=4)
     out, tokens = {}, {}
     for overlap in (False, True):
         lm = load(name, shared_overlap=overlap, **kwargs)
-        out[overlap] = _rows_eager_captured_replayed(lm, prompt, rows)
-        lm.reset()
-        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
-        tokens[overlap] = spec.generate(prompt[0].tolist(), 24).tokens
+        out[overlap], tokens[overlap] = _logits_and_greedy(lm, prompt, rows)
         stats = lm.graph_stats()
         assert stats["draft"]["disabled_reason"] is None
         assert stats["target"]["disabled_reason"] is None
@@ -441,22 +456,14 @@ def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
     assert torch.equal(out[True], out[False])
 
 
-@pytest.mark.parametrize(
-    "budget",
-    [{}, {"slots_per_layer": 2}, {"slots_per_layer": 2, "miss_path": "stream"}],
-    ids=["resident", "piecewise", "streamed"],
-)
+@BUDGETS
 def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
     # DeepSeek-V2's latent norm, rotations and cache writes in one launch: the same logits bit
     # for bit (eager prefill, captured and replayed steps) and the same greedy tokens as the
     # parts apart; the cache holds the same rows.
     from specter_models import absorbed_mla
 
-    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
-    prompt = torch.randint(
-        0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(6)
-    )
-    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    kwargs, prompt, rows = _tiny_problem(budget, seed=6)
     out, tokens, caches, launches = {}, {}, {}, {}
     calls = []
     real = absorbed_mla.mla_prologue
@@ -465,10 +472,7 @@ def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
         monkeypatch.setattr(absorbed_mla, "MLA_PROLOGUE", fused)
         lm = load("tiny-deepseek-v2", **kwargs)
         before = len(calls)
-        out[fused] = _rows_eager_captured_replayed(lm, prompt, rows)
-        lm.reset()
-        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
-        tokens[fused] = spec.generate(prompt[0].tolist(), 24).tokens
+        out[fused], tokens[fused] = _logits_and_greedy(lm, prompt, rows)
         n = lm.target.kv_length
         layer = lm.target.kv.cache.layers[0]
         caches[fused] = (layer.keys[..., :n, :].clone(), layer.values[..., :n, :].clone())
@@ -482,22 +486,14 @@ def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
-@pytest.mark.parametrize(
-    "budget",
-    [{}, {"slots_per_layer": 2}, {"slots_per_layer": 2, "miss_path": "stream"}],
-    ids=["resident", "piecewise", "streamed"],
-)
+@BUDGETS
 def test_cuda_fused_residuals_keep_every_bit(name, budget, monkeypatch):
     # The attention's residual add in the post-attention norm and the MoE block's branch add
     # in the layer's: the same logits bit for bit (eager prefill, captured and replayed steps)
     # and the same greedy tokens as the adds apart, with the shared experts' side stream.
     from specter_models import fused_residuals
 
-    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
-    prompt = torch.randint(
-        0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(6)
-    )
-    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    kwargs, prompt, rows = _tiny_problem(budget, seed=6)
     out, tokens, launches = {}, {}, {}
     calls = []
     real = fused_residuals.add_rms_norm
@@ -506,10 +502,7 @@ def test_cuda_fused_residuals_keep_every_bit(name, budget, monkeypatch):
         monkeypatch.setattr(fused_residuals, "FUSED_RESIDUALS", fused)
         lm = load(name, **kwargs)
         before = len(calls)
-        out[fused] = _rows_eager_captured_replayed(lm, prompt, rows)
-        lm.reset()
-        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)
-        tokens[fused] = spec.generate(prompt[0].tolist(), 24).tokens
+        out[fused], tokens[fused] = _logits_and_greedy(lm, prompt, rows)
         launches[fused] = len(calls) - before
         assert lm.graph_stats()["target"]["disabled_reason"] is None
     assert launches[False] == 0
@@ -518,11 +511,7 @@ def test_cuda_fused_residuals_keep_every_bit(name, budget, monkeypatch):
     assert tokens[True] == tokens[False]
 
 
-@pytest.mark.parametrize(
-    "budget",
-    [{}, {"slots_per_layer": 2}, {"slots_per_layer": 2, "miss_path": "stream"}],
-    ids=["resident", "piecewise", "streamed"],
-)
+@BUDGETS
 def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget, monkeypatch):
     # DeepSeek-V2's W_UV product inside the attention's merge kernel: logits close to the
     # separate bmm's (another summation order), eager, captured and replayed rows equal, a
@@ -530,11 +519,7 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
     # to plain greedy tokens.
     from specter_models import absorbed_mla
 
-    kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 5, "max_seq_len": 320, **budget}
-    prompt = torch.randint(
-        0, 96, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(9)
-    )
-    rows = torch.tensor([[5, 6, 7]], device="cuda")
+    kwargs, prompt, rows = _tiny_problem(budget, seed=9)
     calls = []
     real = absorbed_mla.mla_attention
     monkeypatch.setattr(absorbed_mla, "mla_attention", lambda *a: calls.append(len(a)) or real(*a))
