@@ -67,7 +67,7 @@ def test_all_tokens_on_one_expert(seed, poisoned, path):
     assert rel_err(out, sk.fused_moe_w4a16_reference(x, ids, weights, w13, w2)) < TOLERANCE
 
 
-@pytest.mark.parametrize("math", [0, 1, 2])
+@pytest.mark.parametrize("math", [0, 1, 2, 3])
 @pytest.mark.parametrize("split", [1, 3])
 def test_every_gemv_variant_and_split(seed, poisoned, math, split):
     # K = 256 and 384 with block_k 128: three splits, the last one partial or empty

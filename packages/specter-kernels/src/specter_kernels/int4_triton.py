@@ -29,6 +29,109 @@ def int4_pair_fp16(words, J: tl.constexpr):
     return lo, hi
 
 
+ACTIVATION_SHIFT = 1.0 / 256.0
+"""Power of two the packed math (``int4_word_dot8``) scales activations by before its fp16
+products: ``|x| <= 65504`` times 256**-1, times ``|q - zero| <= 15``, four terms deep, stays
+under fp16's largest value, so no fp16 input can overflow a partial sum. Exact (a power of
+two); undone in fp32 with the weight scale."""
+
+_WORD_DOT8_PTX = tl.constexpr("""
+{
+.reg .b32 t, h, a;
+.reg .b16 l, u;
+.reg .f32 fl, fu;
+lop3.b32 h, $1, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, h, $6;
+mul.rn.f16x2 a, h, $2;
+shr.u32 t, $1, 4;
+lop3.b32 h, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, h, $6;
+fma.rn.f16x2 a, h, $3, a;
+shr.u32 t, $1, 8;
+lop3.b32 h, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, h, $6;
+fma.rn.f16x2 a, h, $4, a;
+shr.u32 t, $1, 12;
+lop3.b32 h, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, h, $6;
+fma.rn.f16x2 a, h, $5, a;
+mov.b32 {l, u}, a;
+cvt.f32.f16 fl, l;
+cvt.f32.f16 fu, u;
+add.f32 $0, fl, fu;
+}
+""")
+_SHIFT = tl.constexpr(ACTIVATION_SHIFT)
+
+
+@triton.jit
+def f16x2_bits(lo, hi):
+    """Two fp16 tensors as one int32 tensor of f16x2 registers (``lo`` in the low half)."""
+    lo_bits = lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi_bits = hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return lo_bits | (hi_bits << 16)
+
+
+@triton.jit
+def int4_word_dot8(words, act_row, rows, r_mask, zeros, ASM: tl.constexpr):
+    """``sum_j x[8 r + j] * (q_j - zero) / 256`` over the 8 nibbles of each word, fp32.
+
+    ``words [R, BLOCK_N]`` int32 (word row ``r`` = ``rows[i]`` holds inputs ``8 r .. 8 r + 7``);
+    ``act_row`` points at the activation row, ``zeros`` is fp16 ``1024 + zero`` broadcastable
+    to the words. Returns ``[R, BLOCK_N]`` fp32, the activations scaled by
+    ``ACTIVATION_SHIFT`` (the caller multiplies by ``scale / ACTIVATION_SHIFT``).
+
+    The packed math: each 32-bit AND/OR of the magic-number trick gives nibbles (J, J + 4)
+    as an f16x2 register ``1024 + q``; one f16x2 subtraction makes both ``q - zero`` exactly,
+    and four f16x2 fused multiply-adds with the activations packed the same way sum each
+    half's four products in fp16. The two halves are widened and added in fp32. About 18
+    instructions a word, against about 50 for dequantizing to fp16 and widening every value
+    (``MATH`` 0 of the W4A16 kernels), which made the decode GEMV instruction-bound.
+
+    ``ASM``: the inline PTX (CUDA); else the same arithmetic in Triton operations (the
+    interpreter cannot run PTX; its fp16 products round separately from their adds).
+    """
+    shift = _SHIFT
+    if ASM:
+        x0 = f16x2_bits(
+            (tl.load(act_row + 8 * rows, mask=r_mask, other=0.0) * shift).to(tl.float16),
+            (tl.load(act_row + 8 * rows + 4, mask=r_mask, other=0.0) * shift).to(tl.float16),
+        )
+        x1 = f16x2_bits(
+            (tl.load(act_row + 8 * rows + 1, mask=r_mask, other=0.0) * shift).to(tl.float16),
+            (tl.load(act_row + 8 * rows + 5, mask=r_mask, other=0.0) * shift).to(tl.float16),
+        )
+        x2 = f16x2_bits(
+            (tl.load(act_row + 8 * rows + 2, mask=r_mask, other=0.0) * shift).to(tl.float16),
+            (tl.load(act_row + 8 * rows + 6, mask=r_mask, other=0.0) * shift).to(tl.float16),
+        )
+        x3 = f16x2_bits(
+            (tl.load(act_row + 8 * rows + 3, mask=r_mask, other=0.0) * shift).to(tl.float16),
+            (tl.load(act_row + 8 * rows + 7, mask=r_mask, other=0.0) * shift).to(tl.float16),
+        )
+        zero2 = f16x2_bits(zeros, zeros)
+        return tl.inline_asm_elementwise(
+            _WORD_DOT8_PTX,
+            "=f,r,r,r,r,r,r",
+            [words, x0[:, None], x1[:, None], x2[:, None], x3[:, None], zero2],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        lo_sum = tl.zeros(words.shape, dtype=tl.float16)
+        hi_sum = tl.zeros(words.shape, dtype=tl.float16)
+        for J in tl.static_range(4):
+            lo, hi = int4_pair_fp16(words, J)
+            a_lo = (tl.load(act_row + 8 * rows + J, mask=r_mask, other=0.0) * shift).to(tl.float16)
+            a_hi = (tl.load(act_row + 8 * rows + J + 4, mask=r_mask, other=0.0) * shift).to(
+                tl.float16
+            )
+            lo_sum += (lo - zeros) * a_lo[:, None]
+            hi_sum += (hi - zeros) * a_hi[:, None]
+        return lo_sum.to(tl.float32) + hi_sum.to(tl.float32)
+
+
 @triton.jit
 def int4_fp32_minus(words, SHIFT: tl.constexpr, magic_zero):
     """The nibble at bit SHIFT as exact fp32 ``q - zero``.

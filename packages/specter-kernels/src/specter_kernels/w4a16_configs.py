@@ -8,10 +8,27 @@ every ``tl.dot`` dim >= 16.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
 from specter_kernels.w4a16_triton import GemvConfig, TileConfig
+
+MATH_ENV = "SPECTER_W4A16_MATH"
+
+
+def _gemv_math() -> int:
+    """The gemv path's inner-loop math on CUDA (``GemvConfig.math``): ``$SPECTER_W4A16_MATH``
+    when set (0 or 3, for A/B runs), else the default."""
+    value = os.environ.get(MATH_ENV, "0")
+    if value not in ("0", "3"):
+        raise ValueError(f"{MATH_ENV}={value!r}: expected 0 (fp16 dequantize) or 3 (packed f16x2)")
+    return int(value)
+
+
+GEMV_MATH = _gemv_math()
+"""Read once at import, so a launch pays no environment lookup."""
 
 
 def gemv_configs(
@@ -26,8 +43,8 @@ def gemv_configs(
     # (math 0) was 1-5 % faster than the fp32 magic-number one, and down wants
     # about 4 splits at every T.
     return (
-        GemvConfig(32, 256, split_k=1, num_warps=4, num_stages=2, math=0),
-        GemvConfig(64, 128, split_k=min(4, triton.cdiv(I, 128)), num_warps=4, math=0),
+        GemvConfig(32, 256, split_k=1, num_warps=4, num_stages=2, math=GEMV_MATH),
+        GemvConfig(64, 128, split_k=min(4, triton.cdiv(I, 128)), num_warps=4, math=GEMV_MATH),
     )
 
 

@@ -32,16 +32,20 @@ import triton
 import triton.language as tl
 
 from specter_kernels.int4_triton import (
+    ACTIVATION_SHIFT,
     accumulate_rows_and_finish,
     finish_gate_up,
     int4_fp32_minus,
     int4_pair_fp16,
+    int4_word_dot8,
     load_group_params,
     zero_workspace,
 )
 from specter_kernels.int4_weight import Int4Weight
 from specter_kernels.moe_align import max_aligned_blocks, moe_align_block_size
 from specter_kernels.pdl import pdl_enter, pdl_options
+
+_SHIFT = tl.constexpr(ACTIVATION_SHIFT)
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ class GemvConfig:
         split_k: programs sharing one output tile's K range.
         num_warps: warps per program.
         num_stages: software-pipelining depth.
-        math: inner-loop arithmetic, see ``_gemv_step`` (0 fp16, 1 fp32 magic, 2 dot).
+        math: inner-loop arithmetic, see ``_gemv_step`` (0 fp16, 1 fp32 magic, 2 dot,
+            3 packed f16x2).
     """
 
     block_n: int
@@ -99,6 +104,7 @@ def _gemv_step(
     R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MATH: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """Add one word tile ``[R, BLOCK_N]`` (inputs ``8 * rows + j``) times one activation row.
 
@@ -106,9 +112,14 @@ def _gemv_step(
     0: dequantize to fp16 exactly as the reference, widen, FMA into ``acc [R, BLOCK_N]``;
     1: exact fp32 ``q - zero`` by the 2**23 magic number, FMA into a tile sum, one
        scale multiply per word instead of per value (fewest instructions per value);
-    2: tensor cores, activation as row 0 of a 16-row operand, ``acc [16, BLOCK_N]``.
+    2: tensor cores, activation as row 0 of a 16-row operand, ``acc [16, BLOCK_N]``;
+    3: packed f16x2 products of each word's nibble pairs with the activations, one fp32
+       scale multiply-add per word (``int4_triton.int4_word_dot8``; ``ASM``: its PTX).
     """
-    if MATH == 1:
+    if MATH == 3:
+        unshift = scales.to(tl.float32) * (1.0 / _SHIFT)
+        acc += int4_word_dot8(words, act_row, rows, r_mask, zeros, ASM) * unshift
+    elif MATH == 1:
         magic_zero = (zeros - 1024.0).to(tl.float32) + 8388608.0
         tile = tl.zeros([R, BLOCK_N], dtype=tl.float32)
         for J in tl.static_range(8):
@@ -171,6 +182,7 @@ def _gemv_gate_up_kernel(
     MATH: tl.constexpr,
     SPLIT: tl.constexpr,
     ZERO_BLOCK: tl.constexpr,
+    ASM: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
@@ -231,9 +243,9 @@ def _gemv_gate_up_kernel(
             HAS_ZEROS,
         )
         acc_gate = _gemv_step(
-            acc_gate, w_gate, s_gate, z_gate, x_row, rows, r_mask, R, BLOCK_N, MATH
+            acc_gate, w_gate, s_gate, z_gate, x_row, rows, r_mask, R, BLOCK_N, MATH, ASM
         )
-        acc_up = _gemv_step(acc_up, w_up, s_up, z_up, x_row, rows, r_mask, R, BLOCK_N, MATH)
+        acc_up = _gemv_step(acc_up, w_up, s_up, z_up, x_row, rows, r_mask, R, BLOCK_N, MATH, ASM)
     finish_gate_up(
         ws_ptr,
         counter_ptr,
@@ -280,6 +292,7 @@ def _gemv_down_kernel(
     BLOCK_K: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
     MATH: tl.constexpr,
+    ASM: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
@@ -316,7 +329,7 @@ def _gemv_down_kernel(
         s, z = load_group_params(
             scales, zeros, k0, rows, r_mask, offs_n, n_mask, stride_sg, GROUP, BLOCK_K, HAS_ZEROS
         )
-        acc = _gemv_step(acc, w, s, z, h_row, rows, r_mask, R, BLOCK_N, MATH)
+        acc = _gemv_step(acc, w, s, z, h_row, rows, r_mask, R, BLOCK_N, MATH, ASM)
     accumulate_rows_and_finish(
         acc_ptr,
         counter_ptr,
@@ -608,8 +621,11 @@ def launch_gemv(
     ids = topk_ids.reshape(-1)
     cu, cd = gate_up_config, down_config
     for c in (cu, cd):
+        if c.math not in (0, 1, 2, 3):
+            raise ValueError(f"math must be 0, 1, 2 or 3, got {c.math} in {c}")
         if c.math == 2 and (c.block_k < 128 or c.block_n < 16):
             raise ValueError(f"math=2 (tl.dot) needs block_k >= 128 and block_n >= 16, got {c}")
+    asm = int(device.type == "cuda")  # math 3's PTX; the interpreter runs Triton ops
     gu_per_split, gu_splits = _k_per_split(H, cu.block_k, cu.split_k)
     dn_per_split, dn_splits = _k_per_split(I, cd.block_k, cd.split_k)
     nb_gu, nb_dn = triton.cdiv(I, cu.block_n), triton.cdiv(H, cd.block_n)
@@ -624,7 +640,7 @@ def launch_gemv(
         w13.scales.stride(0), w13.scales.stride(1), h.stride(0),
         GROUP=w13.group_size, BLOCK_N=cu.block_n, BLOCK_K=cu.block_k,
         HAS_ZEROS=w13.zeros is not None, MATH=cu.math, SPLIT=gu_splits > 1, ZERO_BLOCK=ZERO_BLOCK,
-        num_warps=cu.num_warps, num_stages=cu.num_stages,
+        ASM=asm, num_warps=cu.num_warps, num_stages=cu.num_stages,
         **pdl_options(x.device),
     )  # fmt: skip
     _gemv_down_kernel[(pairs, nb_dn, dn_splits)](
@@ -635,7 +651,7 @@ def launch_gemv(
         w2.scales.stride(0), w2.scales.stride(1), out.stride(0),
         GROUP=w2.group_size, BLOCK_N=cd.block_n, BLOCK_K=cd.block_k,
         HAS_ZEROS=w2.zeros is not None, MATH=cd.math,
-        num_warps=cd.num_warps, num_stages=cd.num_stages,
+        ASM=asm, num_warps=cd.num_warps, num_stages=cd.num_stages,
         **pdl_options(h.device),
     )  # fmt: skip
     return out
