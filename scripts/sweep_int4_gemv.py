@@ -28,24 +28,32 @@ from specter_kernels.w4a16_triton import GemvConfig
 
 
 def gate_up_grid() -> list[GemvConfig]:
-    grid = [GemvConfig(32, 256, 1, 4, s, 0) for s in (2, 3, 4)]
-    grid += [
-        GemvConfig(bn, bk, 1, 4, s, 3)
-        for bn in (16, 32, 64)
-        for bk in (256, 512)
-        for s in (2, 3, 4)
-    ]
-    grid += [GemvConfig(bn, 256, 1, 8, 3, 3) for bn in (32, 64)]
-    grid += [GemvConfig(32, 256, 2, 4, 3, 3)]
+    grid = [GemvConfig(32, 256, 1, 4, 2, 0)]  # the tiles before the twenty-first session
+    for math in (0, 3):
+        grid += [
+            GemvConfig(16, 512, 1, 4, 3, math),
+            GemvConfig(16, 256, 1, 4, 2, math),
+            GemvConfig(16, 1024, 1, 4, 3, math),
+            GemvConfig(16, 512, 1, 2, 3, math),
+            GemvConfig(16, 512, 1, 8, 3, math),
+            GemvConfig(16, 512, 2, 4, 3, math),
+            GemvConfig(32, 256, 1, 8, 3, math),
+        ]
     return grid
 
 
 def down_grid(inter: int) -> list[GemvConfig]:
-    grid = [GemvConfig(64, 128, min(4, -(-inter // 128)), 4, s, 0) for s in (2, 3)]
-    grid += [
-        GemvConfig(bn, 128, sp, 4, s, 3) for sp in (2, 4, 8) for bn in (32, 64, 128) for s in (2, 3)
-    ]
-    grid += [GemvConfig(64, 256, 2, 4, 3, 3)]
+    split = min(4, -(-inter // 128))
+    grid = [GemvConfig(64, 128, split, 4, 2, 0)]  # the tiles before the twenty-first session
+    for math in (0, 3):
+        grid += [
+            GemvConfig(32, 128, split, 4, 2, math),
+            GemvConfig(16, 128, split, 4, 2, math),
+            GemvConfig(16, 128, 8, 4, 2, math),
+            GemvConfig(32, 128, split, 2, 2, math),
+            GemvConfig(32, 64, 8, 4, 2, math),
+            GemvConfig(32, 256, 2, 4, 2, math),
+        ]
     return grid
 
 

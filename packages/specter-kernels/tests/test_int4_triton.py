@@ -18,14 +18,16 @@ R, N = 16, 32  # word rows (128 inputs), columns
 
 
 @triton.jit
-def _word_dot8_kernel(words_ptr, x_ptr, zeros_ptr, out_ptr, ASM: tl.constexpr):
-    rows = tl.arange(0, R)
-    cols = tl.arange(0, N)
-    words = tl.load(words_ptr + rows[:, None] * N + cols[None, :])
+def _word_dot8_kernel(
+    words_ptr, x_ptr, zeros_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr, ASM: tl.constexpr
+):
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, COLS)
+    words = tl.load(words_ptr + rows[:, None] * COLS + cols[None, :])
     zeros = tl.load(zeros_ptr + cols)[None, :].to(tl.float16) + 1024.0
-    r_mask = rows < R
+    r_mask = rows < ROWS
     out = int4_word_dot8(words, x_ptr, rows, r_mask, zeros, ASM)
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], out)
+    tl.store(out_ptr + rows[:, None] * COLS + cols[None, :], out)
 
 
 def _problem(device: str, magnitude: float):
@@ -46,7 +48,7 @@ def _expected(words, x, zeros):
 
 def _run(words, x, zeros, asm: int) -> torch.Tensor:
     out = torch.empty(R, N, dtype=torch.float32, device=words.device)
-    _word_dot8_kernel[(1,)](words, x, zeros, out, ASM=asm)
+    _word_dot8_kernel[(1,)](words, x, zeros, out, ROWS=R, COLS=N, ASM=asm)
     return out
 
 

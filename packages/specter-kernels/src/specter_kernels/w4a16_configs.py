@@ -20,8 +20,8 @@ MATH_ENV = "SPECTER_W4A16_MATH"
 
 def _gemv_math() -> int:
     """The gemv path's inner-loop math on CUDA (``GemvConfig.math``): ``$SPECTER_W4A16_MATH``
-    when set (0 or 3, for A/B runs), else the default."""
-    value = os.environ.get(MATH_ENV, "0")
+    when set (0: fp16 dequantization, for A/B runs), else 3 (the packed f16x2 math)."""
+    value = os.environ.get(MATH_ENV, "3")
     if value not in ("0", "3"):
         raise ValueError(f"{MATH_ENV}={value!r}: expected 0 (fp16 dequantize) or 3 (packed f16x2)")
     return int(value)
@@ -38,13 +38,14 @@ def gemv_configs(
     if device.type != "cuda":
         # The interpreter's cost is per program and per op, not per element.
         return GemvConfig(64, 64, split_k=2), GemvConfig(64, 128, split_k=2)
-    # Swept on DeepSeek-V2-Lite and Phi-3.5-MoE shapes, T = 1..32: splitting gate_up
-    # never paid (within noise at T = 1, slower above), the fp16 dequantization
-    # (math 0) was 1-5 % faster than the fp32 magic-number one, and down wants
-    # about 4 splits at every T.
+    # Swept at T = 1 on DeepSeek-V2-Lite and Phi-3.5-MoE shapes inside CUDA graphs
+    # (scripts/sweep_int4_gemv.py, docs/benchmarks.md): the launches are latency-bound, so
+    # narrow tiles (more programs in flight) won; the pipelining depth hardly mattered.
+    # DeepSeek-V2-Lite's layer: 24.3 us with the earlier (32, 256) / (64, 128) tiles and
+    # fp16 math, 19.3 us with these and the packed math; Phi-3.5-MoE's 60 -> 39 us.
     return (
-        GemvConfig(32, 256, split_k=1, num_warps=4, num_stages=2, math=GEMV_MATH),
-        GemvConfig(64, 128, split_k=min(4, triton.cdiv(I, 128)), num_warps=4, math=GEMV_MATH),
+        GemvConfig(16, 512, split_k=1, num_warps=4, num_stages=3, math=GEMV_MATH),
+        GemvConfig(32, 128, split_k=min(4, triton.cdiv(I, 128)), num_warps=4, math=GEMV_MATH),
     )
 
 
