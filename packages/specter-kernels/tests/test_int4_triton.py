@@ -6,6 +6,8 @@ f16x2 register are exercised; activations reach fp16's largest values, where fp1
 of unscaled activations would overflow.
 """
 
+import os
+
 import pytest
 import torch
 import triton
@@ -15,6 +17,11 @@ from kernel_helpers import rel_err
 from specter_kernels.int4_triton import ACTIVATION_SHIFT, int4_word_dot8
 
 R, N = 16, 32  # word rows (128 inputs), columns
+# The Triton-ops form runs where the kernels run: the interpreter's CPU, else the GPU.
+OPS_DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+needs_ops_device = pytest.mark.skipif(
+    OPS_DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device"
+)
 
 
 @triton.jit
@@ -52,23 +59,25 @@ def _run(words, x, zeros, asm: int) -> torch.Tensor:
     return out
 
 
+@needs_ops_device
 @pytest.mark.parametrize("magnitude", [1.0, 60000.0])
 def test_word_dot8_triton_ops(seed, magnitude):
-    words, x, zeros = _problem("cpu", magnitude)
+    words, x, zeros = _problem(OPS_DEVICE, magnitude)
     out = _run(words, x, zeros, asm=0)
     assert torch.isfinite(out).all()
     # four fp16 products a half, each rounded, then widened: fp16's 2**-11 per term
-    assert rel_err(out.double(), _expected(words, x, zeros)) < 2e-3
+    assert rel_err(out.double().cpu(), _expected(words, x, zeros)) < 2e-3
 
 
+@needs_ops_device
 def test_word_dot8_is_exact_for_small_integers(seed):
     # Activations that are small integers make every fp16 product and partial sum exact, so
     # the kernel must give the float64 sum exactly: catches a nibble paired with the wrong
     # activation or a wrong zero point, which a tolerance could hide.
-    words, _, zeros = _problem("cpu", 1.0)
-    x = torch.randint(-4, 5, (8 * R,)).half()
+    words, _, zeros = _problem(OPS_DEVICE, 1.0)
+    x = torch.randint(-4, 5, (8 * R,)).half().to(OPS_DEVICE)
     out = _run(words, x, zeros, asm=0)
-    assert torch.equal(out.double(), _expected(words, x, zeros))
+    assert torch.equal(out.double().cpu(), _expected(words, x, zeros))
 
 
 @pytest.mark.gpu
