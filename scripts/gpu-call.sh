@@ -77,3 +77,21 @@ for r in map(json.loads, open(sys.argv[1])):
     print(f"L={r['L']:5d} T={r['T']} {r['part']:15s} {r['us']:7.2f} us  diff {r['rel_diff']:.1e}")
 PY
 }
+
+# legacy_gemv_site: writes /tmp/legacy-gemv/sitecustomize.py, which patches specter_kernels'
+# gemv_configs back to the W4A16 gemv path's tiles and fp16 math from before the twenty-first
+# session, for an A/B arm run with PYTHONPATH="/tmp/legacy-gemv:$PYTHONPATH".
+legacy_gemv_site() {
+    mkdir -p /tmp/legacy-gemv
+    cat >/tmp/legacy-gemv/sitecustomize.py <<'PY'
+import triton
+from specter_kernels import w4a16_configs
+from specter_kernels.w4a16_triton import GemvConfig
+def _legacy(device, T, top_k, H, I):
+    if device.type != "cuda":
+        return GemvConfig(64, 64, split_k=2), GemvConfig(64, 128, split_k=2)
+    return (GemvConfig(32, 256, 1, 4, 2, 0), GemvConfig(64, 128, min(4, triton.cdiv(I, 128)), 4, 2, 0))
+w4a16_configs.gemv_configs = _legacy
+print("legacy gemv tiles patched in", flush=True)
+PY
+}

@@ -22,18 +22,7 @@ timeout 120 python3 scripts/sweep_int4_gemv.py --out "$out/int4-gemv-sweep-2.jso
 grep "==\|done\|Error" "$out/log-int4-gemv-sweep-2.txt"
 echo "sweep done at $(($(date +%s) - begin)) s"
 # The old tiles: gemv_configs as it was at b72d72c, patched in before the step script runs.
-mkdir -p /tmp/legacy-gemv
-cat >/tmp/legacy-gemv/sitecustomize.py <<'PY'
-import triton
-from specter_kernels import w4a16_configs
-from specter_kernels.w4a16_triton import GemvConfig
-def _legacy(device, T, top_k, H, I):
-    if device.type != "cuda":
-        return GemvConfig(64, 64, split_k=2), GemvConfig(64, 128, split_k=2)
-    return (GemvConfig(32, 256, 1, 4, 2, 0), GemvConfig(64, 128, min(4, triton.cdiv(I, 128)), 4, 2, 0))
-w4a16_configs.gemv_configs = _legacy
-print("legacy gemv tiles patched in", flush=True)
-PY
+legacy_gemv_site
 for arm in legacy new0 new3 legacyb new0b new3b; do
     case $arm in
         legacy*) PYTHONPATH="/tmp/legacy-gemv:$PYTHONPATH" resident_steps "w4-$arm" 32 ;;

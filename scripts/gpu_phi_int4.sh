@@ -16,18 +16,7 @@ phi() {
 }
 phi 200 unlimited hf,lru,specter phi-int4-unlimited 3.0
 echo "new done at $(($(date +%s) - begin)) s"
-mkdir -p /tmp/legacy-gemv
-cat >/tmp/legacy-gemv/sitecustomize.py <<'PY'
-import triton
-from specter_kernels import w4a16_configs
-from specter_kernels.w4a16_triton import GemvConfig
-def _legacy(device, T, top_k, H, I):
-    if device.type != "cuda":
-        return GemvConfig(64, 64, split_k=2), GemvConfig(64, 128, split_k=2)
-    return (GemvConfig(32, 256, 1, 4, 2, 0), GemvConfig(64, 128, min(4, triton.cdiv(I, 128)), 4, 2, 0))
-w4a16_configs.gemv_configs = _legacy
-print("legacy gemv tiles patched in", flush=True)
-PY
+legacy_gemv_site
 PYTHONPATH="/tmp/legacy-gemv:$PYTHONPATH" phi 170 unlimited specter phi-legacy-unlimited 2.5
 grep -c "legacy gemv" "$out/log-phi-legacy-unlimited.txt"
 echo "done at $(($(date +%s) - begin)) s"

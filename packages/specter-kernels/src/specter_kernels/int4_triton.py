@@ -91,29 +91,22 @@ def int4_word_dot8(words, act_row, rows, r_mask, zeros, ASM: tl.constexpr):
     ``ASM``: the inline PTX (CUDA); else the same arithmetic in Triton operations (the
     interpreter cannot run PTX; its fp16 products round separately from their adds).
     """
-    shift = _SHIFT
     if ASM:
-        x0 = f16x2_bits(
-            (tl.load(act_row + 8 * rows, mask=r_mask, other=0.0) * shift).to(tl.float16),
-            (tl.load(act_row + 8 * rows + 4, mask=r_mask, other=0.0) * shift).to(tl.float16),
-        )
-        x1 = f16x2_bits(
-            (tl.load(act_row + 8 * rows + 1, mask=r_mask, other=0.0) * shift).to(tl.float16),
-            (tl.load(act_row + 8 * rows + 5, mask=r_mask, other=0.0) * shift).to(tl.float16),
-        )
-        x2 = f16x2_bits(
-            (tl.load(act_row + 8 * rows + 2, mask=r_mask, other=0.0) * shift).to(tl.float16),
-            (tl.load(act_row + 8 * rows + 6, mask=r_mask, other=0.0) * shift).to(tl.float16),
-        )
-        x3 = f16x2_bits(
-            (tl.load(act_row + 8 * rows + 3, mask=r_mask, other=0.0) * shift).to(tl.float16),
-            (tl.load(act_row + 8 * rows + 7, mask=r_mask, other=0.0) * shift).to(tl.float16),
-        )
-        zero2 = f16x2_bits(zeros, zeros)
+        lo0, hi0 = _activation_pair(act_row, rows, r_mask, 0)
+        lo1, hi1 = _activation_pair(act_row, rows, r_mask, 1)
+        lo2, hi2 = _activation_pair(act_row, rows, r_mask, 2)
+        lo3, hi3 = _activation_pair(act_row, rows, r_mask, 3)
         return tl.inline_asm_elementwise(
             _WORD_DOT8_PTX,
             "=f,r,r,r,r,r,r",
-            [words, x0[:, None], x1[:, None], x2[:, None], x3[:, None], zero2],
+            [
+                words,
+                f16x2_bits(lo0, hi0)[:, None],
+                f16x2_bits(lo1, hi1)[:, None],
+                f16x2_bits(lo2, hi2)[:, None],
+                f16x2_bits(lo3, hi3)[:, None],
+                f16x2_bits(zeros, zeros),
+            ],
             dtype=tl.float32,
             is_pure=True,
             pack=1,
@@ -123,13 +116,19 @@ def int4_word_dot8(words, act_row, rows, r_mask, zeros, ASM: tl.constexpr):
         hi_sum = tl.zeros(words.shape, dtype=tl.float16)
         for J in tl.static_range(4):
             lo, hi = int4_pair_fp16(words, J)
-            a_lo = (tl.load(act_row + 8 * rows + J, mask=r_mask, other=0.0) * shift).to(tl.float16)
-            a_hi = (tl.load(act_row + 8 * rows + J + 4, mask=r_mask, other=0.0) * shift).to(
-                tl.float16
-            )
+            a_lo, a_hi = _activation_pair(act_row, rows, r_mask, J)
             lo_sum += (lo - zeros) * a_lo[:, None]
             hi_sum += (hi - zeros) * a_hi[:, None]
         return lo_sum.to(tl.float32) + hi_sum.to(tl.float32)
+
+
+@triton.jit
+def _activation_pair(act_row, rows, r_mask, J: tl.constexpr):
+    """Activations ``8 r + J`` and ``8 r + J + 4`` of word rows ``rows [R]``, times
+    ``ACTIVATION_SHIFT``, as fp16 ``[R]`` each (the nibble pair ``int4_pair_fp16`` gives)."""
+    lo = tl.load(act_row + 8 * rows + J, mask=r_mask, other=0.0) * _SHIFT
+    hi = tl.load(act_row + 8 * rows + J + 4, mask=r_mask, other=0.0) * _SHIFT
+    return lo.to(tl.float16), hi.to(tl.float16)
 
 
 @triton.jit
