@@ -31,3 +31,16 @@ def test_unknown_backend_is_refused_with_the_choices(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV_VAR, "cutlass")
     with pytest.raises(ValueError, match=r"auto.*triton.*torch"):
         select_backend(torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, True), ("1", True), ("on", True), ("0", False), (" OFF ", False)]
+)
+def test_env_switch_is_on_unless_zero_or_off(monkeypatch, value, on):
+    from specter_kernels.backend import env_switch
+
+    if value is None:
+        monkeypatch.delenv("SPECTER_TEST_SWITCH", raising=False)
+    else:
+        monkeypatch.setenv("SPECTER_TEST_SWITCH", value)
+    assert env_switch("SPECTER_TEST_SWITCH") is on

@@ -30,6 +30,13 @@ Backend = Literal["triton", "torch"]
 _CHOICES = ("auto", "triton", "torch")
 
 
+def env_switch(name: str) -> bool:
+    """An on/off switch from the environment, on unless ``$name`` is ``0`` or ``off`` (any
+    case, spaces ignored). The fusion switches (``SPECTER_ROUTER_ONE_LAUNCH``,
+    ``SPECTER_MLA_FUSED_UV``, ...) read it once at import, for A/B runs."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "off")
+
+
 def triton_available() -> bool:
     """Whether the ``triton`` package can be imported in this environment."""
     return importlib.util.find_spec("triton") is not None

@@ -14,15 +14,14 @@ GEMM's per-device counters, left zeroed) and the last one selects.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from specter_kernels.backend import env_switch
 from specter_kernels.pdl import pdl_enter, pdl_options
 
-ONE_LAUNCH = os.environ.get("SPECTER_ROUTER_ONE_LAUNCH", "1").strip().lower() not in ("0", "off")
+ONE_LAUNCH = env_switch("SPECTER_ROUTER_ONE_LAUNCH")
 """Whether the selection runs in the logits launch's last program per row
 (``_router_one_launch_kernel``) rather than as a second kernel (``SPECTER_ROUTER_ONE_LAUNCH=0``
 at import; tests flip this constant). The logits have the same bits either way; the

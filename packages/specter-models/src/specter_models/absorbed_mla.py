@@ -35,7 +35,6 @@ runs); anything else falls back to transformers' forward.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -44,18 +43,19 @@ import torch
 from torch import nn
 
 from specter_kernels import FLOAT_DTYPES, MAX_LATENT, mla_attention, mla_prologue
+from specter_kernels.backend import env_switch
 from specter_models.fused_rotary import rotary_applies
 from specter_models.kv_cache import StaticKVCache, StaticKVLayer
 from specter_models.module_patches import patch_forwards
 
 SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager")
 
-MLA_PROLOGUE = os.environ.get("SPECTER_MLA_PROLOGUE", "1").strip().lower() not in ("0", "off")
+MLA_PROLOGUE = env_switch("SPECTER_MLA_PROLOGUE")
 """Whether the latent norm, the rotations and the cache writes run as one launch where they
 can (``SPECTER_MLA_PROLOGUE=0`` at import keeps them apart; tests flip this constant)."""
 
 
-MLA_FUSED_UV = os.environ.get("SPECTER_MLA_FUSED_UV", "1").strip().lower() not in ("0", "off")
+MLA_FUSED_UV = env_switch("SPECTER_MLA_FUSED_UV")
 """Whether the value up-projection runs inside the attention's merge kernel on CUDA
 (``SPECTER_MLA_FUSED_UV=0`` at import keeps it a separate ``bmm``; tests flip this constant)."""
 

@@ -28,7 +28,6 @@ apart in every patched layer.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -36,12 +35,13 @@ import torch
 from torch import nn
 
 from specter_kernels import add_rms_norm
+from specter_kernels.backend import env_switch
 from specter_models.fused_norms import fused_applies, is_rms_norm
 from specter_models.module_patches import patch_forwards
 
 __all__ = ["FUSED_RESIDUALS", "TAKES_RESIDUAL", "install_fused_residuals", "is_pre_norm_layer"]
 
-FUSED_RESIDUALS = os.environ.get("SPECTER_FUSED_RESIDUALS", "1").strip().lower() not in ("0", "off")
+FUSED_RESIDUALS = env_switch("SPECTER_FUSED_RESIDUALS")
 """Whether patched layers fuse their adds (``SPECTER_FUSED_RESIDUALS=0`` at import keeps
 them apart, for A/B runs; tests flip this constant)."""
 
