@@ -17,6 +17,7 @@ from kernel_helpers import rel_err
 from specter_kernels.int4_triton import ACTIVATION_SHIFT, int4_word_dot8
 
 R, N = 16, 32  # word rows (128 inputs), columns
+SHIFT = tl.constexpr(ACTIVATION_SHIFT)
 # The Triton-ops form runs where the kernels run: the interpreter's CPU, else the GPU.
 OPS_DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 needs_ops_device = pytest.mark.skipif(
@@ -33,7 +34,9 @@ def _word_dot8_kernel(
     words = tl.load(words_ptr + rows[:, None] * COLS + cols[None, :])
     zeros = tl.load(zeros_ptr + cols)[None, :].to(tl.float16) + 1024.0
     r_mask = rows < ROWS
-    out = int4_word_dot8(words, x_ptr, rows, r_mask, zeros, ASM)
+    # a scale of ACTIVATION_SHIFT (exact in fp16): the result is the shifted dot itself
+    scales = tl.full([1, COLS], SHIFT, dtype=tl.float16)
+    out = int4_word_dot8(words, x_ptr, rows, r_mask, scales, zeros, ASM)
     tl.store(out_ptr + rows[:, None] * COLS + cols[None, :], out)
 
 

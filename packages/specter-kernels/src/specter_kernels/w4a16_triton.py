@@ -32,7 +32,6 @@ import triton
 import triton.language as tl
 
 from specter_kernels.int4_triton import (
-    ACTIVATION_SHIFT,
     accumulate_rows_and_finish,
     finish_gate_up,
     int4_fp32_minus,
@@ -44,8 +43,6 @@ from specter_kernels.int4_triton import (
 from specter_kernels.int4_weight import Int4Weight
 from specter_kernels.moe_align import max_aligned_blocks, moe_align_block_size
 from specter_kernels.pdl import pdl_enter, pdl_options
-
-_SHIFT = tl.constexpr(ACTIVATION_SHIFT)
 
 
 @dataclass(frozen=True)
@@ -117,8 +114,7 @@ def _gemv_step(
        scale multiply-add per word (``int4_triton.int4_word_dot8``; ``ASM``: its PTX).
     """
     if MATH == 3:
-        unshift = scales.to(tl.float32) * (1.0 / _SHIFT)
-        acc += int4_word_dot8(words, act_row, rows, r_mask, zeros, ASM) * unshift
+        acc += int4_word_dot8(words, act_row, rows, r_mask, scales, zeros, ASM)
     elif MATH == 1:
         magic_zero = (zeros - 1024.0).to(tl.float32) + 8388608.0
         tile = tl.zeros([R, BLOCK_N], dtype=tl.float32)
