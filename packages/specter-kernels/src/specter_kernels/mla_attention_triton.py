@@ -137,16 +137,14 @@ def _mla_chunk_kernel(
     tl.store(sum_ptr + part * BLOCK_H + heads, run_sum)
 
 
-@triton.jit(do_not_specialize=["row0"])
-def _mla_merge_kernel(
-    acc_ptr, max_ptr, sum_ptr, out_ptr, R, row0, s_oh, s_ot, chunks,
+@triton.jit
+def _merge_chunks(
+    acc_ptr, max_ptr, sum_ptr, local, h, chunks, rr,
     BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
-    PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
-    local = tl.program_id(0)
-    h = tl.program_id(1)
-    rr = tl.arange(0, BLOCK_R)
+    """Row ``local``'s head ``h``: its chunks' accumulators rescaled to the peak max and
+    added in chunk order, divided once by the summed weights (zeros for a row with no
+    visible key). fp32 ``[BLOCK_R]``; both merge kernels run this, so they agree bit for bit."""
     first = local * chunks * BLOCK_H + h
     peak = tl.load(max_ptr + first)
     for s in range(1, chunks):
@@ -159,7 +157,20 @@ def _mla_merge_kernel(
         w = tl.exp(tl.load(max_ptr + part) - peak)
         norm = norm + w * tl.load(sum_ptr + part)
         total = total + w * tl.load(acc_ptr + part * BLOCK_R + rr)
-    out = tl.where(norm > 0.0, total / tl.where(norm > 0.0, norm, 1.0), 0.0)
+    return tl.where(norm > 0.0, total / tl.where(norm > 0.0, norm, 1.0), 0.0)
+
+
+@triton.jit(do_not_specialize=["row0"])
+def _mla_merge_kernel(
+    acc_ptr, max_ptr, sum_ptr, out_ptr, R, row0, s_oh, s_ot, chunks,
+    BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):  # fmt: skip
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
+    local = tl.program_id(0)
+    h = tl.program_id(1)
+    rr = tl.arange(0, BLOCK_R)
+    out = _merge_chunks(acc_ptr, max_ptr, sum_ptr, local, h, chunks, rr, BLOCK_H, BLOCK_R)
     tl.store(
         out_ptr + h * s_oh + (row0 + local) * s_ot + rr,
         out.to(out_ptr.dtype.element_ty),
@@ -189,19 +200,7 @@ def _mla_merge_project_kernel(
     ).to(tl.float32)
     for i in range(0, tl.minimum(ROWS, rows - first_row)):
         local = first_row + i
-        first = local * chunks * BLOCK_H + h
-        peak = tl.load(max_ptr + first)
-        for s in range(1, chunks):
-            peak = tl.maximum(peak, tl.load(max_ptr + (local * chunks + s) * BLOCK_H + h))
-        wt = tl.exp(tl.load(max_ptr + first) - peak)
-        norm = wt * tl.load(sum_ptr + first)
-        total = wt * tl.load(acc_ptr + first * BLOCK_R + rr)
-        for s in range(1, chunks):  # chunk order, as _mla_merge_kernel
-            part = (local * chunks + s) * BLOCK_H + h
-            wt = tl.exp(tl.load(max_ptr + part) - peak)
-            norm = norm + wt * tl.load(sum_ptr + part)
-            total = total + wt * tl.load(acc_ptr + part * BLOCK_R + rr)
-        o_lat = tl.where(norm > 0.0, total / tl.where(norm > 0.0, norm, 1.0), 0.0)
+        o_lat = _merge_chunks(acc_ptr, max_ptr, sum_ptr, local, h, chunks, rr, BLOCK_H, BLOCK_R)
         o_lat = o_lat.to(out_ptr.dtype.element_ty).to(tl.float32)  # o_lat's rounding
         out = tl.sum(w * o_lat[None, :], axis=1)
         tl.store(
