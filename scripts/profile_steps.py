@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import time
 
@@ -65,7 +66,7 @@ def per_step_busy(events, steps: int) -> float:
         else []
     )
     cuts = [0, *sorted(gaps), len(spans)]
-    return sum(busy_us(spans[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)) / steps
+    return sum(busy_us(spans[a:b]) for a, b in itertools.pairwise(cuts)) / steps
 
 
 def main() -> int:
