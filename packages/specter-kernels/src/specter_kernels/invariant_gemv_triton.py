@@ -1,0 +1,99 @@
+"""Triton kernel of the batch-invariant skinny linear ``x [M, K] @ weight[N, K]^T -> [M, N]``.
+
+The decode and verification linears have one to a few dozen rows and a weight of megabytes:
+their time is the weight's bytes, and the tensor-core kernel of
+:mod:`specter_kernels.invariant_matmul_triton` (a 16-row MMA tile, K split across programs
+and summed by the last arrival) reaches about a third of the H200's bandwidth on them. This
+kernel is a GEMV instead:
+
+* one program owns ``BLOCK_N`` output columns and all of K: it loads its ``[BLOCK_N, K]``
+  stretch of the weight once, in one go (every load in flight at once, no K loop, no split,
+  no workspace), into registers as fp32;
+* then, for each of the M rows in turn, it loads the row, multiplies elementwise and sums
+  along K with one ``tl.sum``, adds the bias and rounds once.
+
+Batch invariance is by construction: M is a runtime loop bound (never specialised), so every
+row count runs the same binary, and each row goes through the same instructions whatever the
+rows beside it. The tile (``BLOCK_N``, ``BLOCK_K = next_pow2(K)``, warps) depends on
+(N, K, dtype) only (:mod:`specter_kernels.invariant_gemv_config`).
+
+``WEIGHT_FIRST`` (a static weight, never written by an earlier kernel of the stream: the
+model's linears, not attention's operands) issues the weight's loads before the PDL wait, so
+they overlap the previous kernel's tail; the row loads, which may read that kernel's
+output, come after the wait.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specter_kernels.pdl import pdl_enter, pdl_options
+
+
+@triton.jit(do_not_specialize=["M", "stride_xm", "stride_om"])
+def _invariant_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    WEIGHT_FIRST: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    k_mask = offs_k < K
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    w_mask = n_mask[:, None] & k_mask[None, :]
+    if WEIGHT_FIRST:
+        w = tl.load(w_ptrs, mask=w_mask, other=0.0, eviction_policy="evict_first")
+        pdl_enter(PDL)
+    else:
+        pdl_enter(PDL)
+        w = tl.load(w_ptrs, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    w = w.to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    for m in range(M):
+        row = tl.multiple_of(m * stride_xm, 8)  # the launcher's contract: 16-byte rows
+        x = tl.load(x_ptr + row + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        acc = tl.sum(w * x[None, :], axis=1)
+        if HAS_BIAS:
+            acc += bias
+        tl.store(out_ptr + m * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def launch_invariant_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+    block_n: int,
+    num_warps: int,
+    weight_first: bool = False,
+) -> torch.Tensor:
+    """Run the kernel: ``x [M, K]`` (unit stride along K), ``weight [N, K]`` (unit stride
+    along K), ``out [M, N]`` (unit stride along N), optional ``bias [N]``."""
+    M, K = x.shape
+    N = weight.shape[0]
+    options = pdl_options(x.device)
+    _invariant_gemv_kernel[(triton.cdiv(N, block_n),)](
+        x, weight, bias if bias is not None else out, out,
+        M, N, K, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K),
+        WEIGHT_FIRST=weight_first and options["PDL"] != 0,
+        num_warps=num_warps, num_stages=1, **options,
+    )  # fmt: skip
+    return out
