@@ -35,7 +35,7 @@ def candidates(N: int, K: int, dtype: torch.dtype) -> list[tuple[int, int, bool]
     """(block_n, warps, weight_first) whose weight tile is 16-128 elements a thread."""
     width = triton.next_power_of_2(K)
     found = []
-    for bn, warps, first in itertools.product((1, 2, 4, 8, 16), (2, 4, 8), (False, True)):
+    for bn, warps, first in itertools.product((1, 2, 4, 8), (4, 8), (False, True)):
         per_thread = bn * width / (32 * warps)
         if 8 <= per_thread <= 128 * 2 // dtype.itemsize and bn <= triton.next_power_of_2(N):
             found.append((bn, warps, first))
