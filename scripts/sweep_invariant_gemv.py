@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import triton
 from sweep_invariant_matmul import SHAPES, graph_us  # a sibling script (scripts/ on sys.path)
 
+from specter_kernels.invariant_gemv_config import GemvConfig
 from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
 from specter_kernels.invariant_matmul_config import matmul_config
 from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
@@ -64,7 +65,7 @@ def sweep_shape(name: str, N: int, K: int, dtype: torch.dtype, device_name: str,
     results = []
     for bn, warps, first in candidates(N, K, dtype):
         launch = functools.partial(
-            launch_invariant_gemv, block_n=bn, num_warps=warps, weight_first=first
+            launch_invariant_gemv, config=GemvConfig(bn, warps), weight_first=first
         )
         try:
             us = {

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specter_kernels.invariant_gemv_config import GemvConfig
 from specter_kernels.pdl import pdl_enter, pdl_options
 
 
@@ -80,20 +81,28 @@ def launch_invariant_gemv(
     weight: torch.Tensor,
     out: torch.Tensor,
     bias: torch.Tensor | None,
-    block_n: int,
-    num_warps: int,
+    config: GemvConfig,
     weight_first: bool = False,
 ) -> torch.Tensor:
-    """Run the kernel: ``x [M, K]`` (unit stride along K), ``weight [N, K]`` (unit stride
-    along K), ``out [M, N]`` (unit stride along N), optional ``bias [N]``."""
+    """Run the kernel: ``x [M, K]``, ``weight [N, K]`` (unit stride along K), ``out [M, N]``
+    (unit stride along N), optional ``bias [N]``; returns ``out``.
+
+    ``x`` is copied first when its rows are not 16-byte aligned (the kernel's vector loads
+    assume it), so every call of a shape runs one binary whatever ``x``'s layout.
+    """
     M, K = x.shape
     N = weight.shape[0]
+    if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format)
+        if x.data_ptr() % 16:  # a clone is a fresh, aligned allocation
+            raise RuntimeError(f"x at {x.data_ptr():#x} is not 16-byte aligned after a copy")
     options = pdl_options(x.device)
-    _invariant_gemv_kernel[(triton.cdiv(N, block_n),)](
+    _invariant_gemv_kernel[(triton.cdiv(N, config.block_n),)](
         x, weight, bias if bias is not None else out, out,
         M, N, K, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K),
+        HAS_BIAS=bias is not None, BLOCK_N=config.block_n,
+        BLOCK_K=triton.next_power_of_2(K),
         WEIGHT_FIRST=weight_first and options["PDL"] != 0,
-        num_warps=num_warps, num_stages=1, **options,
+        num_warps=config.num_warps, num_stages=1, **options,
     )  # fmt: skip
     return out

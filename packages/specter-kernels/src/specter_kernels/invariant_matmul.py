@@ -133,6 +133,17 @@ def invariant_bmm(
     from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
 
     out = torch.empty(B, M, N, dtype=dtype, device=a.device)
+    if B == 1 and b.stride(1) == 1 and dtype == a.dtype:
+        # A linear's weight ([N, K] read as its transpose): the GEMV where it applies. The
+        # choice looks at (N, K, dtype) and the weight's layout only, never at M.
+        from specter_kernels.invariant_gemv_config import gemv_config
+        from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
+        from specter_kernels.invariant_matmul_triton import device_name
+
+        config = gemv_config(N, K, a.dtype, device_name(a.device))
+        if config is not None:
+            launch_invariant_gemv(a[0], b[0].T, out[0], bias, config)
+            return out
     return launch_invariant_bmm(a, b, out, bias)
 
 

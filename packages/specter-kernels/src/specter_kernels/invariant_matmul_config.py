@@ -73,8 +73,12 @@ def _config_path(device_name: str, override: str | None) -> Path:
     # Cached: every matmul launch asks, and the answer only changes with the variable.
     if override:
         return Path(override)
-    slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
-    return TUNED_DIR / f"invariant_matmul_{slug}.json"
+    return TUNED_DIR / f"invariant_matmul_{device_slug(device_name)}.json"
+
+
+def device_slug(device_name: str) -> str:
+    """A GPU model's name as tuned files spell it: ``"NVIDIA H200"`` -> ``nvidia_h200``."""
+    return re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
 
 
 @functools.cache

@@ -204,7 +204,7 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
 
 
 @functools.cache
-def _device_name(device: torch.device) -> str | None:
+def device_name(device: torch.device) -> str | None:
     """The GPU model's name (tuned tiles are per model); None off CUDA."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
@@ -219,7 +219,7 @@ def launch_invariant_bmm(
     """Run the kernel on validated ``a [B, M, K]``, ``b [B, K, N]`` into ``out [B, M, N]``."""
     B, M, K = a.shape
     N = b.shape[2]
-    c = config or matmul_config(N, K, a.dtype, _device_name(a.device))
+    c = config or matmul_config(N, K, a.dtype, device_name(a.device))
     split = c.split_k if c.block_k < K else 1
     # Each stretch is a whole number of BLOCK_K steps, so a split only cuts where the
     # unsplit kernel's steps end; the last stretch may be shorter (or empty).

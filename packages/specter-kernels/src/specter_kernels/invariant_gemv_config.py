@@ -1,0 +1,125 @@
+"""Which linears the batch-invariant GEMV takes, and its tile: a function of (N, K, dtype).
+
+:func:`gemv_config` answers None where the GEMV does not apply (K not a multiple of 8, so a
+row is not 16-byte aligned; or K too long for one program's registers) and the tensor-core
+kernel of :mod:`specter_kernels.invariant_matmul_triton` runs instead. The answer never looks
+at the row count, so one shape always runs one kernel and the result stays batch-invariant.
+
+Tiles measured best on a GPU model (``scripts/sweep_invariant_gemv.py``) are kept in
+``tuned/invariant_gemv_<gpu>.json`` beside this module, keyed by (N, K, dtype);
+``SPECTER_INVARIANT_GEMV_CONFIGS`` names another such file. Shapes not in the file get the
+heuristic below. ``SPECTER_INVARIANT_GEMV=0`` (read at import) turns the GEMV off, for A/B
+runs: every linear then takes the tensor-core kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+
+from specter_kernels.backend import env_switch
+from specter_kernels.invariant_matmul_config import TUNED_DIR, device_slug
+
+GEMV_ENV = "SPECTER_INVARIANT_GEMV"
+TUNED_GEMV_CONFIGS_ENV = "SPECTER_INVARIANT_GEMV_CONFIGS"
+GEMV_ENABLED = env_switch(GEMV_ENV)
+"""Whether linears may take the GEMV (``SPECTER_INVARIANT_GEMV``, read once at import)."""
+
+ROW_ALIGNMENT = 8
+"""K must be a multiple of this: every row then starts 16 bytes apart (fp16) for the
+kernel's vector loads."""
+MAX_ROW_BYTES = 32 << 10
+"""The longest weight row (``next_pow2(K) * itemsize``) one program holds; longer rows take
+the tensor-core kernel."""
+TARGET_ELEMENTS_PER_THREAD = 32
+"""The heuristic's weight elements per thread: enough loads in flight, registers to spare."""
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Tile of one invariant GEMV launch.
+
+    Attributes:
+        block_n: output columns (weight rows) per program, a power of two.
+        num_warps: warps per program (1, 2, 4, 8 or 16).
+    """
+
+    block_n: int
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        if self.block_n < 1 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"block_n must be a power of two, got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+
+
+def gemv_eligible(K: int, dtype: torch.dtype) -> bool:
+    """Whether a ``[*, K]`` linear of ``dtype`` can take the GEMV at all (see the module)."""
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    width = triton.next_power_of_2(max(K, 1))
+    return K > 0 and K % ROW_ALIGNMENT == 0 and width * dtype.itemsize <= MAX_ROW_BYTES
+
+
+def heuristic_gemv_config(N: int, K: int, dtype: torch.dtype) -> GemvConfig:
+    """About :data:`TARGET_ELEMENTS_PER_THREAD` weight elements a thread, 4 warps (8 for rows
+    of 8192 elements or more), at most 8 columns a program."""
+    width = triton.next_power_of_2(K)
+    warps = 8 if width >= 8192 else 4
+    block_n = max(1, min(8, TARGET_ELEMENTS_PER_THREAD * 32 * warps // width))
+    return GemvConfig(min(block_n, triton.next_power_of_2(N)), warps)
+
+
+def tuned_gemv_path(device_name: str) -> Path:
+    """The tuned GEMV file of a GPU model: ``$SPECTER_INVARIANT_GEMV_CONFIGS`` when set, else
+    ``tuned/invariant_gemv_<gpu>.json``."""
+    override = os.environ.get(TUNED_GEMV_CONFIGS_ENV) or None
+    if override:
+        return Path(override)
+    return TUNED_DIR / f"invariant_gemv_{device_slug(device_name)}.json"
+
+
+@functools.cache
+def _tuned_table(path: Path) -> dict[tuple[int, int, str], GemvConfig]:
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())["configs"]
+        return {
+            (int(e["N"]), int(e["K"]), str(e["dtype"])): GemvConfig(
+                int(e["block_n"]), int(e["num_warps"])
+            )
+            for e in entries
+        }
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{path} is not a tuned invariant-GEMV file ({type(error).__name__}: {error}); "
+            "expected {'configs': [{'N', 'K', 'dtype', 'block_n', 'num_warps'}, ...]}; fix it, "
+            f"delete it or unset {TUNED_GEMV_CONFIGS_ENV}"
+        ) from error
+
+
+def gemv_config(
+    N: int, K: int, dtype: torch.dtype, device_name: str | None = None
+) -> GemvConfig | None:
+    """The GEMV tile of an ``[*, K] x [K, N]`` linear of ``dtype``, or None where the
+    tensor-core kernel runs instead (the GEMV switched off, or not eligible).
+
+    With ``device_name`` a tuned tile of that GPU model is used when one exists; otherwise
+    :func:`heuristic_gemv_config`. Equal arguments always give an equal answer.
+    """
+    if not GEMV_ENABLED or not gemv_eligible(K, dtype):
+        return None
+    if device_name is not None:
+        key = (N, K, str(dtype).removeprefix("torch."))
+        tuned = _tuned_table(tuned_gemv_path(device_name)).get(key)
+        if tuned is not None:
+            return tuned
+    return heuristic_gemv_config(N, K, dtype)
