@@ -3,7 +3,7 @@ tensor-core invariant matmul's shipped tile and cuBLAS, timed inside CUDA graphs
 
 Each timing graph replays launches over distinct weights (more bytes than the L2 holds, see
 ``sweep_invariant_matmul.py``), so a launch's time is what a decode step pays for it. For each
-shape and candidate (BLOCK_N, warps, weight loads before the PDL wait or after): the time at
+shape and candidate (BLOCK_N, warps, rows a pass): the time at
 M = 1 and M = 5, whether row 0's bits are equal at both, and the largest error against an
 fp32 reference. The best invariant candidate per shape goes to ``--write-config``.
 
@@ -32,14 +32,14 @@ ROWS = (1, 5)
 GRAPH_BYTES = 256 << 20
 
 
-def candidates(N: int, K: int, dtype: torch.dtype) -> list[tuple[int, int, bool]]:
-    """(block_n, warps, weight_first) whose weight tile is 16-128 elements a thread."""
+def candidates(N: int, K: int, dtype: torch.dtype) -> list[GemvConfig]:
+    """Tiles whose weight stretch is 8-128 elements a thread (64 for fp32), 1-8 rows a pass."""
     width = triton.next_power_of_2(K)
     found = []
-    for bn, warps, first in itertools.product((1, 2, 4, 8), (4, 8), (False, True)):
+    for bn, warps, rows in itertools.product((1, 2, 4, 8), (4, 8), (1, 2, 4, 8)):
         per_thread = bn * width / (32 * warps)
         if 8 <= per_thread <= 128 * 2 // dtype.itemsize and bn <= triton.next_power_of_2(N):
-            found.append((bn, warps, first))
+            found.append(GemvConfig(bn, warps, rows))
     return found
 
 
@@ -63,10 +63,8 @@ def sweep_shape(name: str, N: int, K: int, dtype: torch.dtype, device_name: str,
         for m in ROWS
     }
     results = []
-    for bn, warps, first in candidates(N, K, dtype):
-        launch = functools.partial(
-            launch_invariant_gemv, config=GemvConfig(bn, warps), weight_first=first
-        )
+    for config in candidates(N, K, dtype):
+        launch = functools.partial(launch_invariant_gemv, config=config)
         try:
             us = {
                 m: graph_us(
@@ -76,12 +74,12 @@ def sweep_shape(name: str, N: int, K: int, dtype: torch.dtype, device_name: str,
                 for m in ROWS
             }
         except Exception as exc:  # a tile that does not compile or fit
-            print(f"{name} {bn} {warps} {first}: {type(exc).__name__}: {exc}", flush=True)
+            print(f"{name} {config}: {type(exc).__name__}: {exc}", flush=True)
             continue
         record = {
             "kind": "gemv", "shape": name, "N": N, "K": K,
             "dtype": str(dtype).removeprefix("torch."),
-            "block_n": bn, "num_warps": warps, "weight_first": first,
+            "block_n": config.block_n, "num_warps": config.num_warps, "rows": config.rows,
             "invariant": torch.equal(outs[1][0], outs[5][0]),
             "max_err": (outs[5].float() - ref).abs().max().item(),
             **{f"us_m{m}": us[m] for m in ROWS},
@@ -101,13 +99,13 @@ def sweep_shape(name: str, N: int, K: int, dtype: torch.dtype, device_name: str,
         f"{name:26s} N={N:6d} K={K:5d} cuBLAS {linear[1]:6.2f}/{linear[5]:6.2f} us"
         f" | mma {mma_us[1]:6.2f}/{mma_us[5]:6.2f} | gemv {best['us_m1']:6.2f}/"
         f"{best['us_m5']:6.2f} ({best['gbps_m1']:.0f} GB/s) bn={best['block_n']} "
-        f"w={best['num_warps']} first={best['weight_first']} err={best['max_err']:.1e}"
+        f"w={best['num_warps']} rows={best['rows']} err={best['max_err']:.1e}"
         f" | {len(results)} timed, non-invariant {len(results) - len(good)}",
         flush=True,
     )
     return {
         "N": N, "K": K, "dtype": best["dtype"], "block_n": best["block_n"],
-        "num_warps": best["num_warps"], "weight_first": best["weight_first"],
+        "num_warps": best["num_warps"], "rows": best["rows"],
         "graph_us_m1": round(best["us_m1"], 2), "graph_us_m5": round(best["us_m5"], 2),
         "mma_graph_us_m1": round(mma_us[1], 2), "mma_graph_us_m5": round(mma_us[5], 2),
         "linear_graph_us_m1": round(linear[1], 2),

@@ -39,6 +39,8 @@ MAX_ROW_BYTES = 32 << 10
 the tensor-core kernel."""
 TARGET_ELEMENTS_PER_THREAD = 32
 """The heuristic's weight elements per thread: enough loads in flight, registers to spare."""
+HEURISTIC_ROWS = 4
+"""The heuristic's rows per pass: a verification of up to four drafted tokens in one pass."""
 
 
 @dataclass(frozen=True)
@@ -48,16 +50,20 @@ class GemvConfig:
     Attributes:
         block_n: output columns (weight rows) per program, a power of two.
         num_warps: warps per program (1, 2, 4, 8 or 16).
+        rows: input rows per pass (unrolled; their loads are in flight together), 1 to 16.
     """
 
     block_n: int
     num_warps: int = 4
+    rows: int = 1
 
     def __post_init__(self) -> None:
         if self.block_n < 1 or self.block_n & (self.block_n - 1):
             raise ValueError(f"block_n must be a power of two, got {self.block_n}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if not 1 <= self.rows <= 16:
+            raise ValueError(f"rows must be 1 to 16, got {self.rows}")
 
 
 def gemv_eligible(K: int, dtype: torch.dtype) -> bool:
@@ -70,11 +76,12 @@ def gemv_eligible(K: int, dtype: torch.dtype) -> bool:
 
 def heuristic_gemv_config(N: int, K: int, dtype: torch.dtype) -> GemvConfig:
     """About :data:`TARGET_ELEMENTS_PER_THREAD` weight elements a thread, 4 warps (8 for rows
-    of 8192 elements or more), at most 8 columns a program."""
+    of 8192 elements or more), at most 8 columns a program, rows in passes of
+    :data:`HEURISTIC_ROWS`."""
     width = triton.next_power_of_2(K)
     warps = 8 if width >= 8192 else 4
     block_n = max(1, min(8, TARGET_ELEMENTS_PER_THREAD * 32 * warps // width))
-    return GemvConfig(min(block_n, triton.next_power_of_2(N)), warps)
+    return GemvConfig(min(block_n, triton.next_power_of_2(N)), warps, HEURISTIC_ROWS)
 
 
 def tuned_gemv_path(device_name: str) -> Path:
@@ -94,14 +101,15 @@ def _tuned_table(path: Path) -> dict[tuple[int, int, str], GemvConfig]:
         entries = json.loads(path.read_text())["configs"]
         return {
             (int(e["N"]), int(e["K"]), str(e["dtype"])): GemvConfig(
-                int(e["block_n"]), int(e["num_warps"])
+                int(e["block_n"]), int(e["num_warps"]), int(e.get("rows", 1))
             )
             for e in entries
         }
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(
             f"{path} is not a tuned invariant-GEMV file ({type(error).__name__}: {error}); "
-            "expected {'configs': [{'N', 'K', 'dtype', 'block_n', 'num_warps'}, ...]}; fix it, "
+            "expected {'configs': [{'N', 'K', 'dtype', 'block_n', 'num_warps'[, 'rows']}, "
+            "...]}; fix it, "
             f"delete it or unset {TUNED_GEMV_CONFIGS_ENV}"
         ) from error
 

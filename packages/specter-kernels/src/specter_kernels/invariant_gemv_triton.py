@@ -9,18 +9,18 @@ kernel is a GEMV instead:
 * one program owns ``BLOCK_N`` output columns and all of K: it loads its ``[BLOCK_N, K]``
   stretch of the weight once, in one go (every load in flight at once, no K loop, no split,
   no workspace), into registers as fp32;
-* then, for each of the M rows in turn, it loads the row, multiplies elementwise and sums
-  along K with one ``tl.sum``, adds the bias and rounds once.
+* then it takes the M rows in passes of ``ROWS`` (unrolled, so a pass's row loads are in
+  flight together): for each row it multiplies elementwise, sums along K with one
+  ``tl.sum``, adds the bias and rounds once.
 
 Batch invariance is by construction: M is a runtime loop bound (never specialised), so every
-row count runs the same binary, and each row goes through the same instructions whatever the
-rows beside it. The tile (``BLOCK_N``, ``BLOCK_K = next_pow2(K)``, warps) depends on
-(N, K, dtype) only (:mod:`specter_kernels.invariant_gemv_config`).
+row count runs the same binary; row m is always the ``m % ROWS``-th of its pass, and each
+row goes through the same instructions whatever the rows beside it. The tile (``BLOCK_N``,
+``BLOCK_K = next_pow2(K)``, warps, ``ROWS``) depends on (N, K, dtype) only
+(:mod:`specter_kernels.invariant_gemv_config`).
 
-``WEIGHT_FIRST`` (a static weight, never written by an earlier kernel of the stream: the
-model's linears, not attention's operands) issues the weight's loads before the PDL wait, so
-they overlap the previous kernel's tail; the row loads, which may read that kernel's
-output, come after the wait.
+Issuing the weight's loads before the PDL wait (they do not depend on the previous kernel)
+was measured on the H200 and made no difference, so the kernel waits first, like the others.
 """
 
 from __future__ import annotations
@@ -48,32 +48,34 @@ def _invariant_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    WEIGHT_FIRST: tl.constexpr,
+    ROWS: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     k_mask = offs_k < K
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    w_mask = n_mask[:, None] & k_mask[None, :]
-    if WEIGHT_FIRST:
-        w = tl.load(w_ptrs, mask=w_mask, other=0.0, eviction_policy="evict_first")
-        pdl_enter(PDL)
-    else:
-        pdl_enter(PDL)
-        w = tl.load(w_ptrs, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
     w = w.to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    for m in range(M):
-        row = tl.multiple_of(m * stride_xm, 8)  # the launcher's contract: 16-byte rows
-        x = tl.load(x_ptr + row + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        acc = tl.sum(w * x[None, :], axis=1)
-        if HAS_BIAS:
-            acc += bias
-        tl.store(out_ptr + m * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+    # Rows go in passes of ROWS, unrolled, so a pass's row loads are in flight together.
+    # Row m is always the (m % ROWS)-th of its pass, whatever M, and every row runs the
+    # same instructions: the passes cannot make a row's bits depend on the row count.
+    for m0 in range(0, M, ROWS):
+        for r in tl.static_range(ROWS):
+            m = m0 + r
+            live = m < M
+            row = tl.multiple_of(m * stride_xm, 8)  # the launcher's contract: 16-byte rows
+            x = tl.load(x_ptr + row + offs_k, mask=k_mask & live, other=0.0).to(tl.float32)
+            acc = tl.sum(w * x[None, :], axis=1)
+            if HAS_BIAS:
+                acc += bias
+            out = out_ptr + m * stride_om + offs_n
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_mask & live)
 
 
 def launch_invariant_gemv(
@@ -82,7 +84,6 @@ def launch_invariant_gemv(
     out: torch.Tensor,
     bias: torch.Tensor | None,
     config: GemvConfig,
-    weight_first: bool = False,
 ) -> torch.Tensor:
     """Run the kernel: ``x [M, K]``, ``weight [N, K]`` (unit stride along K), ``out [M, N]``
     (unit stride along N), optional ``bias [N]``; returns ``out``.
@@ -96,13 +97,11 @@ def launch_invariant_gemv(
         x = x.clone(memory_format=torch.contiguous_format)
         if x.data_ptr() % 16:  # a clone is a fresh, aligned allocation
             raise RuntimeError(f"x at {x.data_ptr():#x} is not 16-byte aligned after a copy")
-    options = pdl_options(x.device)
     _invariant_gemv_kernel[(triton.cdiv(N, config.block_n),)](
         x, weight, bias if bias is not None else out, out,
         M, N, K, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=config.block_n,
-        BLOCK_K=triton.next_power_of_2(K),
-        WEIGHT_FIRST=weight_first and options["PDL"] != 0,
-        num_warps=config.num_warps, num_stages=1, **options,
+        BLOCK_K=triton.next_power_of_2(K), ROWS=config.rows,
+        num_warps=config.num_warps, num_stages=1, **pdl_options(x.device),
     )  # fmt: skip
     return out
