@@ -5,7 +5,13 @@ Each timing graph replays launches over distinct weights (more bytes than the L2
 ``sweep_invariant_matmul.py``), so a launch's time is what a decode step pays for it. For each
 shape and candidate (BLOCK_N, warps, rows a pass): the time at
 M = 1 and M = 5, whether row 0's bits are equal at both, and the largest error against an
-fp32 reference. The best invariant candidate per shape goes to ``--write-config``.
+fp32 reference. Per shape, the best invariant candidate by ``ROW_WEIGHTS`` (3 x the 1-row
+time + the 5-row time) goes to ``--write-config``, as the GEMV's tile where it beats the
+tensor-core kernel's weighted time, else as ``"kernel": "mma"``.
+
+    python3 scripts/sweep_invariant_gemv.py --from-records a.jsonl b.jsonl --write-config f.json
+
+rebuilds the tuned file from earlier sweeps' records.
 
     source scripts/gpu-env.sh && python3 scripts/sweep_invariant_gemv.py --out $OUT/gemv.jsonl
 """
@@ -23,7 +29,7 @@ import torch.nn.functional as F
 import triton
 from sweep_invariant_matmul import SHAPES, graph_us  # a sibling script (scripts/ on sys.path)
 
-from specter_kernels.invariant_gemv_config import GemvConfig
+from specter_kernels.invariant_gemv_config import ROW_WEIGHTS, GemvConfig
 from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
 from specter_kernels.invariant_matmul_config import matmul_config
 from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
@@ -94,31 +100,55 @@ def sweep_shape(name: str, N: int, K: int, dtype: torch.dtype, device_name: str,
     if not good:
         print(f"{name}: no invariant candidate", flush=True)
         return None
-    best = min(good, key=lambda r: r["us_m1"] + r["us_m5"])
+    best = min(good, key=lambda r: weighted(r, "us"))
+    use_gemv = weighted(best, "us") < weighted(best, "mma_us")
     print(
         f"{name:26s} N={N:6d} K={K:5d} cuBLAS {linear[1]:6.2f}/{linear[5]:6.2f} us"
         f" | mma {mma_us[1]:6.2f}/{mma_us[5]:6.2f} | gemv {best['us_m1']:6.2f}/"
         f"{best['us_m5']:6.2f} ({best['gbps_m1']:.0f} GB/s) bn={best['block_n']} "
         f"w={best['num_warps']} rows={best['rows']} err={best['max_err']:.1e}"
-        f" | {len(results)} timed, non-invariant {len(results) - len(good)}",
+        f" | {len(results)} timed, non-invariant {len(results) - len(good)}"
+        f" -> {'gemv' if use_gemv else 'mma'}",
         flush=True,
     )
-    return {
-        "N": N, "K": K, "dtype": best["dtype"], "block_n": best["block_n"],
-        "num_warps": best["num_warps"], "rows": best["rows"],
-        "graph_us_m1": round(best["us_m1"], 2), "graph_us_m5": round(best["us_m5"], 2),
-        "mma_graph_us_m1": round(mma_us[1], 2), "mma_graph_us_m5": round(mma_us[5], 2),
-        "linear_graph_us_m1": round(linear[1], 2),
-    }  # fmt: skip
+    return tuned_entry(best, use_gemv)
+
+
+def weighted(record: dict, prefix: str) -> float:
+    """The 1- and 5-row times weighed as ``ROW_WEIGHTS`` says (the kernel choice's measure)."""
+    return sum(w * record[f"{prefix}_m{m}"] for m, w in ROW_WEIGHTS.items())
+
+
+def tuned_entry(best: dict, use_gemv: bool) -> dict:
+    """A tuned-file entry: the GEMV tile, or ``"kernel": "mma"`` with the times of both."""
+    entry = {"N": best["N"], "K": best["K"], "dtype": best["dtype"]}
+    if use_gemv:
+        entry.update(kernel="gemv", block_n=best["block_n"], num_warps=best["num_warps"],
+                     rows=best["rows"])  # fmt: skip
+    else:
+        entry["kernel"] = "mma"
+    entry.update({
+        "gemv_graph_us_m1": round(best["us_m1"], 2), "gemv_graph_us_m5": round(best["us_m5"], 2),
+        "mma_graph_us_m1": round(best["mma_us_m1"], 2),
+        "mma_graph_us_m5": round(best["mma_us_m5"], 2),
+        "linear_graph_us_m1": round(best["linear_us_m1"], 2),
+    })  # fmt: skip
+    return entry
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", default=None, help="JSON lines, one per candidate (a sweep)")
     p.add_argument("--shapes", default=None, help="comma-separated name prefixes")
     p.add_argument("--max-seconds", type=float, default=300.0)
     p.add_argument("--write-config", default=None)
+    p.add_argument("--from-records", nargs="+", default=None, help="earlier sweeps' records")
+    p.add_argument("--device-name", default="NVIDIA H200", help="with --from-records")
     args = p.parse_args()
+    if args.from_records:
+        return rebuild(args.from_records, args.device_name, args.write_config)
+    if not args.out:
+        p.error("--out is required for a sweep")
     start = time.perf_counter()
     torch.manual_seed(0)
     shapes = SHAPES
@@ -136,9 +166,40 @@ def main() -> int:
                 tuned.append(entry)
     print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
     if args.write_config:
-        with open(args.write_config, "w") as f:
-            json.dump({"device": device_name, "torch": torch.__version__,
-                       "triton": triton.__version__, "configs": tuned}, f, indent=1)  # fmt: skip
+        write_config(args.write_config, device_name, tuned)
+    return 0
+
+
+def write_config(path: str, device_name: str, tuned: list[dict]) -> None:
+    with open(path, "w") as f:
+        json.dump({"device": device_name, "torch": torch.__version__,
+                   "triton": triton.__version__,
+                   "source": "scripts/sweep_invariant_gemv.py (CUDA-graph timing, bit-invariant "
+                             "candidates, kernel and tile by 3 x the 1-row + the 5-row time)",
+                   "configs": tuned}, f, indent=1)  # fmt: skip
+        f.write("\n")
+
+
+def rebuild(paths: list[str], device_name: str, out: str | None) -> int:
+    """The tuned file from earlier sweeps' records (the last record of a shape and tile wins)."""
+    by_shape: dict[tuple, dict[tuple, dict]] = {}
+    for path in paths:
+        with open(path) as f:
+            lines = f.readlines()
+        for line in lines:
+            r = json.loads(line)
+            tile = (r["block_n"], r["num_warps"], r.get("rows", 1))
+            by_shape.setdefault((r["N"], r["K"], r["dtype"]), {})[tile] = r
+    tuned = []
+    for records in by_shape.values():
+        good = [r for r in records.values() if r["invariant"]]
+        if good:
+            best = min(good, key=lambda r: weighted(r, "us"))
+            entry = tuned_entry(best, weighted(best, "us") < weighted(best, "mma_us"))
+            tuned.append(entry)
+            print(json.dumps(entry))
+    if out:
+        write_config(out, device_name, tuned)
     return 0
 
 

@@ -69,6 +69,46 @@ def test_split_k_linear_is_invariant_and_close_to_torch(seed, N, K, dtype, split
     assert _rel_err(full, expected) < (2e-3 if dtype == torch.float16 else 1e-6)
 
 
+@pytest.mark.parametrize(
+    ("N", "K", "dtype", "block_n", "warps", "rows"),
+    [
+        (3648, 2048, torch.float16, 2, 4, 1),
+        (2048, 2816, torch.float16, 8, 8, 3),  # K not a power of two, 3-row passes
+        (1024, 4096, torch.float16, 2, 8, 2),
+        (64, 2048, torch.float32, 1, 8, 1),
+    ],
+)
+def test_gemv_linear_is_invariant_and_close_to_torch(seed, N, K, dtype, block_n, warps, rows):
+    from specter_kernels.invariant_gemv_config import GemvConfig
+    from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
+
+    config = GemvConfig(block_n, warps, rows)
+    x = torch.randn(PREFILL, K, device="cuda").to(dtype)
+    w = (torch.randn(N, K, device="cuda") * 0.02).to(dtype)
+    bias = torch.randn(N, device="cuda").to(dtype)
+
+    def linear(r):
+        out = torch.empty(r.shape[0], N, device="cuda", dtype=dtype)
+        return launch_invariant_gemv(r, w, out, bias, config)
+
+    full = _assert_prefix_invariant(linear, x)
+    expected = x.double() @ w.double().T + bias.double()
+    assert _rel_err(full, expected) < (2e-3 if dtype == torch.float16 else 1e-6)
+
+
+def test_the_tuned_gemv_tiles_are_the_ones_invariant_linear_runs(seed):
+    from specter_kernels.invariant_gemv_config import gemv_config
+
+    name = torch.cuda.get_device_name()
+    # DeepSeek-V2-Lite's fused q/kv_a projection: in the H200's tuned file as a GEMV.
+    config = gemv_config(3648, 2048, torch.float16, name)
+    if name == "NVIDIA H200":
+        assert config is not None and config.rows == 1
+    x = torch.randn(5, 2048, device="cuda").half()
+    w = (torch.randn(3648, 2048, device="cuda") * 0.02).half()
+    assert torch.equal(sk.invariant_linear(x, w)[:1], sk.invariant_linear(x[:1], w))
+
+
 def test_fp32_router_linear_is_ieee_and_invariant(seed):
     x = torch.randn(PREFILL, 2048, device="cuda")
     w = torch.randn(64, 2048, device="cuda") * 0.02

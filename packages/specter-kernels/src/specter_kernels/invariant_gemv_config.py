@@ -5,8 +5,10 @@ row is not 16-byte aligned; or K too long for one program's registers) and the t
 kernel of :mod:`specter_kernels.invariant_matmul_triton` runs instead. The answer never looks
 at the row count, so one shape always runs one kernel and the result stays batch-invariant.
 
-Tiles measured best on a GPU model (``scripts/sweep_invariant_gemv.py``) are kept in
-``tuned/invariant_gemv_<gpu>.json`` beside this module, keyed by (N, K, dtype);
+Per GPU model, ``tuned/invariant_gemv_<gpu>.json`` beside this module (written by
+``scripts/sweep_invariant_gemv.py``) keys (N, K, dtype) to the GEMV tile measured best, or
+to ``"kernel": "mma"`` where the tensor-core kernel was faster (a weighted sum of the 1- and
+5-row times, :data:`ROW_WEIGHTS`);
 ``SPECTER_INVARIANT_GEMV_CONFIGS`` names another such file. Shapes not in the file get the
 heuristic below. ``SPECTER_INVARIANT_GEMV=0`` (read at import) turns the GEMV off, for A/B
 runs: every linear then takes the tensor-core kernel.
@@ -37,10 +39,15 @@ kernel's vector loads."""
 MAX_ROW_BYTES = 32 << 10
 """The longest weight row (``next_pow2(K) * itemsize``) one program holds; longer rows take
 the tensor-core kernel."""
+ROW_WEIGHTS = {1: 3.0, 5: 1.0}
+"""How the sweep weighs a kernel's 1-row and 5-row times when it picks one: plain decoding
+and the adaptive depth's short proposals (mostly 1-3 rows) outnumber 5-row verifications."""
 TARGET_ELEMENTS_PER_THREAD = 32
 """The heuristic's weight elements per thread: enough loads in flight, registers to spare."""
-HEURISTIC_ROWS = 4
-"""The heuristic's rows per pass: a verification of up to four drafted tokens in one pass."""
+HEURISTIC_ROWS = 1
+"""The heuristic's rows per pass. Passes of 2-8 unrolled rows were slower on the H200 at every
+DeepSeek-V2-Lite shape, at one row and at five (each row's reduction costs about as much
+unrolled as looped, and a pass pays for all its rows)."""
 
 
 @dataclass(frozen=True)
@@ -94,22 +101,30 @@ def tuned_gemv_path(device_name: str) -> Path:
 
 
 @functools.cache
-def _tuned_table(path: Path) -> dict[tuple[int, int, str], GemvConfig]:
+def _tuned_table(path: Path) -> dict[tuple[int, int, str], GemvConfig | None]:
+    """(N, K, dtype) -> the tuned tile, or None where the file says the tensor-core kernel
+    was measured faster (``"kernel": "mma"``)."""
     if not path.is_file():
         return {}
     try:
         entries = json.loads(path.read_text())["configs"]
-        return {
-            (int(e["N"]), int(e["K"]), str(e["dtype"])): GemvConfig(
-                int(e["block_n"]), int(e["num_warps"]), int(e.get("rows", 1))
+        table: dict[tuple[int, int, str], GemvConfig | None] = {}
+        for e in entries:
+            key = (int(e["N"]), int(e["K"]), str(e["dtype"]))
+            kernel = e.get("kernel", "gemv")
+            if kernel not in ("gemv", "mma"):
+                raise ValueError(f"kernel {kernel!r} is neither 'gemv' nor 'mma'")
+            table[key] = (
+                GemvConfig(int(e["block_n"]), int(e["num_warps"]), int(e.get("rows", 1)))
+                if kernel == "gemv"
+                else None
             )
-            for e in entries
-        }
+        return table
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(
             f"{path} is not a tuned invariant-GEMV file ({type(error).__name__}: {error}); "
-            "expected {'configs': [{'N', 'K', 'dtype', 'block_n', 'num_warps'[, 'rows']}, "
-            "...]}; fix it, "
+            "expected {'configs': [{'N', 'K', 'dtype', 'kernel': 'gemv', 'block_n', 'num_warps'"
+            "[, 'rows']} or {'N', 'K', 'dtype', 'kernel': 'mma'}, ...]}; fix it, "
             f"delete it or unset {TUNED_GEMV_CONFIGS_ENV}"
         ) from error
 
@@ -120,14 +135,15 @@ def gemv_config(
     """The GEMV tile of an ``[*, K] x [K, N]`` linear of ``dtype``, or None where the
     tensor-core kernel runs instead (the GEMV switched off, or not eligible).
 
-    With ``device_name`` a tuned tile of that GPU model is used when one exists; otherwise
+    With ``device_name`` the tuned file of that GPU model decides when it lists the shape
+    (a tile, or None where it measured the tensor-core kernel faster); otherwise
     :func:`heuristic_gemv_config`. Equal arguments always give an equal answer.
     """
     if not GEMV_ENABLED or not gemv_eligible(K, dtype):
         return None
     if device_name is not None:
+        table = _tuned_table(tuned_gemv_path(device_name))
         key = (N, K, str(dtype).removeprefix("torch."))
-        tuned = _tuned_table(tuned_gemv_path(device_name)).get(key)
-        if tuned is not None:
-            return tuned
+        if key in table:
+            return table[key]
     return heuristic_gemv_config(N, K, dtype)
