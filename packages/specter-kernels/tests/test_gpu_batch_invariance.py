@@ -103,7 +103,8 @@ def test_the_tuned_gemv_tiles_are_the_ones_invariant_linear_runs(seed):
     # DeepSeek-V2-Lite's fused q/kv_a projection: in the H200's tuned file as a GEMV.
     config = gemv_config(3648, 2048, torch.float16, name)
     if name == "NVIDIA H200":
-        assert config is not None and config.rows == 1
+        assert config is not None
+        assert config.rows == 1
     x = torch.randn(5, 2048, device="cuda").half()
     w = (torch.randn(3648, 2048, device="cuda") * 0.02).half()
     assert torch.equal(sk.invariant_linear(x, w)[:1], sk.invariant_linear(x[:1], w))
