@@ -2,8 +2,9 @@
 
 ``_router_logits_kernel``: one program per (token row, ``BLOCK_E`` experts) computes those
 experts' logits as dot products over ``H``, accumulated in fixed ``BLOCK_H``-wide fp32 lanes
-and summed by one fixed tree, so a logit's bits never depend on the other rows or experts
-(batch-invariant by construction); many small programs read the weight at the GPU's
+(the whole row of H up to 4096: one load, no loop) and summed by one fixed tree, so a
+logit's bits never depend on the other rows or experts (batch-invariant by construction);
+many small programs read the weight at the GPU's
 bandwidth, which one program per row cannot (it measured some 20 us for DeepSeek-V2-Lite's
 256 KB router weight on the H200). ``_router_select_kernel``: one program per row reads its
 ``E`` logits, takes the softmax and the top-k (``top_k`` rounds of max, ties to the lower
@@ -26,9 +27,12 @@ ONE_LAUNCH = env_switch("SPECTER_ROUTER_ONE_LAUNCH")
 (``_router_one_launch_kernel``) rather than as a second kernel (``SPECTER_ROUTER_ONE_LAUNCH=0``
 at import; tests flip this constant). The logits have the same bits either way; the
 weights may differ in their last bits (the softmax's sums run over another thread layout)."""
-BLOCK_E = 4
-"""Experts per logits program: 16 programs per row for 64 experts."""
-BLOCK_H = 512
+BLOCK_E = 1
+"""Experts per logits program: one program per (row, expert), 64 a row for DeepSeek-V2-Lite.
+Four experts a program (16 programs a row) took 8.4 us a launch inside the H200's decode
+graph: too few programs to stream even a 512 KB weight at speed."""
+BLOCK_H = 4096
+"""The longest stretch of H a logits program loads at once (the whole row up to 4096)."""
 _ROUNDING = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
@@ -153,6 +157,7 @@ def launch_router_topk(
     weights = torch.empty(T, top_k, dtype=weights_dtype, device=x.device)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=x.device)
     block_h = max(16, min(BLOCK_H, triton.next_power_of_2(H)))
+    warps = 8 if block_h >= 2048 else 4
     block_k = max(triton.next_power_of_2(top_k), 2)
     block_all = max(triton.next_power_of_2(E), 2)
     grid = (T, triton.cdiv(E, BLOCK_E))
@@ -163,13 +168,13 @@ def launch_router_topk(
             x, weight, logits, weights, ids, tile_counters(x.device, T), H, E, x.stride(0),
             scaling,
             BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], TOP_K=top_k,
-            BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), num_warps=4,
+            BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), num_warps=warps,
             **pdl_options(x.device),
         )  # fmt: skip
         return logits, weights, ids
     _router_logits_kernel[grid](
         x, weight, logits, H, E, x.stride(0),
-        BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], num_warps=4,
+        BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], num_warps=warps,
         **pdl_options(x.device),
     )  # fmt: skip
     _router_select_kernel[(T,)](
