@@ -74,11 +74,21 @@ def main() -> int:
     p.add_argument("--model", default="deepseek-v2-lite")
     p.add_argument("--rows", default="1,5", help="target step rows")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument(
+        "--invariant-draft-linears",
+        action="store_true",
+        help="the draft's linears through the invariant GEMM (load(invariant_draft_linears=))",
+    )
     p.add_argument("--tag", default=None)
     p.add_argument("--out", default="profile-steps.jsonl")
     args = p.parse_args()
     t = time.perf_counter()
-    lm = specter_models.load(args.model, device="cuda", max_seq_len=512)
+    lm = specter_models.load(
+        args.model,
+        device="cuda",
+        max_seq_len=512,
+        invariant_draft_linears=args.invariant_draft_linears,
+    )
     print(f"built {lm!r} in {time.perf_counter() - t:.1f} s", flush=True)
     prompt = torch.arange(3, 203, device="cuda").unsqueeze(0)
     lm.target.forward(prompt, 0)
