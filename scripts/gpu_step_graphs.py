@@ -75,9 +75,17 @@ def main() -> int:
         "--kernels", action="store_true", help="count each step's kernels (torch.profiler)"
     )
     p.add_argument(
+        "--draft-linears",
+        choices=("default", "invariant", "cublas"),
+        default="default",
+        help="the draft's linears: the library's default (the invariant GEMV on CUDA), the "
+        "invariant kernel, or torch's (load(invariant_draft_linears=))",
+    )
+    p.add_argument(  # the earlier spelling of --draft-linears invariant
         "--invariant-draft-linears",
-        action="store_true",
-        help="the draft's linears through the invariant GEMM (load(invariant_draft_linears=))",
+        dest="draft_linears",
+        action="store_const",
+        const="invariant",
     )
     p.add_argument(
         "--shared-overlap",
@@ -108,7 +116,9 @@ def main() -> int:
             args.model,
             device="cuda",
             max_seq_len=max_seq_len,
-            invariant_draft_linears=args.invariant_draft_linears,
+            invariant_draft_linears={"default": None, "invariant": True, "cublas": False}[
+                args.draft_linears
+            ],
             shared_overlap=args.shared_overlap == "on",
             **kwargs,
         )

@@ -75,9 +75,17 @@ def main() -> int:
     p.add_argument("--rows", default="1,5", help="target step rows")
     p.add_argument("--top", type=int, default=30)
     p.add_argument(
+        "--draft-linears",
+        choices=("default", "invariant", "cublas"),
+        default="default",
+        help="the draft's linears: the library's default (the invariant GEMV on CUDA), the "
+        "invariant kernel, or torch's (load(invariant_draft_linears=))",
+    )
+    p.add_argument(  # the earlier spelling of --draft-linears invariant
         "--invariant-draft-linears",
-        action="store_true",
-        help="the draft's linears through the invariant GEMM (load(invariant_draft_linears=))",
+        dest="draft_linears",
+        action="store_const",
+        const="invariant",
     )
     p.add_argument("--tag", default=None)
     p.add_argument("--out", default="profile-steps.jsonl")
@@ -87,7 +95,9 @@ def main() -> int:
         args.model,
         device="cuda",
         max_seq_len=512,
-        invariant_draft_linears=args.invariant_draft_linears,
+        invariant_draft_linears={"default": None, "invariant": True, "cublas": False}[
+            args.draft_linears
+        ],
     )
     print(f"built {lm!r} in {time.perf_counter() - t:.1f} s", flush=True)
     prompt = torch.arange(3, 203, device="cuda").unsqueeze(0)

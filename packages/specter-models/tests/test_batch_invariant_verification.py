@@ -248,3 +248,13 @@ def test_invariant_draft_linears_route_the_drafts_linears_through_the_kernel(
         assert lm.runtime.invariant_draft_linears is switch
     # The same draft up to summation order.
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
+
+
+def test_invariant_draft_linears_default_is_off_on_the_cpu(checkpoints):
+    # The default follows the device: on CUDA with batch invariance (the GEMV beats cuBLAS
+    # at one row), off on the CPU, where the invariant reference runs row by row.
+    lm = load(
+        checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32,
+        slots_per_layer=3, batch_invariant=True,
+    )  # fmt: skip
+    assert lm.runtime.invariant_draft_linears is False
