@@ -59,6 +59,26 @@ def kernel_summary(prof, label: str, steps: int) -> str:
     )
 
 
+def add_draft_linears_argument(p: argparse.ArgumentParser) -> None:
+    """``--draft-linears default|invariant|cublas`` (and its earlier spelling
+    ``--invariant-draft-linears``): how a loaded model's draft runs its linears."""
+    p.add_argument(
+        "--draft-linears",
+        choices=("default", "invariant", "cublas"),
+        default="default",
+        help="the draft's linears: the library's default (the invariant GEMV on CUDA), the "
+        "invariant kernel, or torch's (load(invariant_draft_linears=))",
+    )
+    p.add_argument(
+        "--invariant-draft-linears", dest="draft_linears", action="store_const", const="invariant"
+    )
+
+
+def draft_linears_value(args: argparse.Namespace) -> bool | None:
+    """``load(invariant_draft_linears=)`` for :func:`add_draft_linears_argument`'s choice."""
+    return {"default": None, "invariant": True, "cublas": False}[args.draft_linears]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="deepseek-v2-lite")
@@ -74,19 +94,7 @@ def main() -> int:
     p.add_argument(
         "--kernels", action="store_true", help="count each step's kernels (torch.profiler)"
     )
-    p.add_argument(
-        "--draft-linears",
-        choices=("default", "invariant", "cublas"),
-        default="default",
-        help="the draft's linears: the library's default (the invariant GEMV on CUDA), the "
-        "invariant kernel, or torch's (load(invariant_draft_linears=))",
-    )
-    p.add_argument(  # the earlier spelling of --draft-linears invariant
-        "--invariant-draft-linears",
-        dest="draft_linears",
-        action="store_const",
-        const="invariant",
-    )
+    add_draft_linears_argument(p)
     p.add_argument(
         "--shared-overlap",
         choices=("on", "off"),
@@ -116,9 +124,7 @@ def main() -> int:
             args.model,
             device="cuda",
             max_seq_len=max_seq_len,
-            invariant_draft_linears={"default": None, "invariant": True, "cublas": False}[
-                args.draft_linears
-            ],
+            invariant_draft_linears=draft_linears_value(args),
             shared_overlap=args.shared_overlap == "on",
             **kwargs,
         )

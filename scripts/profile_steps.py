@@ -19,7 +19,11 @@ import json
 import time
 
 import torch
-from gpu_step_graphs import step_ms  # a sibling script (scripts/ is on sys.path)
+from gpu_step_graphs import (  # a sibling script (scripts/ is on sys.path)
+    add_draft_linears_argument,
+    draft_linears_value,
+    step_ms,
+)
 from torch.profiler import ProfilerActivity, profile
 
 import specter_models
@@ -74,19 +78,7 @@ def main() -> int:
     p.add_argument("--model", default="deepseek-v2-lite")
     p.add_argument("--rows", default="1,5", help="target step rows")
     p.add_argument("--top", type=int, default=30)
-    p.add_argument(
-        "--draft-linears",
-        choices=("default", "invariant", "cublas"),
-        default="default",
-        help="the draft's linears: the library's default (the invariant GEMV on CUDA), the "
-        "invariant kernel, or torch's (load(invariant_draft_linears=))",
-    )
-    p.add_argument(  # the earlier spelling of --draft-linears invariant
-        "--invariant-draft-linears",
-        dest="draft_linears",
-        action="store_const",
-        const="invariant",
-    )
+    add_draft_linears_argument(p)
     p.add_argument("--tag", default=None)
     p.add_argument("--out", default="profile-steps.jsonl")
     args = p.parse_args()
@@ -95,9 +87,7 @@ def main() -> int:
         args.model,
         device="cuda",
         max_seq_len=512,
-        invariant_draft_linears={"default": None, "invariant": True, "cublas": False}[
-            args.draft_linears
-        ],
+        invariant_draft_linears=draft_linears_value(args),
     )
     print(f"built {lm!r} in {time.perf_counter() - t:.1f} s", flush=True)
     prompt = torch.arange(3, 203, device="cuda").unsqueeze(0)
