@@ -145,10 +145,19 @@ def test_invariant_linear_takes_the_gemv_where_it_applies(seed, triton_backend, 
     assert len(calls) == 1
     assert rel_err(out, x.double() @ weight.double().T + bias.double()) < 2e-3
     sk.invariant_linear(torch.randn(3, 37).half(), torch.randn(20, 37).half())  # K % 8 != 0
-    sk.invariant_bmm(torch.randn(2, 3, 48).half(), torch.randn(2, 48, 20).half())  # batched
-    sk.invariant_mm(torch.randn(3, 48).half(), torch.randn(48, 20).half())  # N-contiguous b
+    sk.invariant_linear(x, torch.randn(48, 20).half().T)  # a weight strided along K
+    # Matmuls of runtime operands keep the MMA kernel, even when shaped like a linear
+    # (attention's scores: N is the key count, which differs between plain and verify).
+    sk.invariant_bmm(x[None], weight.T[None])
+    sk.invariant_mm(x, weight.T)
     assert len(calls) == 1
     monkeypatch.setattr(gc, "GEMV_ENABLED", False)
     off = sk.invariant_linear(x, weight, bias)
     assert len(calls) == 1
     assert rel_err(off, out.double()) < 2e-3
+
+
+def test_a_bias_of_the_wrong_length_is_refused_before_the_gemv(triton_backend):
+    x, weight = torch.randn(2, 48).half(), torch.randn(20, 48).half()
+    with pytest.raises(ValueError, match=r"bias must be \[N=20\]"):
+        sk.invariant_linear(x, weight, torch.randn(19).half())

@@ -51,6 +51,11 @@ def _check_pair(a: torch.Tensor, b: torch.Tensor, names: tuple[str, str], dims: 
         )
 
 
+def _check_bias(bias: torch.Tensor | None, N: int, device: torch.device) -> None:
+    if bias is not None and (tuple(bias.shape) != (N,) or bias.device != device):
+        raise ValueError(f"bias must be [N={N}] on {device}, got {tuple(bias.shape)}")
+
+
 def _out_dtype(a: torch.Tensor, out_dtype: torch.dtype | None) -> torch.dtype:
     if out_dtype is None:
         return a.dtype
@@ -121,8 +126,7 @@ def invariant_bmm(
             f"expand the smaller one to match"
         )
     N = b.shape[2]
-    if bias is not None and (tuple(bias.shape) != (N,) or bias.device != a.device):
-        raise ValueError(f"bias must be [N={N}] on {a.device}, got {tuple(bias.shape)}")
+    _check_bias(bias, N, a.device)
     dtype = _out_dtype(a, out_dtype)
     B, M, K = a.shape
     if B == 0 or M == 0 or N == 0 or K == 0:
@@ -133,17 +137,6 @@ def invariant_bmm(
     from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
 
     out = torch.empty(B, M, N, dtype=dtype, device=a.device)
-    if B == 1 and b.stride(1) == 1 and dtype == a.dtype:
-        # A linear's weight ([N, K] read as its transpose): the GEMV where it applies. The
-        # choice looks at (N, K, dtype) and the weight's layout only, never at M.
-        from specter_kernels.invariant_gemv_config import gemv_config
-        from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
-        from specter_kernels.invariant_matmul_triton import device_name
-
-        config = gemv_config(N, K, a.dtype, device_name(a.device))
-        if config is not None:
-            launch_invariant_gemv(a[0], b[0].T, out[0], bias, config)
-            return out
     return launch_invariant_bmm(a, b, out, bias)
 
 
@@ -164,8 +157,10 @@ def invariant_linear(
 ) -> torch.Tensor:
     """Batch-invariant ``F.linear``: ``x @ weight.T + bias`` with ``x [..., K]``, ``weight [N, K]``.
 
-    The weight is read through its transposed view (no copy); the bias is
-    added in fp32 before the single rounding to ``x.dtype``.
+    The weight is read in place (no copy); the bias is added in fp32 before the single
+    rounding to ``x.dtype``. On the GPU a weight with unit stride along K takes the invariant
+    GEMV where :func:`~specter_kernels.invariant_gemv_config.gemv_config` gives it a tile
+    (decode-sized linears), else the tensor-core kernel of :func:`invariant_bmm`.
 
     Returns:
         ``[..., N]`` in ``x.dtype``.
@@ -186,5 +181,20 @@ def invariant_linear(
         raise TypeError(f"bias is {bias.dtype} but x is {x.dtype}; cast it")
     rows = x.reshape(-1, x.shape[-1])
     _check_pair(rows, weight.T, ("x", "weight.T"), 2)
+    N, K = weight.shape
+    _check_bias(bias, N, x.device)
+    if rows.shape[0] and N and weight.stride(1) == 1 and select_backend(x.device) == "triton":
+        # The GEMV where it applies (a weight's N is fixed, so a shape always takes one
+        # kernel): the choice looks at (N, K, dtype) only, never at the row count. Matmuls
+        # of runtime operands (attention's, whose N is the key count) keep the MMA kernel.
+        from specter_kernels.invariant_gemv_config import gemv_config
+        from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
+        from specter_kernels.invariant_matmul_triton import device_name
+
+        config = gemv_config(N, K, x.dtype, device_name(x.device))
+        if config is not None:
+            out = torch.empty(rows.shape[0], N, dtype=x.dtype, device=x.device)
+            launch_invariant_gemv(rows, weight, out, bias, config)
+            return out.reshape(*x.shape[:-1], N)
     out = invariant_bmm(rows.unsqueeze(0), weight.T.unsqueeze(0), None, bias)[0]
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out.reshape(*x.shape[:-1], N)
