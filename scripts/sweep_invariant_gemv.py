@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 from sweep_invariant_matmul import SHAPES, graph_us  # a sibling script (scripts/ on sys.path)
 
-from specter_kernels.invariant_gemv_config import ROW_WEIGHTS, GemvConfig
+from specter_kernels.invariant_gemv_config import ROW_WEIGHTS, InvariantGemvConfig
 from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
 from specter_kernels.invariant_matmul_config import matmul_config
 from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
@@ -38,7 +38,7 @@ ROWS = (1, 5)
 GRAPH_BYTES = 256 << 20
 
 
-def candidates(N: int, K: int, dtype: torch.dtype) -> list[GemvConfig]:
+def candidates(N: int, K: int, dtype: torch.dtype) -> list[InvariantGemvConfig]:
     """Tiles whose weight stretch is 8-128 elements a thread (64 for fp32), 1-8 rows a pass."""
     width = triton.next_power_of_2(K)
     found = []
@@ -48,7 +48,7 @@ def candidates(N: int, K: int, dtype: torch.dtype) -> list[GemvConfig]:
     for bn, warps, rows in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)):
         per_thread = bn * width / (32 * warps)
         if 8 <= per_thread <= 128 * 2 // dtype.itemsize and bn <= triton.next_power_of_2(N):
-            found.append(GemvConfig(bn, warps, rows))
+            found.append(InvariantGemvConfig(bn, warps, rows))
     return found
 
 

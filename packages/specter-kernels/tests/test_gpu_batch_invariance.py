@@ -79,10 +79,10 @@ def test_split_k_linear_is_invariant_and_close_to_torch(seed, N, K, dtype, split
     ],
 )
 def test_gemv_linear_is_invariant_and_close_to_torch(seed, N, K, dtype, block_n, warps, rows):
-    from specter_kernels.invariant_gemv_config import GemvConfig
+    from specter_kernels.invariant_gemv_config import InvariantGemvConfig
     from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
 
-    config = GemvConfig(block_n, warps, rows)
+    config = InvariantGemvConfig(block_n, warps, rows)
     x = torch.randn(PREFILL, K, device="cuda").to(dtype)
     w = (torch.randn(N, K, device="cuda") * 0.02).to(dtype)
     bias = torch.randn(N, device="cuda").to(dtype)

@@ -9,7 +9,7 @@ import torch
 import specter_kernels as sk
 import specter_kernels.invariant_gemv_config as gc
 from kernel_helpers import rel_err
-from specter_kernels.invariant_gemv_config import GemvConfig, gemv_config, gemv_eligible
+from specter_kernels.invariant_gemv_config import InvariantGemvConfig, gemv_config, gemv_eligible
 from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
 
 TOLERANCE = {torch.float16: 2e-3, torch.float32: 1e-5}
@@ -24,9 +24,9 @@ def _gemv(x, weight, bias, config):
 @pytest.mark.parametrize(
     ("M", "N", "K", "config"),
     [
-        (1, 24, 40, GemvConfig(4, 2, 1)),  # K not a power of two: masked lanes
-        (5, 37, 64, GemvConfig(8, 4, 2)),  # N not a multiple of the tile, 3 passes
-        (3, 16, 96, GemvConfig(1, 1, 4)),  # one column a program, a part-empty pass
+        (1, 24, 40, InvariantGemvConfig(4, 2, 1)),  # K not a power of two: masked lanes
+        (5, 37, 64, InvariantGemvConfig(8, 4, 2)),  # N not a multiple of the tile, 3 passes
+        (3, 16, 96, InvariantGemvConfig(1, 1, 4)),  # one column a program, a part-empty pass
     ],
 )
 def test_gemv_matches_float64(seed, triton_backend, dtype, M, N, K, config):
@@ -42,7 +42,7 @@ def test_gemv_matches_float64(seed, triton_backend, dtype, M, N, K, config):
 def test_each_row_is_bitwise_independent_of_the_row_count(seed, triton_backend, rows):
     M, N, K = 7, 20, 48
     x, weight = torch.randn(M, K).half(), torch.randn(N, K).half()
-    config = GemvConfig(4, 2, rows)
+    config = InvariantGemvConfig(4, 2, rows)
     full = _gemv(x, weight, None, config)
     for m in range(1, M):
         assert torch.equal(full[:m], _gemv(x[:m], weight, None, config))
@@ -56,8 +56,9 @@ def test_unaligned_rows_are_copied_not_misread(seed, triton_backend):
     buffer = torch.randn(5 * 12 + 1).half()
     x = buffer[1:].view(5, 12)[:, :8]
     weight = torch.randn(16, 8).half()
-    out = _gemv(x, weight, None, GemvConfig(2, 1, 2))
-    assert torch.equal(out, _gemv(x.contiguous().clone(), weight, None, GemvConfig(2, 1, 2)))
+    config = InvariantGemvConfig(2, 1, 2)
+    out = _gemv(x, weight, None, config)
+    assert torch.equal(out, _gemv(x.contiguous().clone(), weight, None, config))
     assert rel_err(out, x.double() @ weight.double().T) < TOLERANCE[torch.float16]
 
 
@@ -79,11 +80,11 @@ def test_eligibility_and_the_heuristic_depend_on_n_k_and_dtype_only():
 
 def test_bad_tiles_are_refused():
     with pytest.raises(ValueError, match="power of two"):
-        GemvConfig(3)
+        InvariantGemvConfig(3)
     with pytest.raises(ValueError, match="num_warps"):
-        GemvConfig(4, 3)
+        InvariantGemvConfig(4, 3)
     with pytest.raises(ValueError, match="rows must be 1 to 16"):
-        GemvConfig(4, 4, 0)
+        InvariantGemvConfig(4, 4, 0)
 
 
 def test_tuned_tiles_are_looked_up_by_shape_dtype_and_gpu_model(tmp_path, monkeypatch):
@@ -91,7 +92,7 @@ def test_tuned_tiles_are_looked_up_by_shape_dtype_and_gpu_model(tmp_path, monkey
     entry = {"N": 96, "K": 64, "dtype": "float16", "block_n": 2, "num_warps": 8, "rows": 3}
     path.write_text(json.dumps({"configs": [entry]}))
     monkeypatch.setenv(gc.TUNED_GEMV_CONFIGS_ENV, str(path))
-    assert gemv_config(96, 64, torch.float16, "Any GPU") == GemvConfig(2, 8, 3)
+    assert gemv_config(96, 64, torch.float16, "Any GPU") == InvariantGemvConfig(2, 8, 3)
     heuristic = gc.heuristic_gemv_config(96, 64, torch.float16)
     assert gemv_config(96, 64, torch.float32, "Any GPU") == gc.heuristic_gemv_config(
         96, 64, torch.float32
@@ -130,7 +131,7 @@ def test_the_shipped_tuned_files_parse_into_valid_tiles():
         for (N, K, dtype), config in table.items():
             if config is not None:
                 assert gemv_eligible(K, getattr(torch, dtype)), (path, N, K)
-                assert isinstance(config, GemvConfig)
+                assert isinstance(config, InvariantGemvConfig)
         assert any(config is not None for config in table.values())
 
 

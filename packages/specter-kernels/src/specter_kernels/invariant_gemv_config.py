@@ -51,7 +51,7 @@ unrolled as looped, and a pass pays for all its rows)."""
 
 
 @dataclass(frozen=True)
-class GemvConfig:
+class InvariantGemvConfig:
     """Tile of one invariant GEMV launch.
 
     Attributes:
@@ -81,14 +81,14 @@ def gemv_eligible(K: int, dtype: torch.dtype) -> bool:
     return K > 0 and K % ROW_ALIGNMENT == 0 and width * dtype.itemsize <= MAX_ROW_BYTES
 
 
-def heuristic_gemv_config(N: int, K: int, dtype: torch.dtype) -> GemvConfig:
+def heuristic_gemv_config(N: int, K: int, dtype: torch.dtype) -> InvariantGemvConfig:
     """About :data:`TARGET_ELEMENTS_PER_THREAD` weight elements a thread, 4 warps (8 for rows
     of 8192 elements or more), at most 8 columns a program, rows in passes of
     :data:`HEURISTIC_ROWS`."""
     width = triton.next_power_of_2(K)
     warps = 8 if width >= 8192 else 4
     block_n = max(1, min(8, TARGET_ELEMENTS_PER_THREAD * 32 * warps // width))
-    return GemvConfig(min(block_n, triton.next_power_of_2(N)), warps, HEURISTIC_ROWS)
+    return InvariantGemvConfig(min(block_n, triton.next_power_of_2(N)), warps, HEURISTIC_ROWS)
 
 
 def tuned_gemv_path(device_name: str) -> Path:
@@ -101,21 +101,21 @@ def tuned_gemv_path(device_name: str) -> Path:
 
 
 @functools.cache
-def _tuned_table(path: Path) -> dict[tuple[int, int, str], GemvConfig | None]:
+def _tuned_table(path: Path) -> dict[tuple[int, int, str], InvariantGemvConfig | None]:
     """(N, K, dtype) -> the tuned tile, or None where the file says the tensor-core kernel
     was measured faster (``"kernel": "mma"``)."""
     if not path.is_file():
         return {}
     try:
         entries = json.loads(path.read_text())["configs"]
-        table: dict[tuple[int, int, str], GemvConfig | None] = {}
+        table: dict[tuple[int, int, str], InvariantGemvConfig | None] = {}
         for e in entries:
             key = (int(e["N"]), int(e["K"]), str(e["dtype"]))
             kernel = e.get("kernel", "gemv")
             if kernel not in ("gemv", "mma"):
                 raise ValueError(f"kernel {kernel!r} is neither 'gemv' nor 'mma'")
             table[key] = (
-                GemvConfig(int(e["block_n"]), int(e["num_warps"]), int(e.get("rows", 1)))
+                InvariantGemvConfig(int(e["block_n"]), int(e["num_warps"]), int(e.get("rows", 1)))
                 if kernel == "gemv"
                 else None
             )
@@ -131,7 +131,7 @@ def _tuned_table(path: Path) -> dict[tuple[int, int, str], GemvConfig | None]:
 
 def gemv_config(
     N: int, K: int, dtype: torch.dtype, device_name: str | None = None
-) -> GemvConfig | None:
+) -> InvariantGemvConfig | None:
     """The GEMV tile of an ``[*, K] x [K, N]`` linear of ``dtype``, or None where the
     tensor-core kernel runs instead (the GEMV switched off, or not eligible).
 

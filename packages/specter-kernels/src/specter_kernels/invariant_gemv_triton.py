@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specter_kernels.invariant_gemv_config import GemvConfig
+from specter_kernels.invariant_gemv_config import InvariantGemvConfig
 from specter_kernels.pdl import pdl_enter, pdl_options
 
 
@@ -83,7 +83,7 @@ def launch_invariant_gemv(
     weight: torch.Tensor,
     out: torch.Tensor,
     bias: torch.Tensor | None,
-    config: GemvConfig,
+    config: InvariantGemvConfig,
 ) -> torch.Tensor:
     """Run the kernel: ``x [M, K]``, ``weight [N, K]`` (unit stride along K), ``out [M, N]``
     (unit stride along N), optional ``bias [N]``; returns ``out``.
