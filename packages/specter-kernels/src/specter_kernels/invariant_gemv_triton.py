@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specter_kernels import invariant_gemv_config
 from specter_kernels.invariant_gemv_config import InvariantGemvConfig
 from specter_kernels.pdl import pdl_enter, pdl_options
 
@@ -49,9 +50,11 @@ def _invariant_gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     ROWS: tl.constexpr,
+    PRELOAD: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
-    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
+    if not PRELOAD:
+        pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -59,6 +62,10 @@ def _invariant_gemv_kernel(
     k_mask = offs_k < K
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+    if PRELOAD:
+        # The weight is a constant of the step, never written by the kernel before: its
+        # loads may be in flight while that kernel runs (with PDL ``trigger``).
+        pdl_enter(PDL)
     w = w.to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -102,6 +109,7 @@ def launch_invariant_gemv(
         M, N, K, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=config.block_n,
         BLOCK_K=triton.next_power_of_2(K), ROWS=config.rows,
+        PRELOAD=int(invariant_gemv_config.GEMV_PRELOAD),
         num_warps=config.num_warps, num_stages=1, **pdl_options(x.device),
     )  # fmt: skip
     return out
