@@ -36,8 +36,13 @@ def test_the_variable_picks_the_mode(monkeypatch):
     assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}  # wait only, by default
     _set_mode(monkeypatch, "trigger")
     assert pdl.pdl_options(cuda) == {"PDL": 2, "launch_pdl": True}
+    _set_mode(monkeypatch, "early")  # trigger in small kernels, wait in the others
+    assert pdl.pdl_options(cuda, early_trigger=True) == {"PDL": 2, "launch_pdl": True}
+    assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}
+    assert pdl.pdl_options(torch.device("cpu"), early_trigger=True) == {"PDL": 0}
     _set_mode(monkeypatch, "0")
     assert pdl.pdl_options(cuda) == {"PDL": 0}
+    assert pdl.pdl_options(cuda, early_trigger=True) == {"PDL": 0}
     monkeypatch.setenv(pdl.PDL_ENV_VAR, "1")
     assert pdl.pdl_options(cuda) == {"PDL": 0}  # read once: the next launch still has "0"
     pdl.refresh_pdl_settings()
@@ -94,6 +99,55 @@ def test_each_mode_compiles_to_its_grid_dependency_instructions():
     assert ptx[1].index("griddepcontrol.wait") < ptx[1].index("ld.global")
 
 
+_GEMV_PTX = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from specter_kernels.invariant_gemv_triton import _invariant_gemv_kernel
+
+signature = {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp16", "out_ptr": "*fp16",
+             "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
+             "stride_om": "i32", "HAS_BIAS": "constexpr", "BLOCK_N": "constexpr",
+             "BLOCK_K": "constexpr", "ROWS": "constexpr", "PRELOAD": "constexpr",
+             "PDL": "constexpr"}
+aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 6, 8)}
+ptx = {}
+for preload in (0, 1):
+    src = ASTSource(fn=_invariant_gemv_kernel, signature=signature, attrs=aligned,
+                    constexprs={"HAS_BIAS": False, "BLOCK_N": 2, "BLOCK_K": 512, "ROWS": 1,
+                                "PRELOAD": preload, "PDL": 2})
+    ptx[preload] = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 1}).asm["ptx"]
+sys.stdout.write(json.dumps(ptx))
+"""
+
+
+def test_the_gemv_preload_issues_its_weight_loads_before_the_wait_and_nothing_else():
+    """With ``PRELOAD`` the GEMV's weight loads (``BLOCK_N`` x ``BLOCK_K`` fp16 over 32
+    threads: 4 vector loads a thread here) come before ``griddepcontrol.wait`` and the
+    input row's loads after it; without, every load comes after the wait."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _GEMV_PTX], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for preload, ptx in json.loads(done.stdout).items():
+        lines = ptx.splitlines()
+        wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+        loads = [i for i, line in enumerate(lines) if "ld.global" in line]
+        before = sum(i < wait for i in loads)
+        # 2 rows x 512 fp16 = 2 KB over 32 threads: 4 x 16-byte weight loads a thread; the
+        # input row's 512 fp16 over 32 threads: 2 more.
+        assert (before, len(loads) - before) == ((4, 2) if preload == "1" else (0, 6)), preload
+
+
 def _layer(x, norm, w1, w2):
     """A decode-layer-like chain of this package's kernels: norm, GEMM, SwiGLU, GEMM."""
     h = sk.rms_norm(x, norm, 1e-6)
@@ -103,9 +157,16 @@ def _layer(x, norm, w1, w2):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("mode", ["wait", "trigger"])
-def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(seed, monkeypatch, mode):
+@pytest.mark.parametrize(
+    ("mode", "preload"), [("wait", False), ("trigger", False), ("trigger", True), ("early", True)]
+)
+def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(
+    seed, monkeypatch, mode, preload
+):
+    from specter_kernels import invariant_gemv_config
+
     monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    monkeypatch.setattr(invariant_gemv_config, "GEMV_PRELOAD", preload)
     _set_mode(monkeypatch, mode)
     if not pdl.pdl_enabled(torch.device("cuda")):
         pytest.skip("this GPU or environment does not use PDL")

@@ -46,6 +46,6 @@ def launch_invariant_row_sum(rows: torch.Tensor) -> torch.Tensor:
         rows.stride(1),
         BLOCK=ROW_SUM_BLOCK,
         num_warps=ROW_SUM_WARPS,
-        **pdl_options(rows.device),
+        **pdl_options(rows.device, early_trigger=True),
     )
     return out

@@ -81,6 +81,6 @@ def launch_invariant_softmax(
         rows.stride(0), rows.stride(1), out.stride(0), out.stride(1),
         BLOCK=ROW_SUM_BLOCK, LOG=log, ZERO_MASKED_ROWS=zero_masked_rows,
         num_warps=ROW_SUM_WARPS,
-        **pdl_options(rows.device),
+        **pdl_options(rows.device, early_trigger=True),
     )  # fmt: skip
     return out

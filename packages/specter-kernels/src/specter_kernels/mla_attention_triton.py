@@ -256,13 +256,13 @@ def launch_mla_attention(
             SPLIT=SPLIT, BLOCK_L=min(BLOCK_L, SPLIT),
             BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p,
             MASK_MODE=mode, num_warps=NUM_WARPS,
-            **pdl_options(q_lat.device),
+            **pdl_options(q_lat.device, early_trigger=True),
         )  # fmt: skip
         if w_uv is None:
             _mla_merge_kernel[(rows, H)](
                 acc, run_max, run_sum, out, R, row0, out.stride(0), out.stride(1), chunks,
                 BLOCK_H=block_h, BLOCK_R=block_r, num_warps=4,
-                **pdl_options(out.device),
+                **pdl_options(out.device, early_trigger=True),
             )  # fmt: skip
             continue
         group = 1 if T <= PARALLEL_ROWS else PROJECT_ROWS
@@ -271,6 +271,6 @@ def launch_mla_attention(
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1),
             BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_V=BLOCK_V, ROWS=group,
             num_warps=PROJECT_WARPS,
-            **pdl_options(out.device),
+            **pdl_options(out.device, early_trigger=True),
         )  # fmt: skip
     return out

@@ -99,6 +99,6 @@ def launch_mla_prologue(
         BLOCK_R=triton.next_power_of_2(R),  # R <= MAX_LATENT: rms_norm's one block
         BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_H=triton.next_power_of_2(H),
         HAS_POSITIONS=positions, num_warps=NUM_WARPS, enable_fp_fusion=False,
-        **pdl_options(q_pe.device),
+        **pdl_options(q_pe.device, early_trigger=True),
     )  # fmt: skip
     return out

@@ -16,6 +16,11 @@ would without PDL: only the launch overlaps.
 * ``trigger``: after the wait, each program also lets the successor launch at once
   (``griddepcontrol.launch_dependents``); the successor's programs then wait on the SMs
   while this kernel runs.
+* ``early``: ``trigger`` in the small kernels (norms, elementwise glue, the router, the
+  attention's chunks and merge: launches that pass ``early_trigger=True``), ``wait`` in the
+  weight-streaming ones (GEMVs, grouped experts). A small kernel's successor then launches
+  while it runs, so a GEMV that issues its weight loads before its wait
+  (``SPECTER_INVARIANT_GEMV_PRELOAD``) streams them during the small kernel.
 * ``0``: off.
 
 ``pdl_options(device)`` gives a launch's arguments: on a CUDA device of compute capability
@@ -40,8 +45,10 @@ from specter_kernels.backend import triton_interpreter_enabled
 
 PDL_ENV_VAR = "SPECTER_KERNELS_PDL"
 """The PDL mode: ``wait`` (default), ``trigger``, or ``0`` (off); see the module docstring."""
-PDL_MODES = {"0": 0, "off": 0, "wait": 1, "1": 1, "trigger": 2}
-"""Values of ``SPECTER_KERNELS_PDL`` and the ``PDL`` constexpr each gives."""
+PDL_MODES = {"0": 0, "off": 0, "wait": 1, "1": 1, "trigger": 2, "early": 3}
+"""Values of ``SPECTER_KERNELS_PDL`` and the mode each names (the ``PDL`` constexpr, except
+``early``, which gives 2 to launches with ``early_trigger`` and 1 to the others)."""
+EARLY = 3
 
 
 @triton.jit
@@ -61,7 +68,7 @@ def _capable(index: int) -> bool:
 
 
 def pdl_mode() -> int:
-    """The ``PDL`` constexpr ``SPECTER_KERNELS_PDL`` asks for now (1, ``wait``, when unset).
+    """The mode ``SPECTER_KERNELS_PDL`` asks for now (1, ``wait``, when unset).
 
     Raises:
         ValueError: the variable holds something other than the :data:`PDL_MODES`.
@@ -89,11 +96,17 @@ def refresh_pdl_settings() -> None:
 _OFF: dict[str, int | bool] = {"PDL": 0}
 
 
-def pdl_options(device: torch.device) -> dict[str, int | bool]:
-    """Launch keyword arguments of a kernel that calls :func:`pdl_enter` (see the module)."""
+def pdl_options(device: torch.device, early_trigger: bool = False) -> dict[str, int | bool]:
+    """Launch keyword arguments of a kernel that calls :func:`pdl_enter` (see the module).
+
+    ``early_trigger`` marks a small kernel: in the ``early`` mode it lets its successor
+    launch at once (``PDL`` 2); other launches only wait (``PDL`` 1).
+    """
     mode = _settings()
     if mode == 0 or device.type != "cuda":
         return _OFF
+    if mode == EARLY:
+        mode = 2 if early_trigger else 1
     index = device.index if device.index is not None else torch.cuda.current_device()
     return {"PDL": mode, "launch_pdl": True} if _capable(index) else _OFF
 

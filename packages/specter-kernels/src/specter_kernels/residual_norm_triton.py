@@ -85,7 +85,7 @@ def launch_add_rms_norm(
         x, residual, weight, summed, normed, N,
         x.stride(0), residual.stride(0), summed.stride(0), normed.stride(0), eps,
         BLOCK=block, num_warps=NUM_WARPS,
-        **pdl_options(x.device),
+        **pdl_options(x.device, early_trigger=True),
     )  # fmt: skip
     return summed, normed
 
@@ -99,6 +99,6 @@ def launch_residual_add(residual: torch.Tensor, a: torch.Tensor, b: torch.Tensor
         residual, a, b, out, N,
         residual.stride(0), a.stride(0), b.stride(0), out.stride(0),
         BLOCK=block, num_warps=4,
-        **pdl_options(residual.device),
+        **pdl_options(residual.device, early_trigger=True),
     )  # fmt: skip
     return out

@@ -60,6 +60,6 @@ def launch_rms_norm(
     _rms_norm_kernel[(R,)](
         rows, weight, out, N, rows.stride(0), out.stride(0), eps, BLOCK=block,
         num_warps=NUM_WARPS,
-        **pdl_options(rows.device),
+        **pdl_options(rows.device, early_trigger=True),
     )  # fmt: skip
     return out

@@ -71,7 +71,7 @@ def launch_rotary_complex(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     _rotary_complex_kernel[(B * H * S,)](
         x, freqs, out, H, S, half, x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         sfb, freqs.stride(1), BLOCK=triton.next_power_of_2(half), **COMPLEX_COMPILE_OPTIONS,
-        **pdl_options(x.device),
+        **pdl_options(x.device, early_trigger=True),
     )  # fmt: skip
     return out
 
@@ -118,6 +118,6 @@ def launch_rotary_half(
         cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1),
         sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1),
         BLOCK=triton.next_power_of_2(half), **HALF_COMPILE_OPTIONS,
-        **pdl_options(x.device),
+        **pdl_options(x.device, early_trigger=True),
     )  # fmt: skip
     return out

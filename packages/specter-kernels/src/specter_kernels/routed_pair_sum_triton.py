@@ -54,6 +54,6 @@ def launch_routed_pair_sum(pairs: torch.Tensor, dtype: torch.dtype) -> torch.Ten
         K_PAIRS=k,
         BLOCK=block,
         num_warps=4,
-        **pdl_options(pairs.device),
+        **pdl_options(pairs.device, early_trigger=True),
     )
     return out

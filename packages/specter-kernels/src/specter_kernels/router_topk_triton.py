@@ -169,18 +169,18 @@ def launch_router_topk(
             scaling,
             BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], TOP_K=top_k,
             BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), num_warps=warps,
-            **pdl_options(x.device),
+            **pdl_options(x.device, early_trigger=True),
         )  # fmt: skip
         return logits, weights, ids
     _router_logits_kernel[grid](
         x, weight, logits, H, E, x.stride(0),
         BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], num_warps=warps,
-        **pdl_options(x.device),
+        **pdl_options(x.device, early_trigger=True),
     )  # fmt: skip
     _router_select_kernel[(T,)](
         logits, weights, ids, E, scaling,
         TOP_K=top_k, BLOCK_K=block_k, BLOCK_E=block_all, RENORMALIZE=bool(renormalize),
         num_warps=1,
-        **pdl_options(logits.device),
+        **pdl_options(logits.device, early_trigger=True),
     )  # fmt: skip
     return logits, weights, ids

@@ -61,6 +61,6 @@ def launch_silu_and_mul(rows: torch.Tensor) -> torch.Tensor:
     _silu_and_mul_kernel[grid](
         rows, out, I, rows.stride(0), BLOCK=block,
         LIBDEVICE_EXP=not triton_interpreter_enabled(), **COMPILE_OPTIONS,
-        **pdl_options(rows.device),
+        **pdl_options(rows.device, early_trigger=True),
     )  # fmt: skip
     return out
