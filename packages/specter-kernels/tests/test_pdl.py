@@ -33,7 +33,9 @@ def test_the_variable_picks_the_mode(monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.delenv(pdl.PDL_ENV_VAR, raising=False)
     pdl.refresh_pdl_settings()
-    assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}  # wait only, by default
+    # By default ``early``: small kernels trigger their successor's launch, others wait.
+    assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}
+    assert pdl.pdl_options(cuda, early_trigger=True) == {"PDL": 2, "launch_pdl": True}
     _set_mode(monkeypatch, "trigger")
     assert pdl.pdl_options(cuda) == {"PDL": 2, "launch_pdl": True}
     _set_mode(monkeypatch, "early")  # trigger in small kernels, wait in the others

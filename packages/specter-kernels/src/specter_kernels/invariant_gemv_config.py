@@ -33,11 +33,11 @@ TUNED_GEMV_CONFIGS_ENV = "SPECTER_INVARIANT_GEMV_CONFIGS"
 GEMV_ENABLED = env_switch(GEMV_ENV)
 """Whether linears may take the GEMV (``SPECTER_INVARIANT_GEMV``, read once at import)."""
 PRELOAD_ENV = "SPECTER_INVARIANT_GEMV_PRELOAD"
-GEMV_PRELOAD = os.environ.get(PRELOAD_ENV, "0").strip().lower() not in ("", "0", "off")
+GEMV_PRELOAD = env_switch(PRELOAD_ENV)
 """Whether the GEMV issues its weight loads before the PDL wait (``SPECTER_INVARIANT_GEMV_PRELOAD``,
-off unless set, read once at import). The weight never depends on the kernel before, so its
-loads may overlap that kernel when that kernel lets its successor launch early (PDL
-``trigger``)."""
+on unless ``0``, read once at import). The weight never depends on the kernel before, so its
+loads may overlap that kernel when that kernel lets its successor launch early (the small
+kernels do in PDL's default ``early`` mode, :mod:`specter_kernels.pdl`)."""
 
 ROW_ALIGNMENT = 8
 """K must be a multiple of this: every row then starts 16 bytes apart (fp16) for the

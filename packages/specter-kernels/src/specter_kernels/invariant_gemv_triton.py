@@ -19,8 +19,10 @@ row goes through the same instructions whatever the rows beside it. The tile (``
 ``BLOCK_K = next_pow2(K)``, warps, ``ROWS``) depends on (N, K, dtype) only
 (:mod:`specter_kernels.invariant_gemv_config`).
 
-Issuing the weight's loads before the PDL wait (they do not depend on the previous kernel)
-was measured on the H200 and made no difference, so the kernel waits first, like the others.
+With ``PRELOAD`` (``SPECTER_INVARIANT_GEMV_PRELOAD``, on by default) the weight's loads are
+issued before the PDL wait: they do not depend on the previous kernel. Behind a small kernel
+that lets its successor launch early (PDL's ``early`` mode) they stream while that kernel
+runs. Behind a kernel that only waits they gain nothing (measured on the H200).
 """
 
 from __future__ import annotations
