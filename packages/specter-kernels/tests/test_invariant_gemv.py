@@ -140,10 +140,17 @@ def test_invariant_linear_takes_the_gemv_where_it_applies(seed, triton_backend, 
     import specter_kernels.invariant_gemv_triton as gt
 
     real = gt.launch_invariant_gemv
-    monkeypatch.setattr(gt, "launch_invariant_gemv", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(
+        gt, "launch_invariant_gemv", lambda *a, **k: calls.append((a, k)) or real(*a, **k)
+    )
     x, weight, bias = torch.randn(3, 48).half(), torch.randn(20, 48).half(), torch.randn(20).half()
     out = sk.invariant_linear(x, weight, bias)
     assert len(calls) == 1
+    assert calls[0][1] == {"preload": False}  # only a caller's promise makes it preload
+    # A constant weight may be loaded before the PDL wait: the same bits.
+    assert torch.equal(sk.invariant_linear(x, weight, bias, constant_weight=True), out)
+    assert calls[1][1] == {"preload": True}
+    calls.pop()
     assert rel_err(out, x.double() @ weight.double().T + bias.double()) < 2e-3
     sk.invariant_linear(torch.randn(3, 37).half(), torch.randn(20, 37).half())  # K % 8 != 0
     sk.invariant_linear(x, torch.randn(48, 20).half().T)  # a weight strided along K

@@ -150,11 +150,12 @@ def test_the_gemv_preload_issues_its_weight_loads_before_the_wait_and_nothing_el
         assert (before, len(loads) - before) == ((4, 2) if preload == "1" else (0, 6)), preload
 
 
-def _layer(x, norm, w1, w2):
-    """A decode-layer-like chain of this package's kernels: norm, GEMM, SwiGLU, GEMM."""
+def _layer(x, norm, w1, w2, constant=False):
+    """A decode-layer-like chain of this package's kernels: norm, GEMM, SwiGLU, GEMM (the
+    weights promised constant or not: with the promise the GEMVs may preload them)."""
     h = sk.rms_norm(x, norm, 1e-6)
-    h = sk.silu_and_mul(sk.invariant_linear(h, w1))
-    return sk.invariant_linear(h, w2)
+    h = sk.silu_and_mul(sk.invariant_linear(h, w1, constant_weight=constant))
+    return sk.invariant_linear(h, w2, constant_weight=constant)
 
 
 @pytest.mark.gpu
@@ -168,7 +169,7 @@ def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(
     from specter_kernels import invariant_gemv_config
 
     monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
-    monkeypatch.setattr(invariant_gemv_config, "GEMV_PRELOAD", preload)
+    monkeypatch.setattr(invariant_gemv_config, "GEMV_PRELOAD", True)
     _set_mode(monkeypatch, mode)
     if not pdl.pdl_enabled(torch.device("cuda")):
         pytest.skip("this GPU or environment does not use PDL")
@@ -180,7 +181,7 @@ def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(
 
     def chain(x):
         for _ in range(8):  # each kernel reads what the one before it wrote
-            x = x + _layer(x, norm, w1, w2)
+            x = x + _layer(x, norm, w1, w2, constant=preload)
         return x
 
     _set_mode(monkeypatch, "0")

@@ -124,10 +124,10 @@ def record_invariant_gemms(weight_ptrs: set[int]) -> list[torch.Size]:
     recorded: list[torch.Size] = []
     invariant_linear = invariant_scopes.invariant_linear
 
-    def counted(x, weight, bias=None):
+    def counted(x, weight, bias=None, **kwargs):
         if weight.data_ptr() in weight_ptrs:
             recorded.append(weight.shape)
-        return invariant_linear(x, weight, bias)
+        return invariant_linear(x, weight, bias, **kwargs)
 
     invariant_scopes.invariant_linear = counted
     return recorded

@@ -228,9 +228,12 @@ def test_invariant_draft_linears_route_the_drafts_linears_through_the_kernel(
     calls = []
     original = invariant_scopes.invariant_linear
 
-    def counted(x, weight, bias=None):
+    def counted(x, weight, bias=None, **kwargs):
         calls.append(tuple(weight.shape))
-        return original(x, weight, bias)
+        # A model's weights are constants of the step: the GEMV may load them before its
+        # PDL wait (the kernels' preload), and every linear of the models says so.
+        assert kwargs == {"constant_weight": True}, kwargs
+        return original(x, weight, bias, **kwargs)
 
     monkeypatch.setattr(invariant_scopes, "invariant_linear", counted)
     prompt = random_prompt(4, 64, seed=5)

@@ -34,8 +34,9 @@ GEMV_ENABLED = env_switch(GEMV_ENV)
 """Whether linears may take the GEMV (``SPECTER_INVARIANT_GEMV``, read once at import)."""
 PRELOAD_ENV = "SPECTER_INVARIANT_GEMV_PRELOAD"
 GEMV_PRELOAD = env_switch(PRELOAD_ENV)
-"""Whether the GEMV issues its weight loads before the PDL wait (``SPECTER_INVARIANT_GEMV_PRELOAD``,
-on unless ``0``, read once at import). The weight never depends on the kernel before, so its
+"""Whether the GEMV issues a constant weight's loads (``invariant_linear(...,
+constant_weight=True)``) before the PDL wait (``SPECTER_INVARIANT_GEMV_PRELOAD``, on unless
+``0``, read once at import). The weight never depends on the kernel before, so its
 loads may overlap that kernel when that kernel lets its successor launch early (the small
 kernels do in PDL's default ``early`` mode, :mod:`specter_kernels.pdl`)."""
 

@@ -153,7 +153,11 @@ def invariant_mm(
 
 
 def invariant_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    constant_weight: bool = False,
 ) -> torch.Tensor:
     """Batch-invariant ``F.linear``: ``x @ weight.T + bias`` with ``x [..., K]``, ``weight [N, K]``.
 
@@ -161,6 +165,12 @@ def invariant_linear(
     rounding to ``x.dtype``. On the GPU a weight with unit stride along K takes the invariant
     GEMV where :func:`~specter_kernels.invariant_gemv_config.gemv_config` gives it a tile
     (decode-sized linears), else the tensor-core kernel of :func:`invariant_bmm`.
+
+    ``constant_weight=True`` promises that no kernel queued before this call writes
+    ``weight`` (a model's parameter, not a tensor computed on the fly): the GEMV may then
+    load it before its PDL wait, overlapping the kernel before it
+    (``SPECTER_INVARIANT_GEMV_PRELOAD``; :mod:`specter_kernels.pdl`). The result is the same
+    either way.
 
     Returns:
         ``[..., N]`` in ``x.dtype``.
@@ -194,7 +204,7 @@ def invariant_linear(
         config = gemv_config(N, K, x.dtype, device_name(x.device))
         if config is not None:
             out = torch.empty(rows.shape[0], N, dtype=x.dtype, device=x.device)
-            launch_invariant_gemv(rows, weight, out, bias, config)
+            launch_invariant_gemv(rows, weight, out, bias, config, preload=constant_weight)
             return out.reshape(*x.shape[:-1], N)
     out = invariant_bmm(rows.unsqueeze(0), weight.T.unsqueeze(0), None, bias)[0]
     return out.reshape(*x.shape[:-1], N)

@@ -85,9 +85,10 @@ def runtime_linear(
     """``x @ weight^T (+ bias)`` as a plain linear of ``runtime``'s model runs it:
     ``invariant_linear`` while ``runtime.invariant_linears_active`` (for the dtypes it
     takes), ``F.linear`` otherwise. For weights that are not an ``nn.Linear`` of their own
-    (the fused gate/up weight of ``fused_mlp``)."""
+    (the fused gate/up weight of ``fused_mlp``). The weight is the model's, which no kernel
+    of a step writes, so the GEMV may load it before its PDL wait (``constant_weight``)."""
     if runtime.invariant_linears_active and x.dtype in INVARIANT_DTYPES:
-        return invariant_linear(x, weight, bias)
+        return invariant_linear(x, weight, bias, constant_weight=True)
     return F.linear(x, weight, bias)
 
 
