@@ -66,8 +66,8 @@ def _invariant_gemv_kernel(
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
     if PRELOAD:
-        # The weight is a constant of the step, never written by the kernel before: its
-        # loads may be in flight while that kernel runs (with PDL ``trigger``).
+        # The caller promised the weight constant (no earlier kernel writes it): its loads
+        # may be in flight while the kernel before runs, when that one triggered early.
         pdl_enter(PDL)
     w = w.to(tl.float32)
     if HAS_BIAS:

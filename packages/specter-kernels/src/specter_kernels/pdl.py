@@ -6,8 +6,10 @@ first load is issued. With PDL a kernel is launched with the programmatic stream
 serialization attribute: it may be launched before the previous kernel has completed, and
 each of its programs waits in ``griddepcontrol.wait`` until that kernel has completed and
 its writes are visible. Every kernel of this package that takes part calls
-:func:`pdl_enter` first, before any load or store, so it reads and writes exactly what it
-would without PDL: only the launch overlaps.
+:func:`pdl_enter` before any load or store of what an earlier kernel may write, so it reads
+and writes exactly what it would without PDL. The one load issued before the wait is the
+invariant GEMV's of a weight its caller promised constant
+(:mod:`specter_kernels.invariant_gemv_triton`).
 
 ``SPECTER_KERNELS_PDL`` picks the mode (:data:`PDL_MODES`):
 
