@@ -11,7 +11,13 @@ tensor-core kernel's weighted time, else as ``"kernel": "mma"``.
 
     python3 scripts/sweep_invariant_gemv.py --from-records a.jsonl b.jsonl --write-config f.json
 
-rebuilds the tuned file from earlier sweeps' records.
+rebuilds the tuned file from earlier sweeps' records. ``--keep-from FILE`` adds FILE's entries
+for the shapes this sweep (or these records) did not cover, so a sweep of one model's shapes
+updates the shipped file without dropping the others':
+
+    tuned=packages/specter-kernels/src/specter_kernels/tuned/invariant_gemv_nvidia_h200.json
+    python3 scripts/sweep_invariant_gemv.py --shapes qwen,phi --out $OUT/gemv.jsonl \
+        --write-config $OUT/tuned.json --keep-from $tuned
 
     source scripts/gpu-env.sh && python3 scripts/sweep_invariant_gemv.py --out $OUT/gemv.jsonl
 """
@@ -147,9 +153,12 @@ def main() -> int:
     p.add_argument("--write-config", default=None)
     p.add_argument("--from-records", nargs="+", default=None, help="earlier sweeps' records")
     p.add_argument("--device-name", default="NVIDIA H200", help="with --from-records")
+    p.add_argument(
+        "--keep-from", default=None, help="a tuned file whose other shapes' entries are kept"
+    )
     args = p.parse_args()
     if args.from_records:
-        return rebuild(args.from_records, args.device_name, args.write_config)
+        return rebuild(args.from_records, args.device_name, args.write_config, args.keep_from)
     if not args.out:
         p.error("--out is required for a sweep")
     start = time.perf_counter()
@@ -169,11 +178,20 @@ def main() -> int:
                 tuned.append(entry)
     print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
     if args.write_config:
-        write_config(args.write_config, device_name, tuned)
+        write_config(args.write_config, device_name, tuned, args.keep_from)
     return 0
 
 
-def write_config(path: str, device_name: str, tuned: list[dict]) -> None:
+def write_config(path: str, device_name: str, tuned: list[dict], keep_from: str | None) -> None:
+    """Write the tuned file: ``tuned``, then ``keep_from``'s entries of other shapes."""
+    if keep_from:
+        covered = {(e["N"], e["K"], e["dtype"]) for e in tuned}
+        with open(keep_from) as f:
+            kept = [
+                e for e in json.load(f)["configs"] if (e["N"], e["K"], e["dtype"]) not in covered
+            ]
+        print(f"kept {len(kept)} entries of other shapes from {keep_from}", flush=True)
+        tuned = tuned + kept
     with open(path, "w") as f:
         json.dump({"device": device_name, "torch": torch.__version__,
                    "triton": triton.__version__,
@@ -183,7 +201,7 @@ def write_config(path: str, device_name: str, tuned: list[dict]) -> None:
         f.write("\n")
 
 
-def rebuild(paths: list[str], device_name: str, out: str | None) -> int:
+def rebuild(paths: list[str], device_name: str, out: str | None, keep_from: str | None) -> int:
     """The tuned file from earlier sweeps' records (the last record of a shape and tile wins)."""
     by_shape: dict[tuple, dict[tuple, dict]] = {}
     for path in paths:
@@ -202,7 +220,7 @@ def rebuild(paths: list[str], device_name: str, out: str | None) -> int:
             tuned.append(entry)
             print(json.dumps(entry))
     if out:
-        write_config(out, device_name, tuned)
+        write_config(out, device_name, tuned, keep_from)
     return 0
 
 
