@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call (twenty-fourth session): the PDL chain tests (now with the router, whose
+# constant weight is loaded before its PDL wait); the per-pair tiles of the grouped FP16
+# experts swept at one routed row and five (scripts/sweep_per_pair_tiles.py); and
+# DeepSeek-V2-Lite's resident steps with the router's preload (the default) and without it
+# (a sitecustomize that drops the models' constant-weight promise to the router), one
+# process each.
+#
+#   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_pair_tiles.sh   (carry .whl)
+# shellcheck source=scripts/gpu-call.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
+begin=$(date +%s)
+CUDA_TESTS_TIMEOUT=100 cuda_tests_to gpu-tests-router-preload.txt \
+    packages/specter-kernels/tests/test_pdl.py
+echo "tests done at $(($(date +%s) - begin)) s"
+timeout 260 python3 scripts/sweep_per_pair_tiles.py --max-seconds 100 \
+    --out "$out/per-pair-tiles.jsonl" >"$out/log-per-pair-tiles.txt" 2>&1
+python3 - "$out/per-pair-tiles.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for r in rows:
+    r["w"] = 3 * r["us_m1"] + r["us_m5"]
+for part in ("shipped", "gate_up", "down"):
+    best = sorted((r for r in rows if r["part"] == part), key=lambda r: r["w"])[:6]
+    for r in best:
+        t = r["tile"]
+        print(part, t["block_n"], t["block_k"], t["num_warps"], t["num_stages"],
+              round(r["us_m1"], 2), round(r["us_m5"], 2), r["invariant"], f"{r['max_err']:.1e}")
+print("non-invariant:", sum(not r["invariant"] for r in rows), "of", len(rows))
+PY
+echo "sweep done at $(($(date +%s) - begin)) s"
+resident_steps router-preload 32
+mkdir -p /tmp/no-router-preload
+cat >/tmp/no-router-preload/sitecustomize.py <<'PY'
+import specter_models.fused_routers as fused
+_real = fused.router_topk
+def _without_promise(*args, **kwargs):
+    kwargs["constant_weight"] = False
+    return _real(*args, **kwargs)
+fused.router_topk = _without_promise
+PY
+(export PYTHONPATH="/tmp/no-router-preload:$PYTHONPATH"; resident_steps no-router-preload 32)
+echo "done at $(($(date +%s) - begin)) s"
