@@ -4,7 +4,8 @@
 # experts swept at one routed row and five (scripts/sweep_per_pair_tiles.py); and
 # DeepSeek-V2-Lite's resident steps with the router's preload (the default) and without it
 # (a sitecustomize that drops the models' constant-weight promise to the router), one
-# process each.
+# process each. It ran at eca61ec; the router's preload measured no gain (2.139 against
+# 2.143 ms a one-row target step) and was taken out after it, so that arm needs eca61ec.
 #
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_pair_tiles.sh   (carry .whl)
 # shellcheck source=scripts/gpu-call.sh

@@ -119,43 +119,6 @@ def test_rows_are_batch_invariant(seed, triton_backend):
             assert torch.equal(a[0], b[i])
 
 
-@pytest.mark.parametrize("one_launch", [True, False])
-def test_a_constant_weight_is_preloaded_with_the_same_bits(
-    seed, triton_backend, monkeypatch, one_launch
-):
-    # constant_weight=True takes the PRELOAD path (the weight's load before the PDL wait)
-    # only for a contiguous weight (a copy is written by the kernel just before); the
-    # results are the same bits either way.
-    from specter_kernels import invariant_gemv_config, router_topk_triton
-
-    monkeypatch.setattr(router_topk_triton, "ONE_LAUNCH", one_launch)
-    monkeypatch.setattr(invariant_gemv_config, "GEMV_PRELOAD", True)
-    x, weight = _problem(3, 64, 200, torch.float16)
-    name = "_router_one_launch_kernel" if one_launch else "_router_logits_kernel"
-    real = getattr(router_topk_triton, name)
-    preloads = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                preloads.append(kwargs["PRELOAD"])
-                return real[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(router_topk_triton, name, Spy())
-    plain = sk.router_topk(x, weight, 6, scaling=1.5)
-    preloaded = sk.router_topk(x, weight, 6, scaling=1.5, constant_weight=True)
-    strided = sk.router_topk(x, weight.T.contiguous().T, 6, scaling=1.5, constant_weight=True)
-    assert preloads == [0, 1, 0]
-    for a, b, c in zip(plain, preloaded, strided, strict=True):
-        assert torch.equal(a, b)
-        assert torch.equal(a, c)
-    monkeypatch.setattr(invariant_gemv_config, "GEMV_PRELOAD", False)
-    sk.router_topk(x, weight, 6, scaling=1.5, constant_weight=True)
-    assert preloads[-1] == 0  # SPECTER_INVARIANT_GEMV_PRELOAD=0 turns it off
-
-
 def test_one_launch_selects_as_the_two_launches(seed, triton_backend, monkeypatch):
     # The selection in the logits launch's last program per row: the same logits and ids as
     # the separate selection kernel, weights equal up to the softmax sums' rounding, and the

@@ -76,21 +76,3 @@ def test_fused_router_outputs_match_the_module(checkpoints, monkeypatch):
     torch.testing.assert_close(got[1], expected[1])
     assert torch.allclose(got[1].sum(-1), torch.ones(3))  # renormalised
     torch.testing.assert_close(got[0], expected[0])
-
-
-def test_the_fused_call_promises_the_router_weight_constant(checkpoints, monkeypatch):
-    # The model's router weight is a constant of the step, so the kernel may load it before
-    # its PDL wait (specter-kernels' preload); the fused call says so.
-    lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32)
-    router = _routers(lm)[0]
-    seen = []
-    real = fused_routers.router_topk
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("constant_weight"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fused_routers, "fused_applies", lambda x, w: True)
-    monkeypatch.setattr(fused_routers, "router_topk", spy)
-    router(torch.randn(2, router.weight.shape[1]))
-    assert seen == [True]

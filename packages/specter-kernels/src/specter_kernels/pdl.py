@@ -7,10 +7,9 @@ serialization attribute: it may be launched before the previous kernel has compl
 each of its programs waits in ``griddepcontrol.wait`` until that kernel has completed and
 its writes are visible. Every kernel of this package that takes part calls
 :func:`pdl_enter` before any load or store of what an earlier kernel may write, so it reads
-and writes exactly what it would without PDL. The only loads issued before the wait are of a
-weight its caller promised constant: the invariant GEMV's
-(:mod:`specter_kernels.invariant_gemv_triton`) and the router's logits programs'
-(:mod:`specter_kernels.router_topk_triton`).
+and writes exactly what it would without PDL. The one load issued before the wait is the
+invariant GEMV's of a weight its caller promised constant
+(:mod:`specter_kernels.invariant_gemv_triton`).
 
 ``SPECTER_KERNELS_PDL`` picks the mode (:data:`PDL_MODES`):
 

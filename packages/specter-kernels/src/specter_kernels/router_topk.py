@@ -73,15 +73,9 @@ def router_topk(
     renormalize: bool = False,
     scaling: float = 1.0,
     weights_dtype: torch.dtype = torch.float32,
-    constant_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The router of ``router_topk_reference`` in two launches (Triton on CUDA, the reference
     elsewhere); see the module docstring for the arithmetic.
-
-    ``constant_weight=True`` promises that no kernel queued before this call writes
-    ``weight`` (a model's parameter): the kernel may then load it before its PDL wait,
-    overlapping the kernel before it, as the invariant GEMV does
-    (``SPECTER_INVARIANT_GEMV_PRELOAD``; :mod:`specter_kernels.pdl`). Same result either way.
 
     Args:
         x: ``[T, H]`` fp16, bf16 or fp32 (any row stride).
@@ -91,7 +85,6 @@ def router_topk(
         renormalize: divide the chosen weights by their sum.
         scaling: multiply the chosen weights.
         weights_dtype: fp32, fp16 or bf16.
-        constant_weight: see above.
 
     Returns:
         ``(logits [T, E], weights [T, top_k], ids [T, top_k] int64)``, ids largest
@@ -134,8 +127,6 @@ def router_topk(
 
     if x.stride(1) != 1:
         x = x.contiguous()
-    # A copy made here is written by the kernel just before: never preload one.
-    preload = constant_weight and weight.is_contiguous()
     return launch_router_topk(
         x,
         weight.contiguous(),
@@ -144,5 +135,4 @@ def router_topk(
         renormalize=renormalize,
         scaling=float(scaling),
         weights_dtype=weights_dtype,
-        preload=preload,
     )

@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from specter_kernels import invariant_gemv_config
 from specter_kernels.backend import env_switch
 from specter_kernels.pdl import pdl_enter, pdl_options
 
@@ -41,37 +40,24 @@ _ROUNDING = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 def _router_logits_kernel(
     x_ptr, w_ptr, logits_ptr, H, E, stride_x,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
-    PRELOAD: tl.constexpr = 0, PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
+    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     live = experts < E
     lanes = tl.arange(0, BLOCK_H)
     acc = tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.float32)
-    if PRELOAD:
-        # H <= BLOCK_H and the caller promised the weight constant (no earlier kernel writes
-        # it): its one load is issued before the PDL wait, the same arithmetic after it.
-        inside = lanes < H
+    for h0 in range(0, H, BLOCK_H):
+        hh = h0 + lanes
+        inside = hh < H
+        x = tl.load(x_ptr + row * stride_x + hh, mask=inside, other=0.0).to(tl.float32)
         w = tl.load(
-            w_ptr + experts[:, None].to(tl.int64) * H + lanes[None, :],
+            w_ptr + experts[:, None].to(tl.int64) * H + hh[None, :],
             mask=live[:, None] & inside[None, :],
             other=0.0,
-        )
-        pdl_enter(PDL)
-        x = tl.load(x_ptr + row * stride_x + lanes, mask=inside, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-    else:
-        pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
-        for h0 in range(0, H, BLOCK_H):
-            hh = h0 + lanes
-            inside = hh < H
-            x = tl.load(x_ptr + row * stride_x + hh, mask=inside, other=0.0).to(tl.float32)
-            w = tl.load(
-                w_ptr + experts[:, None].to(tl.int64) * H + hh[None, :],
-                mask=live[:, None] & inside[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            acc += w * x[None, :]
+        ).to(tl.float32)
+        acc += w * x[None, :]
     logits = tl.sum(acc, axis=1)  # [BLOCK_E]
     if ROUND == 1:
         logits = logits.to(tl.float16).to(tl.float32)
@@ -85,14 +71,14 @@ def _router_one_launch_kernel(
     x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr, H, E, stride_x, scaling,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ALL: tl.constexpr,
-    RENORMALIZE: tl.constexpr, PRELOAD: tl.constexpr = 0, PDL: tl.constexpr = 0,
+    RENORMALIZE: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """``_router_logits_kernel``, then the selection in the row's last program to finish:
     each program stores its logits and takes a ticket from the row's arrival counter; the
     one that draws the last ticket (whichever it is: the selection reads only the stored
     logits) runs ``_router_select_kernel``'s selection and sets the counter back to zero."""
     _router_logits_kernel(
-        x_ptr, w_ptr, logits_ptr, H, E, stride_x, BLOCK_E, BLOCK_H, ROUND, PRELOAD, PDL,
+        x_ptr, w_ptr, logits_ptr, H, E, stride_x, BLOCK_E, BLOCK_H, ROUND, PDL,
     )  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     # Every thread's logits are stored before the ticket; its acq_rel atomic publishes them
@@ -162,14 +148,9 @@ def launch_router_topk(
     renormalize: bool,
     scaling: float,
     weights_dtype: torch.dtype,
-    preload: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(logits [T, E], weights [T, k], ids [T, k])`` of ``x [T, H]`` (unit stride along H)
-    routed by ``weight [E, H]`` (contiguous); arguments checked by ``router_topk``.
-
-    ``preload``: the caller promises no earlier kernel writes ``weight``; where the row fits
-    one load (H <= BLOCK_H) and ``SPECTER_INVARIANT_GEMV_PRELOAD`` allows it, the logits
-    programs then load it before their PDL wait."""
+    routed by ``weight [E, H]`` (contiguous); arguments checked by ``router_topk``."""
     T, H = x.shape
     E = weight.shape[0]
     logits = torch.empty(T, E, dtype=logits_dtype, device=x.device)
@@ -180,7 +161,6 @@ def launch_router_topk(
     block_k = max(triton.next_power_of_2(top_k), 2)
     block_all = max(triton.next_power_of_2(E), 2)
     grid = (T, triton.cdiv(E, BLOCK_E))
-    preload = int(preload and block_h >= H and invariant_gemv_config.GEMV_PRELOAD)
     if ONE_LAUNCH:
         from specter_kernels.invariant_matmul_triton import tile_counters
 
@@ -188,14 +168,14 @@ def launch_router_topk(
             x, weight, logits, weights, ids, tile_counters(x.device, T), H, E, x.stride(0),
             scaling,
             BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], TOP_K=top_k,
-            BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), PRELOAD=preload,
-            num_warps=warps, **pdl_options(x.device, early_trigger=True),
+            BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), num_warps=warps,
+            **pdl_options(x.device, early_trigger=True),
         )  # fmt: skip
         return logits, weights, ids
     _router_logits_kernel[grid](
         x, weight, logits, H, E, x.stride(0),
-        BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], PRELOAD=preload,
-        num_warps=warps, **pdl_options(x.device, early_trigger=True),
+        BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], num_warps=warps,
+        **pdl_options(x.device, early_trigger=True),
     )  # fmt: skip
     _router_select_kernel[(T,)](
         logits, weights, ids, E, scaling,

@@ -87,7 +87,6 @@ def _fused_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[...
             renormalize=settings["renormalize"],
             scaling=settings["scaling"],
             weights_dtype=settings["weights_dtype"] or logits_dtype,
-            constant_weight=True,  # the model's router weight: no kernel of a step writes it
         )
 
     return forward
