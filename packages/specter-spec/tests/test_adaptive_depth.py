@@ -381,3 +381,63 @@ def test_plain_and_speculative_iterations_keep_their_own_overhead():
     assert policy.overhead_s == pytest.approx(0.5e-3)
     with pytest.raises(ValueError, match="plain_probe_steps"):
         AdaptiveDepthConfig(plain_probe_steps=0)
+
+
+class ResidentEnvironment(Environment):
+    """DeepSeek-V2-Lite with every expert resident on the H200, in shape (the twenty-third
+    session's steps): a draft step of 1.9 ms, nearly a one-row target step (2.14 ms), and
+    verify times of 2.14 ms at one row, 2.48 at two and 3.5 at five. Every proposal is
+    accepted, and still no depth beats plain decoding."""
+
+    def __init__(self, alpha=1.0, seed=0):
+        super().__init__(alpha, 1.9e-3, 1.8e-3, 0.34e-3, seed=seed)
+
+
+def test_probes_of_depths_that_cannot_pay_are_skipped_until_their_costs_expire():
+    env = ResidentEnvironment()
+    assert all(env.rate(k) < env.rate(0) for k in range(1, 17))
+    assert env.rate(1) > 0.97 * env.rate(0)  # K = 1 nearly breaks even: a close call
+    runs = {}
+    for skip in (False, True):
+        config = AdaptiveDepthConfig(max_depth=16, skip_losing_probes=skip)
+        policy = AdaptiveDepth(config)
+        depths = run(policy, env, 600)
+        assert policy.best_depth() == 0
+        runs[skip] = (depths[100:], policy)
+    plain_probes = sum(d != 0 for d in runs[False][0])
+    skipped_probes = sum(d != 0 for d in runs[True][0])
+    policy = runs[True][1]
+    assert policy.skipped_probes > 0
+    assert runs[False][1].skipped_probes == 0
+    # About half the probes run: each depth's costs live cost_horizon iterations, and its
+    # turn comes every 2 x max_probe_interval, so every other turn finds them expired.
+    assert 0 < skipped_probes <= 0.6 * plain_probes
+    # The probes that do run keep measuring both depths (the costs never go stale for good).
+    probed = {d for d in runs[True][0] if d != 0}
+    assert probed == {1, policy.config.initial_depth}
+
+
+def test_a_depth_is_never_judged_on_extrapolated_costs():
+    # Only K = 1 measured: the curves reach K = 4 by extrapolation, which cannot say K = 4
+    # loses (under a budget the verify cost is concave and deep speculation can win where
+    # K = 1 does not), so K = 4's probe is not skipped.
+    policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16))
+    env = ResidentEnvironment()
+    for depth in (0, 1, 0, 1, 0):
+        policy.observe(env.iteration(depth))
+    assert policy.cannot_pay(1)
+    assert not policy.cannot_pay(4)
+    assert not policy.cannot_pay(0)
+    with pytest.raises(ValueError, match="skip_losing_probes"):
+        AdaptiveDepthConfig(skip_losing_probes=1)
+
+
+def test_skipped_probes_resume_when_speculation_starts_to_pay():
+    # Resident costs first (probes skipped), then a cheap draft: once the skipped depths'
+    # costs expire their probes run, see the new costs, and speculation comes back.
+    policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16))
+    run(policy, ResidentEnvironment(), 300)
+    assert policy.skipped_probes > 0
+    good = Environment(alpha=0.97, draft_cost=0.2e-3, verify_fixed=2e-3, verify_per_row=0.1e-3)
+    depths = run(policy, good, 400)
+    assert sorted(depths[-100:])[50] >= 8

@@ -55,6 +55,9 @@ class AdaptiveDepthConfig:
         plain_probe_steps: a probe of K = 0 runs this many plain steps in a row, so a
             controller that queues plain steps ahead (``pipeline_plain``) shows their
             steady state, which a lone plain step (the host's work not hidden) does not.
+        skip_losing_probes: while K = 0 is best, skip a probe of a depth whose own
+            measured costs say it loses to plain decoding even with every proposal
+            accepted (see :meth:`AdaptiveDepth.cannot_pay`); False probes it anyway.
     """
 
     max_depth: int = 16
@@ -67,6 +70,7 @@ class AdaptiveDepthConfig:
     max_probe_interval: int = 32
     cost_horizon: int = 96
     plain_probe_steps: int = 3
+    skip_losing_probes: bool = True
 
     def __post_init__(self) -> None:
         check_depth(self.max_depth, "AdaptiveDepthConfig.max_depth")
@@ -117,6 +121,11 @@ class AdaptiveDepthConfig:
             raise ValueError(
                 f"AdaptiveDepthConfig.plain_probe_steps must be an int >= 1, "
                 f"got {self.plain_probe_steps!r}."
+            )
+        if not isinstance(self.skip_losing_probes, bool):
+            raise ValueError(
+                f"AdaptiveDepthConfig.skip_losing_probes must be a bool, "
+                f"got {self.skip_losing_probes!r}."
             )
 
 
@@ -254,7 +263,12 @@ class AdaptiveDepth:
     twice as many each time a probe leaves the best depth as it was (up to
     ``max_probe_interval``), and after ``probe_interval`` again once one changes
     it. Until two distinct ``n`` have been measured it alternates between
-    ``initial_depth`` and a neighbour.
+    ``initial_depth`` and a neighbour. While K = 0 is best, a probe of a depth that
+    :meth:`cannot_pay` by its own measured costs (it would lose to plain decoding even
+    with every proposal accepted) is skipped, as if it had confirmed K = 0, until those
+    costs expire (``cost_horizon``): with every expert resident a draft step costs nearly
+    a target step, and such probes were a measured 0.04-0.08 ms a token of DeepSeek-V2-Lite
+    on the H200.
 
     One instance keeps learning across ``generate`` calls; :meth:`reset`
     forgets everything.
@@ -289,6 +303,7 @@ class AdaptiveDepth:
         self._interval = cfg.probe_interval
         self._next_probe = cfg.probe_interval  # the choice that probes next
         self._probed_best: int | None = None  # the best depth when the last probe ran
+        self._skipped_probes = 0  # probes of a depth that cannot pay, not run
 
     # -- estimates -------------------------------------------------------------------
 
@@ -347,13 +362,15 @@ class AdaptiveDepth:
             return None
         return self._steady[0]
 
-    def _rates(self, largest: int) -> list[float] | None:
-        """Estimated committed tokens per second at K = 0..largest; None while unknown."""
+    def _rates(self, largest: int, acceptance: float | None = None) -> list[float] | None:
+        """Estimated committed tokens per second at K = 0..largest (at ``acceptance``, the
+        estimate by default); None while unknown."""
         verify = self._verify.curve(largest + 1)
         draft = self._draft.curve(largest) if self._draft.weight else None
         if verify is None or draft is None:
             return None
-        alpha, overhead, steady = self.acceptance, self.overhead_s, self.steady_plain_s
+        alpha = self.acceptance if acceptance is None else acceptance
+        overhead, steady = self.overhead_s, self.steady_plain_s
         # Plain decoding costs a pipelined step where the controller queues plain steps
         # ahead (the host's work hidden), else a one-row verification and its commit.
         plain = steady if steady is not None else self.plain_overhead_s + verify[1]
@@ -375,12 +392,28 @@ class AdaptiveDepth:
             return None
         return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
+    def cannot_pay(self, depth: int) -> bool:
+        """Whether depth K >= 1 would decode slower than plain decoding even if every
+        proposal were accepted, by the costs measured at K itself (its draft time and the
+        verify time of K + 1 rows, both within ``cost_horizon``). False while either is
+        unmeasured: a curve's extrapolation past its knots says nothing sure about K."""
+        if depth < 1 or depth not in self._draft.weight or depth + 1 not in self._verify.weight:
+            return False
+        rates = self._rates(depth, acceptance=1.0)
+        return rates is not None and rates[depth] < rates[0]
+
     # -- policy ----------------------------------------------------------------------
 
     @property
     def probe_interval(self) -> int:
         """Iterations from the last probe to the next one (see the class docstring)."""
         return self._interval
+
+    @property
+    def skipped_probes(self) -> int:
+        """Probes not run since the last :meth:`reset` because their depth cannot pay
+        (:meth:`cannot_pay`)."""
+        return self._skipped_probes
 
     def choose_depth(self) -> int:
         """The depth of the next iteration (see the class docstring)."""
@@ -402,7 +435,17 @@ class AdaptiveDepth:
             depth = self._neighbour(self._last_depth) if self._choices > 1 else self._last_depth
         elif self._choices >= self._next_probe:
             depth = self._neighbour(best)
-            self._probed_best = best
+            if best == 0 and cfg.skip_losing_probes and self.cannot_pay(depth):
+                # Even accepting every proposal, K would lose to plain decoding at the costs
+                # measured at K (a draft step nearly as dear as a target step, every expert
+                # resident): the probe could only confirm K = 0, so it counts as confirming
+                # it without running. K's costs expire after cost_horizon iterations; the
+                # probe after that runs and measures them again.
+                self._interval = min(2 * self._interval, cfg.max_probe_interval)
+                self._skipped_probes += 1
+                depth = 0
+            else:
+                self._probed_best = best
             self._next_probe = self._choices + self._interval
         else:
             depth = best
