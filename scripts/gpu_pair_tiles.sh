@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# One device call (twenty-fourth session): the PDL chain tests (now with the router, whose
-# constant weight is loaded before its PDL wait); the per-pair tiles of the grouped FP16
-# experts swept at one routed row and five (scripts/sweep_per_pair_tiles.py); and
-# DeepSeek-V2-Lite's resident steps with the router's preload (the default) and without it
-# (a sitecustomize that drops the models' constant-weight promise to the router), one
-# process each. It ran at eca61ec; the router's preload measured no gain (2.139 against
-# 2.143 ms a one-row target step) and was taken out after it, so that arm needs eca61ec.
+# One device call (twenty-fourth session): the PDL chain tests (at eca61ec with the router,
+# whose constant weight was then loaded before its PDL wait) and the per-pair tiles of the grouped
+# FP16 experts swept at one routed row and five (scripts/sweep_per_pair_tiles.py). At eca61ec
+# the call also timed DeepSeek-V2-Lite's resident steps with the router's preload and without
+# it (2.139 against 2.143 ms a one-row target step: no gain, so the preload was reverted and
+# that A/B arm, which needs eca61ec's router_topk(constant_weight=), is not kept here).
 #
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_pair_tiles.sh   (carry .whl)
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
-CUDA_TESTS_TIMEOUT=100 cuda_tests_to gpu-tests-router-preload.txt \
+CUDA_TESTS_TIMEOUT=100 cuda_tests_to gpu-tests-pdl.txt \
     packages/specter-kernels/tests/test_pdl.py
 echo "tests done at $(($(date +%s) - begin)) s"
 timeout 260 python3 scripts/sweep_per_pair_tiles.py --max-seconds 100 \
@@ -29,16 +28,4 @@ for part in ("shipped", "gate_up", "down"):
               round(r["us_m1"], 2), round(r["us_m5"], 2), r["invariant"], f"{r['max_err']:.1e}")
 print("non-invariant:", sum(not r["invariant"] for r in rows), "of", len(rows))
 PY
-echo "sweep done at $(($(date +%s) - begin)) s"
-resident_steps router-preload 32
-mkdir -p /tmp/no-router-preload
-cat >/tmp/no-router-preload/sitecustomize.py <<'PY'
-import specter_models.fused_routers as fused
-_real = fused.router_topk
-def _without_promise(*args, **kwargs):
-    kwargs["constant_weight"] = False
-    return _real(*args, **kwargs)
-fused.router_topk = _without_promise
-PY
-(export PYTHONPATH="/tmp/no-router-preload:$PYTHONPATH"; resident_steps no-router-preload 32)
 echo "done at $(($(date +%s) - begin)) s"
