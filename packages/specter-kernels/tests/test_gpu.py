@@ -239,6 +239,22 @@ def test_sum_routed_pairs_on_the_gpu_equals_torch(seed, monkeypatch, dtype, T):
     assert torch.equal(sk.sum_routed_pairs(out, dtype), sk.sum_routed_pairs_reference(out, dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 5, 300])
+def test_residual_add_routed_pairs_on_the_gpu_equals_torch(seed, monkeypatch, dtype, T):
+    # DeepSeek-V2-Lite's join: pairs [T, 6, 2048], a residual stream and a shared output.
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    pairs = (
+        torch.randn(T, 6, 2048, device="cuda")
+        * torch.logspace(-3, 3, 6, device="cuda")[None, :, None]
+    )
+    residual = (torch.randn(T, 2048, device="cuda") * 30).to(dtype)
+    shared = (torch.randn(T, 2048, device="cuda") * 0.01).to(dtype)
+    got = sk.residual_add_routed_pairs(residual, pairs, shared)
+    assert torch.equal(got, sk.residual_add_routed_pairs_reference(residual, pairs, shared))
+    assert torch.equal(got, sk.residual_add(residual, sk.sum_routed_pairs(pairs, dtype), shared))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_silu_and_mul_on_the_gpu_equals_torch(seed, monkeypatch, dtype):
     # DeepSeek-V2-Lite's gate_up output at five rows ([5, 2 * 1408]), then every 16-bit

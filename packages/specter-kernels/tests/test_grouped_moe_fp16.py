@@ -209,6 +209,42 @@ def test_sum_routed_pairs_kernel_takes_strided_pairs(seed, poisoned):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("T", "k", "H"), [(1, 6, 64), (5, 2, 100), (3, 1, 1100)])
+def test_residual_add_routed_pairs_kernel_has_the_two_launch_bits(
+    seed, poisoned, exact_bf16, dtype, T, k, H
+):
+    # Magnitudes far apart, so another add order or a missed rounding changes bits.
+    pairs = torch.randn(T, k, H) * torch.logspace(-3, 3, k)[None, :, None]
+    residual = (torch.randn(T, H) * 30).to(dtype)
+    shared = (torch.randn(T, H) * 0.01).to(dtype)
+    got = sk.residual_add_routed_pairs(residual, pairs, shared)
+    two_launches = sk.residual_add(residual, sk.sum_routed_pairs(pairs, dtype), shared)
+    assert got.dtype == dtype
+    assert got.shape == (T, H)
+    assert torch.equal(got, two_launches)
+    assert torch.equal(got, sk.residual_add_routed_pairs_reference(residual, pairs, shared))
+    # Each row alone: the same bits (one program per row and column block).
+    alone = sk.residual_add_routed_pairs(residual[-1:], pairs[-1:], shared[-1:])
+    assert torch.equal(got[-1:], alone)
+
+
+def test_residual_add_routed_pairs_takes_strided_pairs_and_refuses_mismatches(seed, poisoned):
+    wide = torch.randn(4, 3, 2, 48)
+    pairs = wide[:, :, 1]  # [4, 3, 48], strides (288, 96, 1)
+    residual, shared = torch.randn(4, 48).half(), torch.randn(4, 48).half()
+    routed = ((pairs[:, 0] + pairs[:, 1]) + pairs[:, 2]).half()
+    assert torch.equal(
+        sk.residual_add_routed_pairs(residual, pairs, shared), residual + (routed + shared)
+    )
+    with pytest.raises(ValueError, match=r"shared is \(4, 40\).*\[T, H\] = \[4, 48\]"):
+        sk.residual_add_routed_pairs(residual, pairs, shared[:, :40])
+    with pytest.raises(TypeError, match=r"shared is torch\.float32 but residual is torch\.float16"):
+        sk.residual_add_routed_pairs(residual, pairs, shared.float())
+    with pytest.raises(TypeError, match=r"float32 \[T, k, H\]"):
+        sk.residual_add_routed_pairs(residual, pairs.half(), shared)
+
+
 def test_sum_routed_pairs_refuses_a_non_float_dtype():
     with pytest.raises(TypeError, match="dtype must be"):
         sk.sum_routed_pairs(torch.zeros(2, 2, 4), torch.int32)

@@ -90,3 +90,37 @@ def test_the_fork_needs_a_graph_capture_on_cuda_and_no_expert_split():
     assert overlap.side_stream(on_gpu) is None
     overlap.prepare("cpu")  # nothing to make off CUDA
     assert list(overlap._streams) == [device]
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_join_sums_the_routed_pairs_with_the_bits_of_the_separate_sum(
+    checkpoints, name, dtype, monkeypatch
+):
+    from specter_models import shared_overlap
+
+    lm = load(checkpoints[name], device="cpu", dtype=dtype, batch_invariant=True)
+    generator = torch.Generator().manual_seed(5)
+    for layer in find_moe_layers(lm.model):
+        block = layer.block
+        x = torch.randn(1, 4, layer.hidden_size, generator=generator).to(dtype)
+        residual = (torch.randn(1, 4, layer.hidden_size, generator=generator) * 8).to(dtype)
+        routed, shared = shared_branches(block)
+        with torch.no_grad(), lm.runtime.running(ExpertsMode.TARGET):
+            kept = routed(x, True)
+            summed = routed(x)
+            shared_out = shared(x)
+            monkeypatch.setattr(shared_overlap, "FUSED_PAIR_JOIN", True)
+            fused = block(x, residual=residual)
+            monkeypatch.setattr(shared_overlap, "FUSED_PAIR_JOIN", False)
+            apart = block(x, residual=residual)
+        # The target's batch-invariant accumulator: one fp32 row per routed pair.
+        assert isinstance(kept, shared_overlap.RoutedPairs)
+        assert kept.pairs.dtype == torch.float32
+        assert kept.pairs.shape == (4, lm.config.num_experts_per_tok, layer.hidden_size)
+        assert summed.shape == x.shape
+        assert fused.dtype == dtype
+        assert torch.equal(fused, apart)
+        assert torch.equal(apart, residual + (summed + shared_out))
+        with torch.no_grad(), lm.runtime.running(ExpertsMode.DRAFT):
+            assert routed(x, True).shape == x.shape  # the draft sums its own pairs

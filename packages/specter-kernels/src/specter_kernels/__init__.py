@@ -18,6 +18,8 @@ from specter_kernels.gptq_import import import_gptq
 from specter_kernels.grouped_moe_fp16 import (
     grouped_moe_fp16,
     grouped_moe_fp16_reference,
+    residual_add_routed_pairs,
+    residual_add_routed_pairs_reference,
     sum_routed_pairs,
     sum_routed_pairs_reference,
 )
@@ -125,6 +127,8 @@ __all__ = [
     "quantize_int4",
     "residual_add",
     "residual_add_reference",
+    "residual_add_routed_pairs",
+    "residual_add_routed_pairs_reference",
     "rms_norm",
     "rms_norm_reference",
     "rotary_complex",

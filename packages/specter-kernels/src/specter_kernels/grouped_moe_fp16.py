@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specter_kernels.backend import select_backend
+from specter_kernels.backend import FLOAT_DTYPES, select_backend
 from specter_kernels.invariant_matmul import invariant_bmm_reference
 from specter_kernels.routed_inputs import check_routed_inputs
 from specter_kernels.streamed_experts import StreamedExperts
@@ -333,6 +333,73 @@ def sum_routed_pairs(out: torch.Tensor, dtype: torch.dtype | None = None) -> tor
     if out.stride(2) != 1:
         out = out.contiguous()
     return launch_routed_pair_sum(out, torch.float32 if dtype is None else dtype)
+
+
+def residual_add_routed_pairs_reference(
+    residual: torch.Tensor, pairs: torch.Tensor, shared: torch.Tensor
+) -> torch.Tensor:
+    """Plain torch reference of :func:`residual_add_routed_pairs`:
+    ``residual + (sum_routed_pairs_reference(pairs, dtype) + shared)``."""
+    _check_routed_join(residual, pairs, shared)
+    return residual + (_sum_in_pair_order(pairs, residual.dtype) + shared)
+
+
+def residual_add_routed_pairs(
+    residual: torch.Tensor, pairs: torch.Tensor, shared: torch.Tensor
+) -> torch.Tensor:
+    """An MoE block's join, ``residual + (routed + shared)`` with ``routed`` the pair-order
+    sum of ``pairs``, in one launch on CUDA (the torch form is :func:`sum_routed_pairs`
+    then two adds, or ``sum_routed_pairs`` then ``residual_add``: two launches).
+
+    Its bits are :func:`residual_add_routed_pairs_reference`'s: the pairs summed in fp32 in
+    order and rounded once to the dtype, then each add in fp32 rounded to the dtype. Each
+    element depends on its own column of its own row only, so it is batch-invariant.
+
+    Args:
+        residual: ``[T, H]`` fp16, bf16 or fp32 (the decoder layer's residual stream).
+        pairs: fp32 ``[T, k, H]``, one row per routed pair, weighted already (the
+            batch-invariant accumulator of the grouped expert kernels).
+        shared: ``[T, H]``, ``residual``'s dtype and device (the shared experts' output).
+
+    Returns:
+        ``[T, H]`` contiguous in ``residual``'s dtype.
+
+    Raises:
+        TypeError: ``pairs`` is not fp32 ``[T, k, H]``, or the dtypes do not match.
+        ValueError: the shapes or devices do not match.
+    """
+    _check_routed_join(residual, pairs, shared)
+    T, k, H = pairs.shape
+    if T == 0 or k == 0 or H == 0 or select_backend(pairs.device) == "torch":
+        return residual + (_sum_in_pair_order(pairs, residual.dtype) + shared)
+    from specter_kernels.routed_pair_sum_triton import launch_routed_pair_residual
+
+    if pairs.stride(2) != 1:
+        pairs = pairs.contiguous()
+    return launch_routed_pair_residual(pairs, residual.contiguous(), shared.contiguous())
+
+
+def _check_routed_join(residual: torch.Tensor, pairs: torch.Tensor, shared: torch.Tensor) -> None:
+    _check_pairs(pairs, None)
+    for name, t in (("residual", residual), ("shared", shared)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_DTYPES:
+            raise TypeError(
+                f"residual_add_routed_pairs: {name} must be a float tensor "
+                f"({FLOAT_DTYPES}), got {getattr(t, 'dtype', type(t).__name__)}"
+            )
+    if shared.dtype != residual.dtype:
+        raise TypeError(
+            f"residual_add_routed_pairs: shared is {shared.dtype} but residual is "
+            f"{residual.dtype}; cast them to one dtype"
+        )
+    want = (pairs.shape[0], pairs.shape[2])
+    for name, t in (("residual", residual), ("shared", shared)):
+        if tuple(t.shape) != want or t.device != pairs.device:
+            raise ValueError(
+                f"residual_add_routed_pairs: {name} is {tuple(t.shape)} on {t.device}; "
+                f"expected [T, H] = {list(want)} on {pairs.device}, the pairs' "
+                f"{tuple(pairs.shape)} [T, k, H]"
+            )
 
 
 def _check_pairs(out: torch.Tensor, dtype: torch.dtype | None) -> None:

@@ -34,26 +34,50 @@ CPU, both branches run in order on the current stream, as transformers' forward 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specter_kernels import residual_add
+from specter_kernels import residual_add, residual_add_routed_pairs
+from specter_kernels.backend import env_switch
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.fused_residuals import TAKES_RESIDUAL
 from specter_models.module_patches import patch_forwards
+from specter_models.specter_experts import SpecterExperts
 
-__all__ = ["SharedExpertOverlap", "install_shared_expert_overlap", "shared_branches"]
+__all__ = [
+    "FUSED_PAIR_JOIN",
+    "RoutedPairs",
+    "SharedExpertOverlap",
+    "install_shared_expert_overlap",
+    "shared_branches",
+]
+
+FUSED_PAIR_JOIN = env_switch("SPECTER_FUSED_PAIR_JOIN")
+"""Whether a block's join sums the routed pairs too (``SPECTER_FUSED_PAIR_JOIN=0`` at import
+keeps the pair sum apart, for A/B runs; tests flip this constant)."""
+
+
+class RoutedPairs(NamedTuple):
+    """A routed branch's output left as its pairs: fp32 ``[T, k, H]`` (``T`` the block
+    input's rows flattened), summed by the join."""
+
+    pairs: torch.Tensor
+
 
 Branch = Callable[[torch.Tensor], torch.Tensor]
+RoutedBranch = Callable[..., "torch.Tensor | RoutedPairs"]
 
 
-def shared_branches(block: nn.Module) -> tuple[Branch, Branch] | None:
+def shared_branches(block: nn.Module) -> tuple[RoutedBranch, Branch] | None:
     """``(routed, shared)`` of an MoE block with shared experts, each ``[B, S, H] -> [B, S, H]``
     computing exactly what transformers' forward computes for that branch; None for a block
     without shared experts (PhiMoE's) or one not recognised.
+
+    ``routed(x, keep_pairs=True)`` asks Specter's routed experts for their per-pair
+    accumulator: it returns :class:`RoutedPairs` when they keep one, else ``[B, S, H]``.
 
     DeepSeek-V2 (``DeepseekV2Moe``): ``gate``, ``experts`` and ``shared_experts``.
     Qwen2-MoE (``Qwen2MoeSparseMoeBlock``): ``gate``, ``experts``, ``shared_expert`` and
@@ -64,10 +88,11 @@ def shared_branches(block: nn.Module) -> tuple[Branch, Branch] | None:
         return None
     if isinstance(getattr(block, "shared_experts", None), nn.Module):
 
-        def routed(x: torch.Tensor) -> torch.Tensor:
+        def routed(x: torch.Tensor, keep_pairs: bool = False) -> torch.Tensor | RoutedPairs:
             shape = x.shape
             _, weights, ids = block.gate(x)
-            return block.experts(x.view(-1, shape[-1]), ids, weights).view(*shape)
+            flat = x.view(-1, shape[-1])
+            return _routed_out(block.experts, flat, ids, weights, keep_pairs, shape)
 
         def shared(x: torch.Tensor) -> torch.Tensor:
             return block.shared_experts(x)
@@ -77,10 +102,10 @@ def shared_branches(block: nn.Module) -> tuple[Branch, Branch] | None:
         getattr(block, "shared_expert_gate", None), nn.Module
     ):
 
-        def routed(x: torch.Tensor) -> torch.Tensor:
+        def routed(x: torch.Tensor, keep_pairs: bool = False) -> torch.Tensor | RoutedPairs:
             flat = x.view(-1, x.shape[-1])
             _, weights, ids = block.gate(flat)
-            return block.experts(flat, ids, weights).view(*x.shape)
+            return _routed_out(block.experts, flat, ids, weights, keep_pairs, x.shape)
 
         def shared(x: torch.Tensor) -> torch.Tensor:
             flat = x.view(-1, x.shape[-1])
@@ -89,6 +114,24 @@ def shared_branches(block: nn.Module) -> tuple[Branch, Branch] | None:
 
         return routed, shared
     return None
+
+
+def _routed_out(
+    experts: nn.Module,
+    flat: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    keep_pairs: bool,
+    shape: torch.Size,
+) -> torch.Tensor | RoutedPairs:
+    """The routed experts on ``flat [T, H]``: ``[*shape]``, or :class:`RoutedPairs` when
+    ``keep_pairs`` and Specter's experts return their fp32 pairs ``[T, k, H]``."""
+    if keep_pairs and isinstance(experts, SpecterExperts):
+        out = experts(flat, ids, weights, keep_pairs=True)
+        if out.dim() == 3:
+            return RoutedPairs(out)
+        return out.view(*shape)
+    return experts(flat, ids, weights).view(*shape)
 
 
 class SharedExpertOverlap:
@@ -142,32 +185,43 @@ class SharedExpertOverlap:
     def run(
         self,
         x: torch.Tensor,
-        routed: Branch,
+        routed: RoutedBranch,
         shared: Branch,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``routed(x) + shared(x)``, the shared branch on the side stream when it applies;
         given a ``residual`` (``x``'s shape and dtype), ``residual + (routed(x) + shared(x))``
-        in one launch (specter-kernels ``residual_add``: the bits of the two adds)."""
+        in one launch (specter-kernels ``residual_add``: the bits of the two adds; with the
+        routed pairs kept, ``residual_add_routed_pairs``: the pair sum's bits too)."""
+        keep = residual is not None and FUSED_PAIR_JOIN
         side = self.side_stream(x)
         if side is None:
-            return _join(routed(x), shared(x), residual)
+            return _join(routed(x, keep), shared(x), residual)
         from specter_kernels.invariant_matmul_triton import counters_in  # Triton: CUDA only
 
         main = torch.cuda.current_stream(x.device)
         side.wait_stream(main)  # x is ready
         with torch.cuda.stream(side), counters_in(self._counters[x.device]):
             shared_out = shared(x)
-        routed_out = routed(x)
+        routed_out = routed(x, keep)
         main.wait_stream(side)  # the capture's join: the graph's two branches meet here
         self.forks += 1
         return _join(routed_out, shared_out, residual)
 
 
 def _join(
-    routed: torch.Tensor, shared: torch.Tensor, residual: torch.Tensor | None
+    routed: torch.Tensor | RoutedPairs, shared: torch.Tensor, residual: torch.Tensor | None
 ) -> torch.Tensor:
-    """``routed + shared``, or ``residual + (routed + shared)`` in one launch."""
+    """``routed + shared``, or ``residual + (routed + shared)`` in one launch (the routed
+    pairs summed in it when ``routed`` is :class:`RoutedPairs`, which needs a residual)."""
+    if isinstance(routed, RoutedPairs):
+        if residual is None:
+            raise ValueError("routed pairs are joined into a residual; none was given")
+        H = residual.shape[-1]
+        out = residual_add_routed_pairs(
+            residual.reshape(-1, H), routed.pairs, shared.reshape(-1, H)
+        )
+        return out.view(residual.shape)
     if residual is None:
         return routed + shared
     return residual_add(residual, routed, shared)

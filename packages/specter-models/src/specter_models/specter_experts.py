@@ -164,9 +164,16 @@ class SpecterExperts(nn.Module):
         hidden_states: torch.Tensor,
         top_k_index: torch.Tensor,
         top_k_weights: torch.Tensor,
+        keep_pairs: bool = False,
     ) -> torch.Tensor:
         """Routed-expert output ``[T, H]`` for ``hidden_states [T, H]`` routed by the block's
         router to ``top_k_index [T, k]`` with ``top_k_weights [T, k]``.
+
+        ``keep_pairs=True`` (a caller that sums the pairs into its own join, such as
+        ``shared_overlap``'s ``residual_add_routed_pairs``): a target forward whose
+        accumulator is per pair returns it unsummed, fp32 ``[T, k, H]``; every other
+        forward (the draft's, a graphed split's, one not batch-invariant) returns ``[T, H]``
+        as always, so a caller checks the rank.
 
         Raises:
             RuntimeError: called outside a draft or target forward (no mode set), or in draft
@@ -179,20 +186,21 @@ class SpecterExperts(nn.Module):
             split = self.runtime.expert_split
             if split is not None:  # a step graph takes the call (see step_graphs)
                 return split(self, hidden_states, top_k_index, top_k_weights)
-            return self.target_forward(hidden_states, top_k_index, top_k_weights)
+            return self.target_forward(hidden_states, top_k_index, top_k_weights, keep_pairs)
         raise RuntimeError(
             "SpecterExperts ran outside a draft or target forward: call the model through "
             "TargetModel / DraftModel (or inside ExpertsRuntime.running(mode))"
         )
 
     def target_forward(
-        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, keep_pairs: bool = False
     ) -> torch.Tensor:
         """The target's routed-expert output ``[T, H]`` through the expert cache
-        (expert-wise or token-wise, as ``runtime.verification`` says)."""
+        (expert-wise or token-wise, as ``runtime.verification`` says); with ``keep_pairs``
+        a per-pair accumulator ``[T, k, H]`` comes back unsummed (see :meth:`forward`)."""
         if self.runtime.verification == "token":
-            return self._target_tokenwise(x, ids, weights)
-        return self._target(x, ids, weights)
+            return self._target_tokenwise(x, ids, weights, keep_pairs)
+        return self._target(x, ids, weights, keep_pairs)
 
     def _draft(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if self.draft_gate_up is None or self.draft_down is None:
@@ -264,7 +272,9 @@ class SpecterExperts(nn.Module):
             trace[self.layer].append(sorted({e for row in rows for e in row if e >= 0}))
         return rows
 
-    def _target(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _target(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, keep_pairs: bool = False
+    ) -> torch.Tensor:
         record = self.runtime.stream_record
         streaming = record is not None and record.active
         if streaming:
@@ -280,18 +290,23 @@ class SpecterExperts(nn.Module):
             if self.runtime.routing_trace is not None:
                 self._needed(ids)  # the trace needs the ids on the host (a sync)
             self._compute_wave(x, ids, weights, None, None, out)
-            return self._finish(out, x.dtype)
+            return self._finish(out, x.dtype, keep_pairs)
         if streaming:
-            return self._target_streamed(x, ids, weights, record)
+            return self._target_streamed(x, ids, weights, record, keep_pairs)
         out = self._accumulator(x, ids)
         rows = self._needed(ids)
         needed = list(dict.fromkeys(e for row in rows for e in row))
         for wave in self.runtime.cache.acquire(self.layer, needed):
             self._compute_wave(x, ids, weights, wave.experts, wave.slots, out)
-        return self._finish(out, x.dtype)
+        return self._finish(out, x.dtype, keep_pairs)
 
     def _target_streamed(
-        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, record: StreamRecord
+        self,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        record: StreamRecord,
+        keep_pairs: bool = False,
     ) -> torch.Tensor:
         """The streamed miss path (``streamed_misses``): every routed pair in one wave, each
         expert read from its slot or, without one, in place from the host store; the kernel
@@ -324,7 +339,7 @@ class SpecterExperts(nn.Module):
                 x, ids, weights, slots["gate_up"], slots["down"], mapping, every, out, None,
                 streamed, flags, fills,
             )  # fmt: skip
-            return self._finish(out, x.dtype)
+            return self._finish(out, x.dtype, keep_pairs)
         # float32/float64 reference (CPU tests, host syncs allowed): the same choice per
         # expert, in plain torch, the host store's tensors read where there is no slot.
         slot_of = mapping.tolist()
@@ -346,7 +361,7 @@ class SpecterExperts(nn.Module):
                 write_expert_pairs(x, ids, weights, experts, out)
         else:
             accumulate_experts(x, ids, weights, experts, out)
-        return self._finish(out, x.dtype)
+        return self._finish(out, x.dtype, keep_pairs)
 
     def _streamed_experts(self, device: torch.device) -> StreamedExperts:
         """This layer's fp16 experts in the host store, addressed for a kernel on ``device``
@@ -383,12 +398,12 @@ class SpecterExperts(nn.Module):
         return rows
 
     def _target_tokenwise(
-        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, keep_pairs: bool = False
     ) -> torch.Tensor:
         if self._fully_resident():
             # Nothing to load, so no load order to follow: token-wise verification is the
             # all-resident single wave (the same bits under batch invariance).
-            return self._target(x, ids, weights)
+            return self._target(x, ids, weights, keep_pairs)
         rows = self._needed(ids)
         out = self._accumulator(x, ids)
         for t, row in enumerate(rows):
@@ -397,7 +412,7 @@ class SpecterExperts(nn.Module):
                 self._compute_wave(
                     x[span], ids[span], weights[span], wave.experts, wave.slots, out[span]
                 )
-        return self._finish(out, x.dtype)
+        return self._finish(out, x.dtype, keep_pairs)
 
     def _accumulator(self, x: torch.Tensor, ids: torch.Tensor, zeroed: bool = True) -> torch.Tensor:
         """Sums: ``[T, H]``, or ``[T, k, H]`` (one row per routed pair) when batch
@@ -408,8 +423,10 @@ class SpecterExperts(nn.Module):
         return make(shape, dtype=_accumulator_dtype(x.dtype), device=x.device)
 
     @staticmethod
-    def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _finish(out: torch.Tensor, dtype: torch.dtype, keep_pairs: bool = False) -> torch.Tensor:
         if out.dim() == 3:
+            if keep_pairs and out.dtype == torch.float32:
+                return out  # fp32 [T, k, H]: the caller's join sums the pairs
             # Pairs 0..k-1 of each row, in that order, and the cast: one launch on CUDA.
             return sum_routed_pairs(out, dtype)
         return out.to(dtype)
