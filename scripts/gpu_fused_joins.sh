@@ -6,7 +6,10 @@
 # tests; DeepSeek-V2-Lite's resident step times with both off and both on (one process an
 # arm); then the unlimited cell (hf, lru, specter) and the 24 GB cell (specter, lru).
 #
-#   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_fused_joins.sh   (carry .whl)
+# The silu GEMV measured slower (every GEMV program recomputes the whole activation) and was
+# removed after this call: the script needs commit 744d95b (its test file is gone since).
+#
+#   SPECTER_GIT_COMMIT=744d95b bash scripts/gpu_fused_joins.sh   (carry .whl)
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)

@@ -152,35 +152,3 @@ def test_load_fuses_by_default(checkpoints, name):
     fused = [m for m in lm.model.modules() if getattr(m, "_specter_fused_gate_up", False)]
     assert len(fused) == EXPECTED_MLPS[name]
     assert fused_mlp.install_fused_gate_up(lm.model, lm.runtime) == 0
-
-
-@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
-def test_invariant_forwards_run_the_activation_inside_the_down_projection(
-    checkpoints, monkeypatch, name
-):
-    lm = load(checkpoints[name], device="cpu", dtype=torch.float32, batch_invariant=True)
-    prompt = random_prompt(5, lm.config.vocab_size, seed=7)
-    calls = []
-    real = fused_mlp.silu_mul_linear
-
-    def spy(h, w, **k):
-        calls.append((h.shape, k))
-        return real(h, w, **k)
-
-    monkeypatch.setattr(fused_mlp, "silu_mul_linear", spy)
-    monkeypatch.setattr(fused_mlp, "SILU_MUL_GEMV", False)
-    apart = lm.target.forward(prompt, 0)
-    assert calls == []
-    lm.reset()
-    monkeypatch.setattr(fused_mlp, "SILU_MUL_GEMV", True)
-    together = lm.target.forward(prompt, 0)
-    # One call per SwiGLU MLP, on its [.., 2I] gate/up output, its weight promised constant.
-    widths = sorted(m._specter_gate_up.shape[0] for m in _swiglu_mlps(lm.model))
-    assert sorted(shape[-1] for shape, _ in calls) == widths
-    assert all(k == {"constant_weight": True} for _, k in calls)
-    assert torch.equal(together, apart)
-    # Not batch-invariant (a plain F.linear down projection): the two calls, as before.
-    calls.clear()
-    plain = load(checkpoints[name], device="cpu", dtype=torch.float32)
-    plain.target.forward(prompt, 0)
-    assert calls == []

@@ -70,7 +70,6 @@ from specter_kernels.rotary import (
 )
 from specter_kernels.router_topk import router_topk, router_topk_reference
 from specter_kernels.silu_and_mul import silu_and_mul, silu_and_mul_reference
-from specter_kernels.silu_mul_linear import silu_mul_linear, silu_mul_linear_reference
 from specter_kernels.streamed_experts import StreamedExperts
 from specter_kernels.streamed_fills import assign_fill_slots, assign_fill_slots_reference
 from specter_kernels.streamed_staging import (
@@ -141,8 +140,6 @@ __all__ = [
     "select_backend",
     "silu_and_mul",
     "silu_and_mul_reference",
-    "silu_mul_linear",
-    "silu_mul_linear_reference",
     "stack_int4_experts",
     "stage_streamed",
     "stage_streamed_reference",

@@ -24,17 +24,6 @@ With ``PRELOAD`` (a caller's ``preload=True`` for a weight no earlier kernel wri
 PDL wait: they do not depend on the previous kernel. Behind a small kernel
 that lets its successor launch early (PDL's ``early`` mode) they stream while that kernel
 runs. Behind a kernel that only waits they gain nothing (measured on the H200).
-
-With ``GLU`` (``launch_invariant_gemv(glu=True)``, :func:`specter_kernels.silu_mul_linear`)
-the input rows are SwiGLU's ``[M, 2K]`` gate/up projection (gate half first), and each
-element of the GEMV's input is made from its two halves exactly as ``silu_and_mul_triton``
-makes it: ``silu(gate)`` in fp32 with the same exp and IEEE division, rounded to the dtype,
-times ``up`` in fp32, rounded again. The GEMV part is the same code, so the result has the
-bits of ``silu_and_mul`` then the plain GEMV, in one launch. This kernel keeps fp
-contraction on (the GEMV's bits depend on it), where ``silu_and_mul``'s is off: libdevice's
-``exp`` ends in a multiply, which contraction would fuse with ``1 + exp(-g)`` into an fma
-(seen in the sm_90 PTX), so that add is ``add_rn``, which is never contracted; the division
-is ``div_rn`` and the product is rounded before use.
 """
 
 from __future__ import annotations
@@ -42,10 +31,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from specter_kernels import invariant_gemv_config
-from specter_kernels.backend import triton_interpreter_enabled
 from specter_kernels.invariant_gemv_config import InvariantGemvConfig
 from specter_kernels.pdl import pdl_enter, pdl_options
 
@@ -68,8 +55,6 @@ def _invariant_gemv_kernel(
     ROWS: tl.constexpr,
     PRELOAD: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
-    GLU: tl.constexpr = 0,
-    LIBDEVICE_EXP: tl.constexpr = 0,
 ):
     if not PRELOAD:
         pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
@@ -96,17 +81,6 @@ def _invariant_gemv_kernel(
             live = m < M
             row = tl.multiple_of(m * stride_xm, 8)  # the launcher's contract: 16-byte rows
             x = tl.load(x_ptr + row + offs_k, mask=k_mask & live, other=0.0).to(tl.float32)
-            if GLU:  # x was the gate half; silu_and_mul's element, its bits
-                up = tl.load(x_ptr + row + K + offs_k, mask=k_mask & live, other=0.0)
-                if LIBDEVICE_EXP:
-                    # add_rn: exp's last multiply and this add must not become one fma,
-                    # which this kernel's fp contraction (on, for the GEMV's bits) would do.
-                    denominator = libdevice.add_rn(1.0, libdevice.exp(-x))
-                else:
-                    denominator = 1.0 + tl.exp(-x)
-                silu = tl.math.div_rn(x, denominator)
-                silu = silu.to(out_ptr.dtype.element_ty).to(tl.float32)
-                x = (silu * up.to(tl.float32)).to(out_ptr.dtype.element_ty).to(tl.float32)
             acc = tl.sum(w * x[None, :], axis=1)
             if HAS_BIAS:
                 acc += bias
@@ -121,14 +95,9 @@ def launch_invariant_gemv(
     bias: torch.Tensor | None,
     config: InvariantGemvConfig,
     preload: bool = False,
-    glu: bool = False,
 ) -> torch.Tensor:
     """Run the kernel: ``x [M, K]``, ``weight [N, K]`` (unit stride along K), ``out [M, N]``
     (unit stride along N), optional ``bias [N]``; returns ``out``.
-
-    ``glu``: ``x`` is ``[M, 2K]``, SwiGLU's gate and up halves, and the kernel multiplies
-    ``silu_and_mul(x)`` (its bits) by the weight. ``K`` must then be a multiple of 8, so the
-    up half's rows stay 16-byte aligned.
 
     ``preload``: the caller promises no earlier kernel writes ``weight``, so its loads may be
     issued before the PDL wait (when ``SPECTER_INVARIANT_GEMV_PRELOAD`` allows it).
@@ -136,15 +105,8 @@ def launch_invariant_gemv(
     ``x`` is copied first when its rows are not 16-byte aligned (the kernel's vector loads
     assume it), so every call of a shape runs one binary whatever ``x``'s layout.
     """
-    M, width = x.shape
-    N, K = weight.shape
-    if width != (2 * K if glu else K):
-        raise ValueError(
-            f"x is {tuple(x.shape)} but weight {tuple(weight.shape)} needs rows of "
-            f"{2 * K if glu else K}" + (" (gate and up halves)" if glu else "")
-        )
-    if glu and K % 8:
-        raise ValueError(f"glu needs K % 8 == 0 (16-byte aligned up halves), got K={K}")
+    M, K = x.shape
+    N = weight.shape[0]
     if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
         if x.data_ptr() % 16:  # a clone is a fresh, aligned allocation
@@ -155,7 +117,6 @@ def launch_invariant_gemv(
         HAS_BIAS=bias is not None, BLOCK_N=config.block_n,
         BLOCK_K=triton.next_power_of_2(K), ROWS=config.rows,
         PRELOAD=int(preload and invariant_gemv_config.GEMV_PRELOAD),
-        GLU=int(glu), LIBDEVICE_EXP=int(glu and not triton_interpreter_enabled()),
         num_warps=config.num_warps, num_stages=1, **pdl_options(x.device),
     )  # fmt: skip
     return out

@@ -17,12 +17,6 @@ The GEMM is batch-invariant exactly when the model's other linears are
 ``F.linear`` otherwise. ``silu_and_mul`` is elementwise, so invariant anyway, and
 ``down_proj`` is the module's own (already wrapped) ``nn.Linear``.
 
-While the model's linears are batch-invariant (``invariant_linears_active``) the activation
-and the down projection are one launch: specter-kernels ``silu_mul_linear`` builds the GEMV's
-input from the gate/up output itself, with ``silu_and_mul``'s bits, so the result is the
-bits of the two calls. ``SPECTER_SILU_MUL_GEMV=0`` (read at import) keeps them apart, for
-A/B runs.
-
 Install it once the weights are loaded (the copy needs them) and before CUDA graphs are
 captured (a captured graph keeps reading the old gate and up weights, which the install
 frees). Moving the model to another device or dtype afterwards would move the parameter views
@@ -36,17 +30,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from specter_kernels import FLOAT_DTYPES, silu_and_mul, silu_and_mul_reference, silu_mul_linear
-from specter_kernels.backend import env_switch
+from specter_kernels import FLOAT_DTYPES, silu_and_mul, silu_and_mul_reference
 from specter_models.experts_runtime import ExpertsRuntime
-from specter_models.invariant_scopes import INVARIANT_DTYPES, runtime_linear
+from specter_models.invariant_scopes import runtime_linear
 from specter_models.module_patches import concatenate_linear_weights, patch_forwards
 
 FUSED_MLP_CLASSES = ("DeepseekV2MLP", "Qwen2MoeMLP")
 """Class names of the SwiGLU MLP modules that are fused."""
-SILU_MUL_GEMV = env_switch("SPECTER_SILU_MUL_GEMV")
-"""Whether invariant forwards run the activation inside the down projection's launch
-(``SPECTER_SILU_MUL_GEMV=0`` at import keeps ``silu_and_mul`` apart; tests flip this)."""
 SILU_CLASSES = ("SiLU", "SiLUActivation")
 """Class names of the activations taken for silu (torch's and transformers' ``ACT2FN``)."""
 
@@ -105,17 +95,6 @@ def _fused_forward(
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
         h = runtime_linear(runtime, x, gate_up)  # [..., 2I], invariant as the other linears
-        down = module.down_proj
-        if (
-            SILU_MUL_GEMV
-            and runtime.invariant_linears_active
-            and h.dtype in INVARIANT_DTYPES
-            and getattr(down, "_specter_invariant", False)
-        ):
-            # down_proj's own forward here is invariant_linear(.., constant_weight=True)
-            # (invariant_scopes' wrapper; bias-free: is_fusable_mlp): this is its bits with
-            # silu_and_mul inside its launch.
-            return silu_mul_linear(h, down.weight, constant_weight=True)  # [..., H]
         h = silu_and_mul(h) if h.dtype in FLOAT_DTYPES else silu_and_mul_reference(h)
         return module.down_proj(h)  # [..., H]
 
