@@ -77,7 +77,6 @@ from specter_kernels.streamed_staging import (
     stage_streamed,
     stage_streamed_reference,
 )
-from specter_kernels.swiglu_linear import swiglu_linear, swiglu_linear_reference
 
 __version__ = "0.1.0"
 
@@ -146,7 +145,5 @@ __all__ = [
     "stage_streamed_reference",
     "sum_routed_pairs",
     "sum_routed_pairs_reference",
-    "swiglu_linear",
-    "swiglu_linear_reference",
     "unpack_int4",
 ]

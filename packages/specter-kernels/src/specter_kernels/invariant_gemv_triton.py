@@ -24,17 +24,6 @@ With ``PRELOAD`` (a caller's ``preload=True`` for a weight no earlier kernel wri
 PDL wait: they do not depend on the previous kernel. Behind a small kernel
 that lets its successor launch early (PDL's ``early`` mode) they stream while that kernel
 runs. Behind a kernel that only waits they gain nothing (measured on the H200).
-
-With ``SWIGLU`` (``launch_invariant_gemv(swiglu=True)``, :func:`specter_kernels.swiglu_linear`)
-the weight is SwiGLU's ``[2I, K]`` gate/up projection (gate rows first) and the output
-``[M, I]``: a program owns ``BLOCK_N`` gate columns and the same up columns, computes both
-exactly as the plain GEMV computes any column (the same tile, loads and ``tl.sum``), rounds
-each to the dtype as the GEMV's store would, and stores ``silu(gate) * up`` made as
-``silu_and_mul_triton`` makes it (exp, ``div_rn``, a rounding, the product, a rounding): the
-bits of the GEMV then ``silu_and_mul``, in one launch. This kernel keeps fp contraction on
-(the GEMV's bits depend on it) where ``silu_and_mul``'s is off, and libdevice's ``exp`` ends
-in a multiply that contraction would fuse with ``1 + exp(-g)`` into an fma (seen in the sm_90
-PTX), so that add is ``add_rn``, which is never contracted.
 """
 
 from __future__ import annotations
@@ -42,10 +31,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from specter_kernels import invariant_gemv_config
-from specter_kernels.backend import triton_interpreter_enabled
 from specter_kernels.invariant_gemv_config import InvariantGemvConfig
 from specter_kernels.pdl import pdl_enter, pdl_options
 
@@ -68,8 +55,6 @@ def _invariant_gemv_kernel(
     ROWS: tl.constexpr,
     PRELOAD: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
-    SWIGLU: tl.constexpr = 0,
-    LIBDEVICE_EXP: tl.constexpr = 0,
 ):
     if not PRELOAD:
         pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
@@ -80,15 +65,11 @@ def _invariant_gemv_kernel(
     k_mask = offs_k < K
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-    if SWIGLU:  # the up rows of the same columns, N (= I) rows further
-        w_up = tl.load(w_ptrs + N * stride_wn, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
     if PRELOAD:
         # The caller promised the weight constant (no earlier kernel writes it): its loads
         # may be in flight while the kernel before runs, when that one triggered early.
         pdl_enter(PDL)
     w = w.to(tl.float32)
-    if SWIGLU:
-        w_up = w_up.to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     # Rows go in passes of ROWS, unrolled, so a pass's row loads are in flight together.
@@ -103,16 +84,6 @@ def _invariant_gemv_kernel(
             acc = tl.sum(w * x[None, :], axis=1)
             if HAS_BIAS:
                 acc += bias
-            if SWIGLU:  # silu_and_mul of the two rounded columns, its bits
-                dtype = out_ptr.dtype.element_ty
-                gate = acc.to(dtype).to(tl.float32)
-                up = tl.sum(w_up * x[None, :], axis=1).to(dtype).to(tl.float32)
-                if LIBDEVICE_EXP:
-                    denominator = libdevice.add_rn(1.0, libdevice.exp(-gate))
-                else:
-                    denominator = 1.0 + tl.exp(-gate)
-                silu = tl.math.div_rn(gate, denominator).to(dtype).to(tl.float32)
-                acc = silu * up
             out = out_ptr + m * stride_om + offs_n
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_mask & live)
 
@@ -124,13 +95,9 @@ def launch_invariant_gemv(
     bias: torch.Tensor | None,
     config: InvariantGemvConfig,
     preload: bool = False,
-    swiglu: bool = False,
 ) -> torch.Tensor:
     """Run the kernel: ``x [M, K]``, ``weight [N, K]`` (unit stride along K), ``out [M, N]``
     (unit stride along N), optional ``bias [N]``; returns ``out``.
-
-    ``swiglu``: ``weight`` is ``[2I, K]`` (gate rows, then up rows), ``out`` is ``[M, I]``
-    and gets ``silu_and_mul`` of the ``[M, 2I]`` product (its bits); no bias.
 
     ``preload``: the caller promises no earlier kernel writes ``weight``, so its loads may be
     issued before the PDL wait (when ``SPECTER_INVARIANT_GEMV_PRELOAD`` allows it).
@@ -140,13 +107,6 @@ def launch_invariant_gemv(
     """
     M, K = x.shape
     N = weight.shape[0]
-    if swiglu:
-        if N % 2 or bias is not None or out.shape[1] != N // 2:
-            raise ValueError(
-                f"swiglu needs a [2I, K] weight with no bias and out [M, I]; got weight "
-                f"{tuple(weight.shape)}, out {tuple(out.shape)}, bias {bias is not None}"
-            )
-        N //= 2
     if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
         if x.data_ptr() % 16:  # a clone is a fresh, aligned allocation
@@ -157,7 +117,6 @@ def launch_invariant_gemv(
         HAS_BIAS=bias is not None, BLOCK_N=config.block_n,
         BLOCK_K=triton.next_power_of_2(K), ROWS=config.rows,
         PRELOAD=int(preload and invariant_gemv_config.GEMV_PRELOAD),
-        SWIGLU=int(swiglu), LIBDEVICE_EXP=int(swiglu and not triton_interpreter_enabled()),
         num_warps=config.num_warps, num_stages=1, **pdl_options(x.device),
     )  # fmt: skip
     return out

@@ -17,11 +17,6 @@ The GEMM is batch-invariant exactly when the model's other linears are
 ``F.linear`` otherwise. ``silu_and_mul`` is elementwise, so invariant anyway, and
 ``down_proj`` is the module's own (already wrapped) ``nn.Linear``.
 
-While the model's linears are batch-invariant (``invariant_linears_active``) the gate/up
-GEMM and the activation are one launch: specter-kernels ``swiglu_linear`` has the GEMV store
-``silu(gate) * up`` with the bits of the GEMV then ``silu_and_mul``.
-``SPECTER_SWIGLU_GEMV=0`` (read at import) keeps them apart, for A/B runs.
-
 Install it once the weights are loaded (the copy needs them) and before CUDA graphs are
 captured (a captured graph keeps reading the old gate and up weights, which the install
 frees). Moving the model to another device or dtype afterwards would move the parameter views
@@ -35,17 +30,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from specter_kernels import FLOAT_DTYPES, silu_and_mul, silu_and_mul_reference, swiglu_linear
-from specter_kernels.backend import env_switch
+from specter_kernels import FLOAT_DTYPES, silu_and_mul, silu_and_mul_reference
 from specter_models.experts_runtime import ExpertsRuntime
-from specter_models.invariant_scopes import INVARIANT_DTYPES, runtime_linear
+from specter_models.invariant_scopes import runtime_linear
 from specter_models.module_patches import concatenate_linear_weights, patch_forwards
 
 FUSED_MLP_CLASSES = ("DeepseekV2MLP", "Qwen2MoeMLP")
 """Class names of the SwiGLU MLP modules that are fused."""
-SWIGLU_GEMV = env_switch("SPECTER_SWIGLU_GEMV")
-"""Whether invariant forwards run the activation inside the gate/up GEMV's launch
-(``SPECTER_SWIGLU_GEMV=0`` at import keeps ``silu_and_mul`` apart; tests flip this)."""
 SILU_CLASSES = ("SiLU", "SiLUActivation")
 """Class names of the activations taken for silu (torch's and transformers' ``ACT2FN``)."""
 
@@ -103,10 +94,6 @@ def _fused_forward(
     module: nn.Module, runtime: ExpertsRuntime, gate_up: torch.Tensor
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if SWIGLU_GEMV and runtime.invariant_linears_active and x.dtype in INVARIANT_DTYPES:
-            # runtime_linear's invariant_linear(.., constant_weight=True), then silu_and_mul,
-            # with their bits in one launch where the GEMV applies.
-            return module.down_proj(swiglu_linear(x, gate_up, constant_weight=True))
         h = runtime_linear(runtime, x, gate_up)  # [..., 2I], invariant as the other linears
         h = silu_and_mul(h) if h.dtype in FLOAT_DTYPES else silu_and_mul_reference(h)
         return module.down_proj(h)  # [..., H]
