@@ -1,11 +1,11 @@
-"""Triton kernels of ``sum_routed_pairs`` and ``residual_add_routed_pairs``: one program per
+"""Triton kernel of ``sum_routed_pairs`` and ``residual_add_routed_pairs``: one program per
 (row, block of ``BLOCK`` columns).
 
 Each program adds the ``k`` fp32 pair rows of its token in pair order (``j = 0 .. k-1``,
 one IEEE fp32 add each, as torch's ``clone`` then ``+=`` do) and rounds the sum once to the
 output dtype: one launch in place of the ``k + 1`` (and a cast) of the torch form, with the
-same bits. ``_routed_pair_residual_kernel`` then goes on as ``residual_norm``'s
-``_residual_add_kernel`` does with the rounded sum as its ``a``: ``residual + (routed +
+same bits. With ``JOIN`` it then goes on as ``residual_norm``'s ``_residual_add_kernel``
+does with the rounded sum as its ``a``: ``residual + (routed +
 shared)``, each add in fp32 rounded to the dtype, as torch's two adds round. No multiply is
 involved, so there is nothing to contract.
 """
@@ -23,30 +23,8 @@ MAX_BLOCK = 1024
 
 @triton.jit
 def _routed_pair_sum_kernel(
-    pairs_ptr,
-    out_ptr,
-    H,
-    stride_pt,
-    stride_pj,
-    K_PAIRS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    PDL: tl.constexpr = 0,
-):
-    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    keep = cols < H
-    first = pairs_ptr + row * stride_pt + cols
-    total = tl.load(first, mask=keep, other=0.0)
-    for j in tl.static_range(1, K_PAIRS):
-        total += tl.load(first + j * stride_pj, mask=keep, other=0.0)
-    tl.store(out_ptr + row * H + cols, total.to(out_ptr.dtype.element_ty), mask=keep)
-
-
-@triton.jit
-def _routed_pair_residual_kernel(
     pairs_ptr, res_ptr, shared_ptr, out_ptr, H, stride_pt, stride_pj,
-    K_PAIRS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0,
+    K_PAIRS: tl.constexpr, BLOCK: tl.constexpr, JOIN: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
@@ -57,11 +35,13 @@ def _routed_pair_residual_kernel(
     for j in tl.static_range(1, K_PAIRS):
         total += tl.load(first + j * stride_pj, mask=keep, other=0.0)
     dtype = out_ptr.dtype.element_ty
-    routed = total.to(dtype).to(tl.float32)  # sum_routed_pairs' result
-    shared = tl.load(shared_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
-    inner = (routed + shared).to(dtype).to(tl.float32)  # rounded, as torch's add
-    r = tl.load(res_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * H + cols, (r + inner).to(dtype), mask=keep)
+    if JOIN:  # residual + (routed + shared), each add rounded as torch's
+        routed = total.to(dtype).to(tl.float32)  # sum_routed_pairs' result
+        shared = tl.load(shared_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
+        inner = (routed + shared).to(dtype).to(tl.float32)
+        r = tl.load(res_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
+        total = r + inner
+    tl.store(out_ptr + row * H + cols, total.to(dtype), mask=keep)
 
 
 def launch_routed_pair_residual(
@@ -73,9 +53,9 @@ def launch_routed_pair_residual(
     T, k, H = pairs.shape
     out = torch.empty(T, H, dtype=residual.dtype, device=pairs.device)
     block = min(triton.next_power_of_2(H), MAX_BLOCK)
-    _routed_pair_residual_kernel[(T, triton.cdiv(H, block))](
+    _routed_pair_sum_kernel[(T, triton.cdiv(H, block))](
         pairs, residual, shared, out, H, pairs.stride(0), pairs.stride(1),
-        K_PAIRS=k, BLOCK=block, num_warps=4,
+        K_PAIRS=k, BLOCK=block, JOIN=1, num_warps=4,
         **pdl_options(pairs.device, early_trigger=True),
     )  # fmt: skip
     return out
@@ -88,14 +68,8 @@ def launch_routed_pair_sum(pairs: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     out = torch.empty(T, H, dtype=dtype, device=pairs.device)
     block = min(triton.next_power_of_2(H), MAX_BLOCK)
     _routed_pair_sum_kernel[(T, triton.cdiv(H, block))](
-        pairs,
-        out,
-        H,
-        pairs.stride(0),
-        pairs.stride(1),
-        K_PAIRS=k,
-        BLOCK=block,
-        num_warps=4,
+        pairs, out, out, out, H, pairs.stride(0), pairs.stride(1),  # no residual, no shared
+        K_PAIRS=k, BLOCK=block, num_warps=4,
         **pdl_options(pairs.device, early_trigger=True),
-    )
+    )  # fmt: skip
     return out
