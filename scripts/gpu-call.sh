@@ -66,6 +66,16 @@ print(sys.argv[2], {f"{k[0]}{k[1]}": round(v, 3) for k, v in steps.items()},
 PY
 }
 
+# resident_steps_ab SWITCH TAG TOKENS: resident_steps with the environment switch SWITCH off,
+# on (its default) and off again, one process an arm (TAG-off, TAG-on, TAG-off-again), so a
+# machine's drift shows beside the A/B.
+resident_steps_ab() {
+    local switch=$1 tag=$2 tokens=$3
+    (export "$switch=0" && resident_steps "$tag-off" "$tokens")
+    resident_steps "$tag-on" "$tokens"
+    (export "$switch=0" && resident_steps "$tag-off-again" "$tokens")
+}
+
 # mla_projection_bench: DeepSeek-V2-Lite's attention block with the value projection apart and
 # fused (scripts/bench_mla_projection.py), one line per part.
 mla_projection_bench() {

@@ -11,9 +11,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
 export SPECTER_SILU_MUL_GEMV=0
-SPECTER_FUSED_PAIR_JOIN=0 resident_steps pair-off 64
-resident_steps pair-on 64
-SPECTER_FUSED_PAIR_JOIN=0 resident_steps pair-off-again 64
+resident_steps_ab SPECTER_FUSED_PAIR_JOIN pair 64
 echo "steps done at $(($(date +%s) - begin)) s"
 tpot_cells 170 unlimited hf,lru,specter pair-unlimited 2.6
 echo "done at $(($(date +%s) - begin)) s"

@@ -19,9 +19,7 @@ CUDA_TESTS_TIMEOUT=120 cuda_tests_to gpu-tests-swiglu-gemv.txt \
 CUDA_TESTS_TIMEOUT=120 cuda_tests_to gpu-tests-swiglu-gemv.txt \
     packages/specter-models/tests/test_cuda.py -k "speculation_is_exact or batch_invariant_rows"
 echo "tests done at $(($(date +%s) - begin)) s"
-SPECTER_SWIGLU_GEMV=0 resident_steps swiglu-off 64
-resident_steps swiglu-on 64
-SPECTER_SWIGLU_GEMV=0 resident_steps swiglu-off-again 64
+resident_steps_ab SPECTER_SWIGLU_GEMV swiglu 64
 echo "steps done at $(($(date +%s) - begin)) s"
 tpot_cells 170 unlimited hf,lru,specter swiglu-unlimited 2.6
 echo "done at $(($(date +%s) - begin)) s"

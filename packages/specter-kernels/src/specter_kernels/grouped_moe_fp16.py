@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from specter_kernels.backend import FLOAT_DTYPES, select_backend
 from specter_kernels.invariant_matmul import invariant_bmm_reference
+from specter_kernels.residual_norm import residual_add_reference
 from specter_kernels.routed_inputs import check_routed_inputs
 from specter_kernels.streamed_experts import StreamedExperts
 from specter_kernels.streamed_fills import check_fill_vector
@@ -341,7 +342,7 @@ def residual_add_routed_pairs_reference(
     """Plain torch reference of :func:`residual_add_routed_pairs`:
     ``residual + (sum_routed_pairs_reference(pairs, dtype) + shared)``."""
     _check_routed_join(residual, pairs, shared)
-    return residual + (_sum_in_pair_order(pairs, residual.dtype) + shared)
+    return residual_add_reference(residual, _sum_in_pair_order(pairs, residual.dtype), shared)
 
 
 def residual_add_routed_pairs(
@@ -371,12 +372,12 @@ def residual_add_routed_pairs(
     _check_routed_join(residual, pairs, shared)
     T, k, H = pairs.shape
     if T == 0 or k == 0 or H == 0 or select_backend(pairs.device) == "torch":
-        return residual + (_sum_in_pair_order(pairs, residual.dtype) + shared)
-    from specter_kernels.routed_pair_sum_triton import launch_routed_pair_residual
+        return residual_add_reference(residual, _sum_in_pair_order(pairs, residual.dtype), shared)
+    from specter_kernels.routed_pair_sum_triton import launch_routed_pair_sum
 
     if pairs.stride(2) != 1:
         pairs = pairs.contiguous()
-    return launch_routed_pair_residual(pairs, residual.contiguous(), shared.contiguous())
+    return launch_routed_pair_sum(pairs, residual.dtype, residual.contiguous(), shared.contiguous())
 
 
 def _check_routed_join(residual: torch.Tensor, pairs: torch.Tensor, shared: torch.Tensor) -> None:

@@ -44,32 +44,22 @@ def _routed_pair_sum_kernel(
     tl.store(out_ptr + row * H + cols, total.to(dtype), mask=keep)
 
 
-def launch_routed_pair_residual(
-    pairs: torch.Tensor, residual: torch.Tensor, shared: torch.Tensor
+def launch_routed_pair_sum(
+    pairs: torch.Tensor,
+    dtype: torch.dtype,
+    residual: torch.Tensor | None = None,
+    shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``residual + (sum_j pairs[:, j] + shared)`` as ``[T, H]`` in ``residual``'s dtype, of
-    ``pairs`` fp32 ``[T, k, H]`` (unit column stride) and contiguous ``residual`` and
-    ``shared`` ``[T, H]`` of one dtype."""
-    T, k, H = pairs.shape
-    out = torch.empty(T, H, dtype=residual.dtype, device=pairs.device)
-    block = min(triton.next_power_of_2(H), MAX_BLOCK)
-    _routed_pair_sum_kernel[(T, triton.cdiv(H, block))](
-        pairs, residual, shared, out, H, pairs.stride(0), pairs.stride(1),
-        K_PAIRS=k, BLOCK=block, JOIN=1, num_warps=4,
-        **pdl_options(pairs.device, early_trigger=True),
-    )  # fmt: skip
-    return out
-
-
-def launch_routed_pair_sum(pairs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``[T, H]`` in ``dtype``: the pair-order sum of ``pairs`` fp32 ``[T, k, H]`` (unit
-    column stride), rounded once."""
+    column stride), rounded once; given contiguous ``residual`` and ``shared`` ``[T, H]`` in
+    ``dtype``, ``residual + (that sum + shared)`` instead (the ``JOIN`` kernel)."""
     T, k, H = pairs.shape
     out = torch.empty(T, H, dtype=dtype, device=pairs.device)
+    join = residual is not None
     block = min(triton.next_power_of_2(H), MAX_BLOCK)
     _routed_pair_sum_kernel[(T, triton.cdiv(H, block))](
-        pairs, out, out, out, H, pairs.stride(0), pairs.stride(1),  # no residual, no shared
-        K_PAIRS=k, BLOCK=block, num_warps=4,
+        pairs, residual if join else out, shared if join else out, out, H,
+        pairs.stride(0), pairs.stride(1), K_PAIRS=k, BLOCK=block, JOIN=int(join), num_warps=4,
         **pdl_options(pairs.device, early_trigger=True),
     )  # fmt: skip
     return out
