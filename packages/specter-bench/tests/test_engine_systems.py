@@ -280,3 +280,44 @@ def test_plain_steps_overlap_only_with_every_expert_resident():
     assert len(queued) == 10  # every decode step went through the queue
     assert run.generation["iterations"] == 10
     assert run.generation["proposed"] == 0
+
+
+class _Wants(_Recorder):
+    def __init__(self, wants):
+        super().__init__()
+        self.wants = wants
+
+    def wants_draft_lookahead(self):
+        return self.wants
+
+
+def test_decode_window_passes_the_lookahead_wish_on_unless_turned_off():
+    cache = _Cache()
+    assert DecodeWindow(cache, _Wants(True)).wants_draft_lookahead()
+    assert not DecodeWindow(cache, _Wants(False)).wants_draft_lookahead()
+    assert not DecodeWindow(cache, _Wants(True), lookahead=False).wants_draft_lookahead()
+    assert not DecodeWindow(cache, None).wants_draft_lookahead()  # no prefetcher to use it
+    assert not DecodeWindow(cache, _Recorder()).wants_draft_lookahead()  # never asks
+
+
+@pytest.mark.parametrize(("arch", "slots"), [("tiny-deepseek-v2", 3), ("tiny-qwen2-moe", 6)])
+def test_the_lookahead_plans_the_last_rows_experts_and_keeps_specters_tokens(arch, slots):
+    # K = 1 under a budget: without the lookahead the prefetcher plans row 0 of each
+    # verification only; with it, both rows, so more of the experts the target needs were
+    # planned, and the tokens are the same. (A plan holds at most a layer's slots: room for
+    # two rows' top-k.)
+    kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
+    loaded = specter_models.load(arch, slots_per_layer=slots, policy="predictive", **kwargs)
+    prompt = _prompt(2, loaded.config.vocab_size)
+    runs = {
+        name: EngineSystemRunner(loaded, ENGINE_SYSTEMS[name], depth=1).generate(prompt, 12)
+        for name in ("specter", "specter-no-lookahead")
+    }
+    on, off = runs["specter"], runs["specter-no-lookahead"]
+    assert on.tokens == off.tokens
+    assert (on.settings["draft_lookahead"], off.settings["draft_lookahead"]) == (True, False)
+    # One draft token announced per forward: K proposals, plus the lookahead when on.
+    proposed = on.generation["proposed"]
+    assert on.prefetcher["draft_tokens"] == proposed + on.generation["iterations"]
+    assert off.prefetcher["draft_tokens"] == off.generation["proposed"]
+    assert on.prefetcher["plan_recall"] > off.prefetcher["plan_recall"]

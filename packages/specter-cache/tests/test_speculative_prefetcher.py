@@ -271,3 +271,42 @@ def test_plain_steps_may_overlap_only_once_every_expert_is_resident(make_store):
     _, _, budgeted = make(make_store, slots=3)  # a budget below the expert count
     verify(budgeted.cache, {0: [0, 1, 2], 1: [0, 1, 2]})
     assert not budgeted.plain_steps_may_overlap()
+
+
+def test_the_lookahead_is_wanted_while_some_expert_is_not_resident(make_store):
+    store, _ = make_store(2, 4, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=4, device="cpu", policy="lru")
+    pf = SpeculativePrefetcher(cache, RoutingCounter(2, 4, "cpu"))
+    assert pf.wants_draft_lookahead()
+    verify(cache, {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]})
+    assert not pf.wants_draft_lookahead()  # nothing left to prefetch
+    _, _, budgeted = make(make_store, slots=3)
+    assert budgeted.wants_draft_lookahead()
+    store, _ = make_store(2, 8, LAYOUT)
+    off = SpeculativePrefetcher(
+        ExpertCache(store, slots_per_layer=3, device="cpu"), RoutingCounter(2, 8, "cpu"),
+        lookahead=False,
+    )  # fmt: skip
+    assert not off.wants_draft_lookahead()
+    with pytest.raises(TypeError, match="lookahead must be True or False, got 'yes'"):
+        SpeculativePrefetcher(off.cache, off.counter, lookahead="yes")
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_the_lookahead_token_plans_the_last_verified_rows_experts(make_store, lookahead):
+    # K = 1: the verification is [t, d1]. The draft's forward over t routes row 0; only the
+    # lookahead forward over d1 routes row 1, whose experts are otherwise met as misses.
+    cache, _, pf = make(make_store, slots=4)
+    row0, row1 = {0: [0, 1], 1: [2]}, {0: [5], 1: [6, 7]}
+    pf.on_draft_start(1 + lookahead)
+    draft_token(pf, 0, row0)
+    if lookahead:
+        draft_token(pf, 1, row1)
+    pf.on_verify_start(2)
+    verify(cache, {0: [0, 1, 5], 1: [2, 6, 7]})
+    pf.on_verify_end(1)
+    st = pf.stats()
+    assert st["plan_recall"] == pytest.approx(1.0 if lookahead else 3 / 6)
+    total = st["cache"]["total"]
+    assert total["prefetch_used"] == (6 if lookahead else 3)
+    assert total["misses"] == (0 if lookahead else 3)

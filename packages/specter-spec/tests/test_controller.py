@@ -411,3 +411,106 @@ def test_sampling_controllers_never_allow_row_truncation():
     result = controller.generate([2, 7], 12, generator=torch.Generator().manual_seed(0))
     assert not any(allowed for *_, allowed in target.allowed_at)
     assert all(it.verified == it.depth for it in result.stats.iterations)
+
+
+# -- the draft lookahead -----------------------------------------------------------------------
+
+
+class _CountingDraft:
+    """Wraps a SpecModel and counts its forwards and the rows they were given."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.forwards = 0
+        self.widths: list[int] = []  # rows per forward
+
+    @property
+    def kv_length(self) -> int:
+        return self.inner.kv_length
+
+    def forward(self, input_ids, start_pos):
+        self.forwards += 1
+        self.widths.append(input_ids.shape[1])
+        return self.inner.forward(input_ids, start_pos)
+
+    def truncate(self, length: int) -> None:
+        self.inner.truncate(length)
+
+
+class _LookaheadObserver(RecordingObserver):
+    def __init__(self, wants: bool) -> None:
+        super().__init__()
+        self.wants = wants
+        self.asked = 0
+
+    def wants_draft_lookahead(self) -> bool:
+        self.asked += 1
+        return self.wants
+
+
+@pytest.mark.parametrize("how", ["flag", "observer"])
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_draft_lookahead_keeps_greedy_output_and_shows_every_verified_row(tiny_models, depth, how):
+    for target, quantized, prompts, references in tiny_models[:2]:
+        for prompt, reference in zip(prompts, references, strict=True):
+            draft = _CountingDraft(HFCausalLM(quantized))
+            observer = _LookaheadObserver(wants=how == "observer")
+            controller = SpecController(
+                draft,
+                HFCausalLM(target),
+                cache=observer,
+                depth=depth,
+                draft_lookahead=True if how == "flag" else None,
+            )
+            result = controller.generate(prompt, NEW_TOKENS)
+            assert result.tokens == reference, (depth, how, prompt)
+            expected, forwards = [], 0
+            for it in result.stats.iterations:
+                if it.depth == 0:
+                    expected += [("draft_start", 0)]
+                else:
+                    expected.append(("draft_start", it.depth + 1))
+                    expected += [("draft_token", i) for i in range(it.depth + 1)]
+                    forwards += it.depth + 1
+                expected += [("verify_start", it.depth + 1), ("verify_end", it.accepted)]
+            assert observer.events == expected
+            # Prefill aside, every draft forward is a proposal or a lookahead.
+            prefill = 1 if len(prompt) > 1 else 0
+            assert draft.forwards == forwards + prefill
+            speculative = sum(it.depth > 0 for it in result.stats.iterations)
+            assert observer.asked == (speculative if how == "observer" else 0)
+
+
+def test_an_accepted_lookahead_row_is_kept_for_the_next_iteration():
+    # Every proposal accepted: with the lookahead the draft holds d[K]'s KV already, so each
+    # later iteration's first forward feeds the bonus token alone, not d[K] and the bonus.
+    target = TableLM(random_table(vocab=13, period=4, seed=8))
+    for lookahead in (False, True):
+        draft = _CountingDraft(ShiftedDraft(target, lambda index: False))
+        controller = SpecController(draft, target, depth=3, draft_lookahead=lookahead)
+        iterations = controller.generate([1, 2], 20).stats.iterations
+        assert all(it.accepted == it.depth > 0 for it in iterations[:-1])
+        per_iteration = 3 + lookahead
+        # Each iteration's first forward, the first iteration's and the last's aside.
+        firsts = draft.widths[1::per_iteration][1 : len(iterations) - 1]
+        assert len(firsts) > 2
+        assert set(firsts) == {1 if lookahead else 2}
+
+
+def test_observer_declining_the_lookahead_gets_k_draft_forwards():
+    target = TableLM(random_table(vocab=11, period=5, seed=6))
+    draft = _CountingDraft(ShiftedDraft(target, _wrong))
+    observer = _LookaheadObserver(wants=False)
+    controller = SpecController(draft, target, cache=observer, depth=3)
+    stats = controller.generate([1, 2, 3], 25).stats
+    assert ("draft_token", 3) not in observer.events
+    assert observer.asked == sum(it.depth > 0 for it in stats.iterations) > 0
+    assert draft.forwards == 1 + sum(it.depth for it in stats.iterations)
+
+
+@pytest.mark.parametrize("value", [1, "yes", 0.0])
+def test_bad_draft_lookahead_is_a_clear_error(value):
+    draft, target = _pair()
+    expected = f"draft_lookahead must be True, False or None, got {value!r}"
+    with pytest.raises(TypeError, match=expected):
+        SpecController(draft, target, draft_lookahead=value)
