@@ -10,6 +10,7 @@ import torch
 
 from specter_bench.bench_record import read_records
 from specter_bench.bench_runner import BenchRunner
+from specter_bench.engine_systems import ENGINE_SYSTEMS
 from specter_bench.experiments import ABLATIONS, BenchConfig
 from specter_bench.prompt_sources import PromptSourceConfig
 from specter_bench.report import write_report
@@ -79,7 +80,7 @@ def test_every_record_kind_is_written_and_readable(default_run):
 def test_every_system_decodes_what_hf_decodes(default_run):
     _, result = default_run
     tpot = [r for r in result.records if r["kind"] == "tpot"]
-    assert len(tpot) == 2 * 19
+    assert len(tpot) == 2 * (2 + 3 * 3 + len(ABLATIONS))  # hf twice, 3 budgets, ablations
     for r in tpot:
         assert r["new_tokens"] == NEW_TOKENS
         assert r["tpot_ms"] > 0
@@ -239,9 +240,7 @@ def test_each_budget_pins_the_hot_set_its_calibration_chose(default_run):
         if r["kind"] != "tpot" or r["system"].startswith("hf") or r["budget_gb"] is None:
             continue
         pinned = r["extra"]["settings"]["hot_experts_per_layer"]
-        if r["system"] in ("specter", "specter-acquire", "specter-no-prefetch",
-                           "specter-token-verify", "specter-row-cut",
-                           "specter-fill", "specter-staged"):  # fmt: skip
+        if ENGINE_SYSTEMS[r["system"]].hot_experts:
             assert pinned == hot[r["budget_gb"]]["per_layer"]
             assert r["slots_per_layer"][0] == hot[r["budget_gb"]]["slots_per_layer"]
         else:
