@@ -26,7 +26,7 @@ def test_default_plan_covers_every_system_budget_and_experiment():
     assert described[7] == ("engine", 16.0, False, False, ("lru",))
     hot_ablations = (
         "specter-acquire", "specter-no-prefetch", "specter-token-verify", "specter-row-cut",
-        "specter-fill", "specter-no-lookahead",
+        "specter-fill",
     )  # fmt: skip
     assert described[8] == ("engine", 24.0, True, True, hot_ablations)
     # Staging has a load of its own: its buffer is fixed state the others would pay for.

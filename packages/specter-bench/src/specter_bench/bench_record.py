@@ -51,14 +51,12 @@ SYSTEM_NAMES = (
     "specter-row-cut",
     "specter-fill",
     "specter-staged",
-    "specter-no-lookahead",
 )
 """Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft
-kernel, with row truncation, with streamed fills, with staged streaming, and without the
-draft lookahead."""
+kernel, with row truncation, with streamed fills, and with staged streaming."""
 
 EXPERIMENT_KINDS = (
     "working_set",

@@ -18,7 +18,6 @@ specter-unfused-draft  yes          yes       expert-wise   per-expert  predicti
 specter-row-cut        yes          yes       expert-wise   INT4 + hot  predictive   load
 specter-fill           yes          yes       expert-wise   INT4 + hot  predictive   stream*
 specter-staged         yes          yes       expert-wise   INT4 + hot  predictive   stream+
-specter-no-lookahead   yes          yes       expert-wise   INT4 + hot  predictive   stream
 =====================  ===========  ========  ============  ==========  ===========  ======
 
 "misses": how a verification meets experts without a slot (specter-models' ``miss_path``):
@@ -36,11 +35,6 @@ buffer, where the expert kernel reads them (specter-models' ``stream_staging``; 
 in other dtypes it runs unstaged, and its records say ``stream_staging`` 0). It stays a
 variant: with the 32-column per-pair tile it no longer pays (DeepSeek-V2-Lite at 24 GB on
 the H200: 12.81 ms against ``specter``'s 12.64 ms, one process; docs/benchmarks.md).
-``specter-no-lookahead`` is ``specter`` without the draft lookahead: every prefetching
-system's draft runs once more over its last proposal while some expert is not resident
-(specter-spec's ``draft_lookahead``, specter-cache's ``wants_draft_lookahead``), so the
-last verified row's experts are planned and prefetched too; this ablation drafts K forwards
-only and meets that row's experts as misses.
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
 ``hot_experts``): the experts ``choose_hot_experts`` picks from a calibration routing stay
@@ -107,8 +101,6 @@ class EngineSystem:
         stream_staging: on the streamed path, experts per layer a verification stages into
             the device buffer before its expert kernel (0: none; at most the buffer the
             model was loaded with).
-        lookahead: with ``prefetch``, let the prefetcher ask for the draft lookahead (one
-            more draft forward over the last proposal, whose routing it then prefetches).
     """
 
     name: str
@@ -123,7 +115,6 @@ class EngineSystem:
     miss_path: str = "load"
     stream_fills: int = 0
     stream_staging: int = 0
-    lookahead: bool = True
 
 
 _SPECTER = EngineSystem(
@@ -150,7 +141,6 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-row-cut", row_truncation=True, miss_path="load"),
         _variant("specter-fill", stream_fills=FILL_CANDIDATES),
         _variant("specter-staged", stream_staging=STAGING_SLOTS),
-        _variant("specter-no-lookahead", lookahead=False),
     )
 }
 """Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans
@@ -210,22 +200,14 @@ class DecodeWindow:
         cache: the expert cache.
         inner: the prefetcher to forward phases to, or None (no draft-guided prefetch).
         on_decode_start: called once when decoding starts (after the counters are zeroed).
-        lookahead: pass the prefetcher's ``wants_draft_lookahead`` on (False: never ask the
-            controller for the draft lookahead).
     """
 
     def __init__(
-        self,
-        cache: Any,
-        inner: Any | None,
-        on_decode_start: Callable[[], None] | None = None,
-        *,
-        lookahead: bool = True,
+        self, cache: Any, inner: Any | None, on_decode_start: Callable[[], None] | None = None
     ) -> None:
         self.cache = cache
         self.inner = inner
         self.on_decode_start = on_decode_start
-        self.lookahead = lookahead
         self.started = False
 
     def on_draft_start(self, depth: int) -> None:
@@ -242,12 +224,6 @@ class DecodeWindow:
     def on_draft_token(self, index: int) -> None:
         if self.inner is not None:
             self.inner.on_draft_token(index)
-
-    def wants_draft_lookahead(self) -> bool:
-        """The prefetcher's wish for the draft lookahead, unless this window turns it off
-        (no prefetcher: nothing would use the last proposal's routing)."""
-        wants = getattr(self.inner, "wants_draft_lookahead", None)
-        return self.lookahead and callable(wants) and bool(wants())
 
     def plain_steps_may_overlap(self) -> bool:
         """True when every expert is resident (an unlimited budget): plain steps then have
@@ -299,10 +275,7 @@ class EngineSystemRunner:
         self.system = system
         self.depth = depth if system.speculate else 0
         self.window = DecodeWindow(
-            loaded.cache,
-            loaded.prefetcher if system.prefetch else None,
-            self._start_decoding,
-            lookahead=system.lookahead,
+            loaded.cache, loaded.prefetcher if system.prefetch else None, self._start_decoding
         )
         self.controller = SpecController(
             loaded.draft if system.speculate else None,
@@ -390,7 +363,6 @@ class EngineSystemRunner:
                 if self.system.miss_path == "stream"
                 else None,
                 "prefetch": self.system.prefetch,
-                "draft_lookahead": self.system.prefetch and self.system.lookahead,
                 "fused_draft": self.system.fused_draft,
                 "row_truncation": self.system.row_truncation,
                 "policy": policy,

@@ -45,7 +45,6 @@ ABLATIONS = (
     "specter-row-cut",
     "specter-fill",
     "specter-staged",
-    "specter-no-lookahead",
 )
 HF_SYSTEMS = ("hf", "hf-default")
 DEFAULT_SWEEP_DEPTHS = (0, 2, 4, 8, 16, 32)

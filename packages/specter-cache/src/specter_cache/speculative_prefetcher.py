@@ -17,11 +17,6 @@ is given, by duck typing:
   count as wasted; the planned experts are scored against those the target needed.
 * ``plain_steps_may_overlap()``: True once every expert is resident, so a controller may
   queue plain steps one ahead of each other.
-* ``wants_draft_lookahead()``: True (with ``lookahead``, while some expert is not resident)
-  asks the controller to run the draft once more over its last proposal: a draft of K
-  proposals only routes verification rows ``0 .. K - 1``, so without it the last row's
-  experts are never planned and the target meets them as misses. The lookahead token is
-  one more ``on_draft_token`` of the draft (``on_draft_start(K + 1)``).
 """
 
 from __future__ import annotations
@@ -44,8 +39,6 @@ class SpeculativePrefetcher:
         top_m: experts planned per layer at a snapshot; default: the cache's slots per layer.
         pipelined: read each boundary's snapshot at the next draft token instead of waiting
             for it (None: on when the counters live on a CUDA device).
-        lookahead: ask for the draft lookahead (``wants_draft_lookahead``) while some
-            expert is not resident.
 
     Once every expert of every layer is resident (a budget that holds them all) there is
     nothing to prefetch: boundaries are skipped, with no snapshot and no host sync.
@@ -66,7 +59,6 @@ class SpeculativePrefetcher:
         *,
         top_m: int | Sequence[int] | None = None,
         pipelined: bool | None = None,
-        lookahead: bool = True,
     ):
         if (counter.num_layers, counter.num_experts) != (cache.num_layers, cache.num_experts):
             raise ValueError(
@@ -92,9 +84,6 @@ class SpeculativePrefetcher:
         self._timed_upto = 0
         self._planned: list[set[int]] = [set() for _ in range(cache.num_layers)]
         self.pipelined = counter.device.type == "cuda" if pipelined is None else bool(pipelined)
-        if not isinstance(lookahead, bool):
-            raise TypeError(f"lookahead must be True or False, got {lookahead!r}")
-        self.lookahead = lookahead
         self._pending: tuple[int, PendingSnapshot] | None = None  # (tokens done, snapshot)
         self.reset_stats()
 
@@ -182,11 +171,6 @@ class SpeculativePrefetcher:
         self._planned = [set() for _ in range(self.cache.num_layers)]
         self.cache.expire_prefetches()
         st["accepted_tokens"] += num_accepted
-
-    def wants_draft_lookahead(self) -> bool:
-        """Whether the controller should route the draft's last proposal too (see the
-        module docstring): with ``lookahead``, while some expert is not resident."""
-        return self.lookahead and not self.cache.every_layer_resident()
 
     def plain_steps_may_overlap(self) -> bool:
         """Whether a controller may queue plain (K = 0) steps ahead of each other's

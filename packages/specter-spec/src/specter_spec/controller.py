@@ -59,8 +59,7 @@ class SpecController:
 
     1. **Draft**: the depth policy picks K; the draft is fed the committed
        tokens it has not cached yet, then its own proposals, K forwards in all,
-       producing ``d[1..K]`` (argmax when greedy, else drawn from ``q``); with the
-       draft lookahead (below) one more forward over ``d[K]`` shows its routing.
+       producing ``d[1..K]`` (argmax when greedy, else drawn from ``q``).
     2. **Verify**: one target forward over ``[t[n-1], d[1..K]]`` (K + 1 rows)
        gives ``p[0..K]``.
     3. **Accept**: greedy or exact sampled acceptance gives ``a`` accepted
@@ -91,17 +90,6 @@ class SpecController:
             from those); tests inject a virtual clock.
         check_kv: verify the KV contract after every iteration (three integer
             reads per iteration; a violation raises ``RuntimeError``).
-        draft_lookahead: after the K proposals, run the draft once more over the last one
-            (its logits unused) so that an observer sees the draft's routing of every row
-            the target verifies: the K proposals alone cover rows ``0 .. K - 1`` of the
-            verification ``[t[n-1], d[1..K]]`` and never ``d[K]``. An expert cache uses it
-            to prefetch ``d[K]``'s experts over the link instead of meeting them as misses.
-            The lookahead then counts as a draft forward: ``on_draft_start(K + 1)`` and
-            ``on_draft_token(0 .. K)`` (``on_verify_start`` still gets ``K + 1``). It draws
-            no random numbers and its KV row is scratch that the commit keeps only if
-            ``d[K]`` is accepted, so the output is the same with and without it. None (the
-            default) asks the observer at each speculative iteration
-            (``wants_draft_lookahead() -> bool``, False when it lacks the method).
         pipeline_plain: queue plain (K = 0) steps one ahead of reading their tokens
             back (see :mod:`specter_spec.queued_steps`): the device then never idles
             between plain steps while the host streams, counts and picks the next
@@ -136,12 +124,9 @@ class SpecController:
         *,
         clock: Callable[[], float] | None = None,
         check_kv: bool = True,
-        draft_lookahead: bool | None = None,
         pipeline_plain: bool | None = None,
     ) -> None:
         check_spec_model(target, "target")
-        if draft_lookahead is not None and not isinstance(draft_lookahead, bool):
-            raise TypeError(f"draft_lookahead must be True, False or None, got {draft_lookahead!r}")
         if pipeline_plain is not None and not isinstance(pipeline_plain, bool):
             raise TypeError(f"pipeline_plain must be True, False or None, got {pipeline_plain!r}")
         self.depth_policy = as_depth_policy(depth)
@@ -174,7 +159,6 @@ class SpecController:
         self.sampling = sampling
         self.clock = clock
         self.check_kv = check_kv
-        self.draft_lookahead = draft_lookahead
         self.pipeline_plain = pipeline_plain
 
     # -- public API ------------------------------------------------------------------
@@ -316,12 +300,9 @@ class SpecController:
             plain.last_read = None
             remaining = max_new_tokens - generated
 
-            lookahead = depth > 0 and self._looks_ahead()
             if observer is not None:
-                observer.on_draft_start(depth + lookahead)
-            proposals, draft_probs = self._draft(
-                n, depth, committed, generator, draft_device, lookahead=lookahead
-            )
+                observer.on_draft_start(depth)
+            proposals, draft_probs = self._draft(n, depth, committed, generator, draft_device)
             draft_end = clock()
 
             if observer is not None:
@@ -385,14 +366,6 @@ class SpecController:
             yield from new_tokens
             if stream.stop_reason is not None:
                 return
-
-    def _looks_ahead(self) -> bool:
-        """Whether this speculative iteration runs the draft's lookahead forward (see
-        ``draft_lookahead``)."""
-        if self.draft_lookahead is not None:
-            return self.draft_lookahead
-        wants = getattr(self.cache, "wants_draft_lookahead", None)
-        return callable(wants) and bool(wants())
 
     def _pipelines_plain_steps(self, device: torch.device) -> bool:
         """Whether this generation queues plain steps ahead (see ``pipeline_plain``)."""
@@ -520,11 +493,8 @@ class SpecController:
         committed: torch.Tensor,
         generator: torch.Generator | None,
         draft_device: torch.device,
-        *,
-        lookahead: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """K draft forwards (K + 1 with the lookahead, whose logits are dropped); returns
-        proposals ``[K]`` and, when sampling, ``q`` ``[K, V]``."""
+        """K draft forwards; returns proposals ``[K]`` and, when sampling, ``q`` ``[K, V]``."""
         device = committed.device
         if depth == 0:
             return torch.empty(0, dtype=torch.long, device=device), None
@@ -553,11 +523,6 @@ class SpecController:
                 observer.on_draft_token(index)
             position += feed.shape[1]
             feed = token.view(1, 1).to(draft_device)
-        if lookahead:  # d[K]'s routing for the observer; its logits are not needed
-            self._check_logits(draft.forward(feed, position), 1, "draft")
-            if observer is not None:
-                observer.on_draft_token(depth)
-            position += 1
         if self.check_kv and draft.kv_length != position:
             raise RuntimeError(
                 f"the draft holds {draft.kv_length} positions after drafting, expected {position}: "

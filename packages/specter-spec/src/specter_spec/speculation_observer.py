@@ -21,13 +21,6 @@ class SpeculationObserver(Protocol):
     to prefetch experts while the draft runs; specter-spec only calls it (duck
     typing: any object with these four methods works).
 
-    Optionally, ``wants_draft_lookahead() -> bool``: asked at each speculative iteration
-    (``K >= 1``) by a controller left to decide (specter-spec's ``draft_lookahead=None``).
-    True has the draft run once more over its last proposal, so that its routing of every
-    verified row is seen: the iteration then announces ``on_draft_start(K + 1)`` and
-    ``on_draft_token(0) .. on_draft_token(K)`` (the draft forwards), and still
-    ``on_verify_start(K + 1)``.
-
     Optionally, ``plain_steps_may_overlap() -> bool``: asked when decoding starts. True lets
     a controller queue a plain (K = 0) step before the previous plain step's
     ``on_verify_end``, so two plain windows overlap: ``on_draft_start(0)``,
