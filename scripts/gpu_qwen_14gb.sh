@@ -7,5 +7,5 @@
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
-model_cells qwen1.5-moe 230 14 specter,lru qwen-14gb 3.4
+model_cells qwen1.5-moe 185 14 specter,lru qwen-14gb 2.9
 echo "done at $(($(date +%s) - begin)) s"
