@@ -151,6 +151,10 @@ def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_pa
         (["generate", "--model", "/no/such/ckpt", "x"], "no checkpoint folder at '/no/such/ckpt'"),
         (["generate", "--model", "tiny-qwen2-moe", "--gpu-memory-gb", "0.001", "x"], "too small"),
         (["generate", "--prompt-file", "/no/such/file"], "no such file"),
+        (
+            ["generate", "--model", "tiny-qwen2-moe", "--depth", "0", "--hot-experts", "auto"],
+            "--depth 0 decodes without a draft",
+        ),
         (["bench"], "--model is required"),
         (["bench", "--model", "tiny-qwen2-moe", "--experiment", "fast"], "unknown experiment"),
         (["bench", "--model", "tiny-qwen2-moe", "--systems", "vllm"], "unknown system 'vllm'"),
@@ -455,3 +459,51 @@ def test_generate_hot_set_auto_needs_a_budget_and_two_tokens(capsys):
 
     with pytest.raises(ValueError, match="needs at least 2 tokens; this prompt has 1"):
         choose_prompt_hot_set(never, 1.0, [5], dtype=torch.float32, max_seq_len=64)
+
+
+def _plain_plan(slots, with_draft):
+    # generate's plan for "hi" on the byte-level tiny preset: float32 on the CPU, 64 positions.
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    return specter_models.plan_memory(
+        config, slots_per_layer=slots, dtype=torch.float32, max_seq_len=64, with_draft=with_draft
+    )
+
+
+def test_generate_depth_zero_loads_no_draft_and_gives_its_memory_to_slots(capsys):
+    # At a budget that holds the draft and 2 slots a layer, plain decoding holds more slots
+    # (the draft's memory), and decodes the same greedy text.
+    budget = f"{_plain_plan(2, with_draft=True).expected_peak_bytes / 1e9:.9f}"
+    argv = ("generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "8", "--json",
+            "--no-stream", "--gpu-memory-gb", budget, "hi")  # fmt: skip
+    runs = {}
+    for depth in ("2", "0"):
+        code, out, err = _run(capsys, *argv, "--depth", depth)
+        assert code == 0, err
+        lines = out.strip().splitlines()
+        runs[depth] = (lines[:-1], json.loads(lines[-1]))
+    (spec_text, spec), (plain_text, plain) = runs["2"], runs["0"]
+    assert plain_text == spec_text
+    assert spec["slots_per_layer"] == 2
+    assert plain["slots_per_layer"] > spec["slots_per_layer"]
+    assert plain["mean_depth"] == 0
+    assert plain["acceptance_rate"] is None
+
+
+def test_a_budget_only_plain_decoding_fits_says_so(capsys):
+    plain = _plain_plan(1, with_draft=False)
+    draft_bytes = _plain_plan(1, with_draft=True).draft_int4_bytes
+    assert draft_bytes > 0
+    budget = f"{(plain.expected_peak_bytes + draft_bytes / 2) / 1e9:.9f}"
+    argv = ("generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "4", "--json",
+            "--no-stream", "--gpu-memory-gb", budget, "hi")  # fmt: skip
+    code, _, err = _run(capsys, *argv, "--depth", "2")
+    assert code == 2
+    assert "too small" in err
+    assert "Without the INT4 draft it fits: --depth 0 decodes plainly with 1 FP16 expert" in err
+    code, out, err = _run(capsys, *argv, "--depth", "0")
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["slots_per_layer"] == 1
+    code, _, err = _run(capsys, *argv[:-2], "0.000001", "hi", "--depth", "2")
+    assert code == 2
+    assert "too small" in err
+    assert "Without the INT4 draft" not in err  # plain decoding does not fit either

@@ -242,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--depth",
         type=parse_depth,
         default=None,
-        help="depth K or auto (default: auto; the built-in demo model without memory options: 4)",
+        help="depth K or auto (default: auto; the built-in demo model without memory options: "
+        "4); 0 decodes plainly and loads no INT4 draft, so a budget's draft memory becomes "
+        "FP16 expert slots",
     )
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128)
     gen.add_argument(

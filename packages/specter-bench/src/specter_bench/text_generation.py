@@ -26,6 +26,7 @@ from specter_bench.model_loading import (
     model_config,
 )
 from specter_bench.tables import format_value
+from specter_models import MemoryBudgetError, plan_memory
 from specter_spec import SamplingConfig, SpecController
 
 __all__ = ["generation_summary", "run_generate"]
@@ -164,6 +165,26 @@ def apply_demo_defaults(args: argparse.Namespace, num_experts: int) -> bool:
     return True
 
 
+def _plain_decoding_hint(
+    config: Any, args: argparse.Namespace, dtype: torch.dtype, max_seq_len: int
+) -> str | None:
+    """What to say when a budget holds the model without its INT4 draft but not with it:
+    the ``--depth 0`` plan's slots, or None when plain decoding does not fit either (or the
+    slots were given, not a budget)."""
+    if args.gpu_memory_gb is None:
+        return None
+    try:
+        plain = plan_memory(
+            config, args.gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len, with_draft=False
+        )
+    except MemoryBudgetError:
+        return None
+    return (
+        f"Without the INT4 draft it fits: --depth 0 decodes plainly with "
+        f"{plain.slots_per_layer} FP16 expert slots per layer."
+    )
+
+
 def run_generate(args: argparse.Namespace) -> int:
     """Load, stream the completion to stdout, then print statistics; exit status 0."""
     from specter_bench.cli import CommandError, resolve_device
@@ -212,6 +233,14 @@ def run_generate(args: argparse.Namespace) -> int:
             hot_experts=hot,
         )
 
+    # Plain decoding (--depth 0) loads no INT4 draft: its memory goes to FP16 expert slots.
+    speculate = args.depth != 0
+    if not speculate and args.hot_experts is not None:
+        raise CommandError(
+            f"--hot-experts {args.hot_experts} pins experts in place of their INT4 draft copies, "
+            "but --depth 0 decodes without a draft (every expert slot is the cache's already): "
+            "leave --hot-experts out, or give a depth."
+        )
     hot = None
     if args.hot_experts == "auto":
         if args.gpu_memory_gb is None:
@@ -235,7 +264,13 @@ def run_generate(args: argparse.Namespace) -> int:
         hot = read_hot_experts(args.hot_experts, args.gpu_memory_gb)
     print(f"loading {args.model} on {device} ...", file=sys.stderr)
     started = time.perf_counter()
-    loaded = load(with_draft=True, hot=hot)
+    try:
+        loaded = load(with_draft=speculate, hot=hot)
+    except MemoryBudgetError as exc:
+        hint = _plain_decoding_hint(config, args, dtype, max_seq_len) if speculate else None
+        if hint is None:
+            raise
+        raise CommandError(f"{exc} {hint}") from exc
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if loaded.tokenizer is None and hasattr(tokenizer, "offset"):
         print(
@@ -243,7 +278,7 @@ def run_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     controller = SpecController(
-        loaded.draft,
+        loaded.draft if speculate else None,
         loaded.target,
         cache=DecodeWindow(loaded.cache, loaded.prefetcher),
         depth=make_depth_policy(args.depth, max_depth),
