@@ -188,7 +188,16 @@ def test_info_prints_the_machine_and_the_memory_plan(capsys):
     assert "memory plan: deepseek-v2-lite (deepseek_v2) at 24 GB" in out
     assert "INT4 draft experts" in out
     assert "per layer x 26 layers" in out
-    code, _, err = _run(capsys, "info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "4")
+    plain = "without the INT4 draft (generate --depth 0): 46/64 FP16 expert slots per layer"
+    assert plain in out  # the draft's memory, as slots
+    # 4 GB holds the model without its draft only: info says why and shows that plan.
+    code, out, _ = _run(capsys, "info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "4")
+    assert code == 0
+    assert "with the INT4 draft: does not fit: gpu_memory_gb=4.0 is too small" in out
+    assert "without the INT4 draft (generate --depth 0, plain decoding):" in out
+    assert "none (no draft: plain decoding)" in out.split("plain decoding):")[1]
+    assert "FP16 expert slots (2/64 per layer x 26 layers)" in out
+    code, _, err = _run(capsys, "info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "2")
     assert code == 2
     assert "needs at least" in err
 

@@ -23,6 +23,12 @@ def test_deepseek_v2_lite_at_its_low_budget():
     for row in ("non-expert weights", "INT4 draft experts", "KV cache", "expected peak"):
         assert row in text
     assert plan.as_dict()["expected_peak_bytes"] == plan.expected_peak_bytes
+    plain = plan_memory(config, 16, with_draft=False)
+    assert plain.draft_int4_bytes == 0
+    assert plain.slots_per_layer > plan.slots_per_layer  # the draft's memory, as slots
+    assert "INT4 draft experts" in plain.describe()
+    assert "none (no draft: plain decoding)" in plain.describe()
+    assert "none (no draft" not in text
 
 
 @pytest.mark.parametrize(("name", "budget"), [("qwen1.5-moe", 14), ("phi-3.5-moe", 32)])

@@ -35,17 +35,50 @@ def run_info(args: argparse.Namespace) -> int:
     """Print the machine and, for ``args.model``, the memory plan at ``args.gpu_memory_gb``
     (with ``args.hot_experts`` experts per layer pinned and a staging buffer of
     ``args.stream_staging`` experts)."""
-    from specter_models import plan_memory
+    from specter_models import MemoryBudgetError, plan_memory
 
     print(describe_machine())
     config = model_config(args.model)
     kwargs = {} if args.max_seq_len is None else {"max_seq_len": args.max_seq_len}
     hot = getattr(args, "hot_experts", 0)
     staging = getattr(args, "stream_staging", 0)
-    plan = plan_memory(
-        config, args.gpu_memory_gb, hot_experts_per_layer=hot, staging_slots=staging, **kwargs
-    )
+    budget = args.gpu_memory_gb
+    try:
+        plan = plan_memory(
+            config, budget, hot_experts_per_layer=hot, staging_slots=staging, **kwargs
+        )
+    except MemoryBudgetError as exc:
+        plain = _plain_plan(config, budget, staging, kwargs)
+        if plain is None:
+            raise
+        # The model fits without its draft: say why the draft does not, then that plan.
+        print()
+        print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}")
+        print(f"with the INT4 draft: does not fit: {exc}")
+        print("without the INT4 draft (generate --depth 0, plain decoding):")
+        print(plain.describe())
+        return 0
     print()
-    print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(args.gpu_memory_gb)}")
+    print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}")
     print(plan.describe())
+    plain = _plain_plan(config, budget, staging, kwargs)
+    if plain is not None and plain.slots_per_layer > plan.slots_per_layer:
+        print(
+            f"without the INT4 draft (generate --depth 0): {plain.slots_per_layer}/"
+            f"{plain.num_experts} FP16 expert slots per layer, expected peak "
+            f"{plain.expected_peak_bytes / 1e9:.2f} GB"
+        )
     return 0
+
+
+def _plain_plan(config, budget, staging, kwargs):
+    """The target-only plan at ``budget`` (no INT4 draft), or None: no budget, or it does
+    not fit either."""
+    from specter_models import MemoryBudgetError, plan_memory
+
+    if budget is None:
+        return None
+    try:
+        return plan_memory(config, budget, staging_slots=staging, with_draft=False, **kwargs)
+    except MemoryBudgetError:
+        return None

@@ -118,14 +118,19 @@ class MemoryPlan:
         budget = (
             "none (every expert resident)" if self.budget_bytes is None else _gb(self.budget_bytes)
         )
+        int4 = self.num_experts - self.hot_experts_per_layer
+        draft = (
+            ("INT4 draft experts", "none (no draft: plain decoding)")
+            if int4 and not self.draft_int4_bytes
+            else (
+                f"INT4 draft experts ({int4}/{self.num_experts} per layer)",
+                _gb(self.draft_int4_bytes),
+            )
+        )
         rows = [
             ("budget", budget),
             ("non-expert weights", _gb(self.non_expert_bytes)),
-            (
-                f"INT4 draft experts ({self.num_experts - self.hot_experts_per_layer}/"
-                f"{self.num_experts} per layer)",
-                _gb(self.draft_int4_bytes),
-            ),
+            draft,
             (f"KV cache ({self.max_seq_len} positions)", _gb(self.kv_cache_bytes)),
             ("activation buffers (estimate)", _gb(self.buffer_bytes)),
             *(
