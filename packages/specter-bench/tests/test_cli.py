@@ -484,13 +484,17 @@ def test_generate_depth_zero_loads_no_draft_and_gives_its_memory_to_slots(capsys
     budget = f"{_plain_plan(2, with_draft=True).expected_peak_bytes / 1e9:.9f}"
     argv = ("generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "8", "--json",
             "--no-stream", "--gpu-memory-gb", budget, "hi")  # fmt: skip
-    runs = {}
+    runs, notes = {}, {}
     for depth in ("2", "0"):
         code, out, err = _run(capsys, *argv, "--depth", depth)
         assert code == 0, err
         lines = out.strip().splitlines()
         runs[depth] = (lines[:-1], json.loads(lines[-1]))
+        notes[depth] = err
     (spec_text, spec), (plain_text, plain) = runs["2"], runs["0"]
+    note = "the INT4 draft leaves 2 FP16 expert slots per layer in this budget; plain decoding"
+    assert f"{note} (--depth 0) would have {plain['slots_per_layer']}" in notes["2"]
+    assert "the INT4 draft leaves" not in notes["0"]
     assert plain_text == spec_text
     assert spec["slots_per_layer"] == 2
     assert plain["slots_per_layer"] > spec["slots_per_layer"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 
@@ -10,7 +11,7 @@ from specter_bench.bench_record import budget_label
 from specter_bench.model_loading import model_config
 from specter_bench.run_identity import git_commit, gpu_name, package_versions
 
-__all__ = ["describe_machine", "run_info"]
+__all__ = ["describe_machine", "plain_plan", "run_info"]
 
 
 def describe_machine() -> str:
@@ -48,7 +49,7 @@ def run_info(args: argparse.Namespace) -> int:
             config, budget, hot_experts_per_layer=hot, staging_slots=staging, **kwargs
         )
     except MemoryBudgetError as exc:
-        plain = _plain_plan(config, budget, staging, kwargs)
+        plain = plain_plan(config, budget, staging_slots=staging, **kwargs)
         if plain is None:
             raise
         # The model fits without its draft: say why the draft does not, then that plan.
@@ -61,7 +62,7 @@ def run_info(args: argparse.Namespace) -> int:
     print()
     print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}")
     print(plan.describe())
-    plain = _plain_plan(config, budget, staging, kwargs)
+    plain = plain_plan(config, budget, staging_slots=staging, **kwargs)
     if plain is not None and plain.slots_per_layer > plan.slots_per_layer:
         print(
             f"without the INT4 draft (generate --depth 0): {plain.slots_per_layer}/"
@@ -71,14 +72,15 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plain_plan(config, budget, staging, kwargs):
-    """The target-only plan at ``budget`` (no INT4 draft), or None: no budget, or it does
-    not fit either."""
+def plain_plan(config: Any, budget_gb: float | None, **plan_args: Any) -> Any:
+    """``specter_models.plan_memory`` of the target alone (no INT4 draft: ``generate --depth
+    0``) at ``budget_gb``, or None: no budget, or it does not fit either. ``plan_args`` go to
+    ``plan_memory`` (dtype, max_seq_len, staging_slots)."""
     from specter_models import MemoryBudgetError, plan_memory
 
-    if budget is None:
+    if budget_gb is None:
         return None
     try:
-        return plan_memory(config, budget, staging_slots=staging, with_draft=False, **kwargs)
+        return plan_memory(config, budget_gb, with_draft=False, **plan_args)
     except MemoryBudgetError:
         return None

@@ -19,6 +19,7 @@ import torch
 from specter_bench.bench_command import parse_dtype
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
 from specter_bench.hot_sets import choose_prompt_hot_set, read_hot_experts
+from specter_bench.memory_info import plain_plan
 from specter_bench.model_loading import (
     EngineOptions,
     load_engine,
@@ -26,7 +27,7 @@ from specter_bench.model_loading import (
     model_config,
 )
 from specter_bench.tables import format_value
-from specter_models import MemoryBudgetError, plan_memory
+from specter_models import MemoryBudgetError
 from specter_spec import SamplingConfig, SpecController
 
 __all__ = ["generation_summary", "run_generate"]
@@ -165,26 +166,6 @@ def apply_demo_defaults(args: argparse.Namespace, num_experts: int) -> bool:
     return True
 
 
-def _plain_decoding_hint(
-    config: Any, args: argparse.Namespace, dtype: torch.dtype, max_seq_len: int
-) -> str | None:
-    """What to say when a budget holds the model without its INT4 draft but not with it:
-    the ``--depth 0`` plan's slots, or None when plain decoding does not fit either (or the
-    slots were given, not a budget)."""
-    if args.gpu_memory_gb is None:
-        return None
-    try:
-        plain = plan_memory(
-            config, args.gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len, with_draft=False
-        )
-    except MemoryBudgetError:
-        return None
-    return (
-        f"Without the INT4 draft it fits: --depth 0 decodes plainly with "
-        f"{plain.slots_per_layer} FP16 expert slots per layer."
-    )
-
-
 def run_generate(args: argparse.Namespace) -> int:
     """Load, stream the completion to stdout, then print statistics; exit status 0."""
     from specter_bench.cli import CommandError, resolve_device
@@ -264,13 +245,25 @@ def run_generate(args: argparse.Namespace) -> int:
         hot = read_hot_experts(args.hot_experts, args.gpu_memory_gb)
     print(f"loading {args.model} on {device} ...", file=sys.stderr)
     started = time.perf_counter()
+    plan_args = {"dtype": dtype, "max_seq_len": max_seq_len, "staging_slots": args.stream_staging}
     try:
         loaded = load(with_draft=speculate, hot=hot)
     except MemoryBudgetError as exc:
-        hint = _plain_decoding_hint(config, args, dtype, max_seq_len) if speculate else None
-        if hint is None:
+        plain = plain_plan(config, args.gpu_memory_gb, **plan_args)
+        if not speculate or plain is None:
             raise
-        raise CommandError(f"{exc} {hint}") from exc
+        raise CommandError(
+            f"{exc} Without the INT4 draft it fits: --depth 0 decodes plainly with "
+            f"{plain.slots_per_layer} FP16 expert slots per layer."
+        ) from exc
+    plain = plain_plan(config, args.gpu_memory_gb, **plan_args)
+    slots = loaded.memory.plan.slots_per_layer
+    if speculate and plain is not None and plain.slots_per_layer > slots:
+        print(
+            f"note: the INT4 draft leaves {slots} FP16 expert slots per layer in this budget; "
+            f"plain decoding (--depth 0) would have {plain.slots_per_layer}",
+            file=sys.stderr,
+        )
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if loaded.tokenizer is None and hasattr(tokenizer, "offset"):
         print(
