@@ -256,6 +256,7 @@ def run_generate(args: argparse.Namespace) -> int:
             f"{exc} Without the INT4 draft it fits: --depth 0 decodes plainly with "
             f"{plain.slots_per_layer} FP16 expert slots per layer."
         ) from exc
+    print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     plain = plain_plan(config, args.gpu_memory_gb, **plan_args)
     slots = loaded.memory.plan.slots_per_layer
     if speculate and plain is not None and plain.slots_per_layer > slots:
@@ -264,7 +265,6 @@ def run_generate(args: argparse.Namespace) -> int:
             f"plain decoding (--depth 0) would have {plain.slots_per_layer}",
             file=sys.stderr,
         )
-    print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if loaded.tokenizer is None and hasattr(tokenizer, "offset"):
         print(
             "note: this model has random weights and no tokenizer: its text is noise (bytes)",
