@@ -49,20 +49,18 @@ def run_info(args: argparse.Namespace) -> int:
             config, budget, hot_experts_per_layer=hot, staging_slots=staging, **kwargs
         )
     except MemoryBudgetError as exc:
-        plain = plain_plan(config, budget, staging_slots=staging, **kwargs)
-        if plain is None:
-            raise
-        # The model fits without its draft: say why the draft does not, then that plan.
-        print()
-        print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}")
-        print(f"with the INT4 draft: does not fit: {exc}")
+        plan, too_small = None, exc
+    plain = plain_plan(config, budget, staging_slots=staging, **kwargs)
+    if plan is None and plain is None:
+        raise too_small
+    print()
+    print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}")
+    if plan is None:  # the model fits without its draft only: why, then that plan
+        print(f"with the INT4 draft: does not fit: {too_small}")
         print("without the INT4 draft (generate --depth 0, plain decoding):")
         print(plain.describe())
         return 0
-    print()
-    print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}")
     print(plan.describe())
-    plain = plain_plan(config, budget, staging_slots=staging, **kwargs)
     if plain is not None and plain.slots_per_layer > plan.slots_per_layer:
         print(
             f"without the INT4 draft (generate --depth 0): {plain.slots_per_layer}/"

@@ -245,11 +245,14 @@ def run_generate(args: argparse.Namespace) -> int:
         hot = read_hot_experts(args.hot_experts, args.gpu_memory_gb)
     print(f"loading {args.model} on {device} ...", file=sys.stderr)
     started = time.perf_counter()
-    plan_args = {"dtype": dtype, "max_seq_len": max_seq_len, "staging_slots": args.stream_staging}
+    # The draftless plan (None: no budget, or it does not fit): a hint when only it fits.
+    plain = plain_plan(
+        config, args.gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
+        staging_slots=args.stream_staging,
+    )  # fmt: skip
     try:
         loaded = load(with_draft=speculate, hot=hot)
     except MemoryBudgetError as exc:
-        plain = plain_plan(config, args.gpu_memory_gb, **plan_args)
         if not speculate or plain is None:
             raise
         raise CommandError(
@@ -257,7 +260,6 @@ def run_generate(args: argparse.Namespace) -> int:
             f"{plain.slots_per_layer} FP16 expert slots per layer."
         ) from exc
     print(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    plain = plain_plan(config, args.gpu_memory_gb, **plan_args)
     slots = loaded.memory.plan.slots_per_layer
     if speculate and plain is not None and plain.slots_per_layer > slots:
         print(
