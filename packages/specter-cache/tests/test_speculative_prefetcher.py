@@ -271,3 +271,54 @@ def test_plain_steps_may_overlap_only_once_every_expert_is_resident(make_store):
     _, _, budgeted = make(make_store, slots=3)  # a budget below the expert count
     verify(budgeted.cache, {0: [0, 1, 2], 1: [0, 1, 2]})
     assert not budgeted.plain_steps_may_overlap()
+
+
+def _iterations(pf, cache, seed, watch=None):
+    """Twelve random draft/verify iterations on a 3-layer, 10-expert cache; ``watch`` is
+    called after each ``on_verify_end``. Returns the prefetcher's stats (timings dropped)."""
+    rng = random.Random(seed)
+    for _ in range(12):
+        depth = rng.choice([0, 1, 3, 6])
+        target = [{layer: rng.sample(range(10), 2) for layer in range(3)} for _ in range(depth + 1)]
+        pf.on_draft_start(depth)
+        for i in range(depth):
+            draft = {
+                layer: ids if rng.random() < 0.8 else rng.sample(range(10), 2)
+                for layer, ids in target[i + 1].items()
+            }
+            draft_token(pf, i, draft)
+        pf.on_verify_start(depth + 1)
+        for layer in range(3):  # a streamed verification: its counts come after the forward
+            needed = sorted({e for row in target for e in row[layer]})
+            streamed = cache.lookup(layer, needed)[1]
+            cache.record_streamed(layer, needed, streamed)
+        pf.on_verify_end(rng.randint(0, depth))
+        if watch is not None:
+            watch()
+    st = pf.stats()
+    for timing in ("bandwidth_bytes_per_s", "draft_token_seconds"):
+        st.pop(timing)
+    return st
+
+
+def test_a_deferred_close_keeps_every_count_and_waits_for_the_next_draft(make_store):
+    results = []
+    for deferred in (False, True):
+        cache, _, pf = make(make_store, layers=3, experts=10, slots=4, chunk=2)
+        pf.deferred_close = deferred
+        pending: list[int] = []
+
+        def watch(cache=cache, pending=pending):
+            pending.append(cache.counts_pending)
+
+        results.append(_iterations(pf, cache, 3, watch))
+        assert pending == ([1] * 12 if deferred else [0] * 12)  # closed at the next call
+    assert results[1] == results[0]  # plan scores, accepted tokens and the cache's counters
+    assert results[0]["verifications"] == 12
+    assert results[0]["accepted_tokens"] > 0
+    assert results[0]["cache"]["total"]["prefetch_wasted"] > 0  # expiry is part of the close
+
+
+def test_deferred_close_is_on_by_default_only_on_cuda(make_store):
+    _, _, pf = make(make_store)
+    assert pf.deferred_close is False  # CPU counters: the close runs in on_verify_end

@@ -129,3 +129,75 @@ def test_a_streaming_prefetch_invalidates_every_evicted_expert_before_any_data_c
             assert cache.expert_to_slot(layer)[e].item() == slot
             for name in store.layout(layer).names:
                 assert torch.equal(cache.slot_tensors(layer)[name][slot], ref[(layer, e)][name])
+
+
+# ----------------------------------------------------------------------- deferred counts
+# Every method that reads or changes the cache's bookkeeping, with arguments valid on a
+# 2-layer, 8-expert, 3-slot cache.
+_SETTLING_CALLS = {
+    "lookup": lambda c: c.lookup(0, [1]),
+    "set_plan": lambda c: c.set_plan({0: [1]}),
+    "prefetch": lambda c: c.prefetch({0: [4]}),
+    "acquire": lambda c: c.acquire(0, [1]).close(),
+    "pin": lambda c: c.pin(1, [2]),
+    "unpin": lambda c: c.unpin(0, [1]),
+    "prepare_fills": lambda c: c.prepare_fills(1),
+    "stream_guard": lambda c: c.stream_guard(),
+    "take_needed": lambda c: c.take_needed(),
+    "expire_prefetches": lambda c: c.expire_prefetches(),
+    "stats": lambda c: c.stats(),
+    "reset_stats": lambda c: c.reset_stats(),
+    "resident_experts": lambda c: c.resident_experts(0),
+    "slot_of": lambda c: c.slot_of(0, 1),
+    "slot_states": lambda c: c.slot_states(0),
+    "all_resident": lambda c: c.all_resident(0),
+    "streaming": lambda c: setattr(c, "streaming", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SETTLING_CALLS))
+def test_a_queued_count_runs_before_any_method_that_reads_the_bookkeeping(make_store, name):
+    store, _ = make_store(2, 8)
+    cache = ExpertCache(store, slots_per_layer=3, device="cpu")
+    cache.prefetch({0: [1]})
+    seen: list[int] = []
+
+    def count():  # what a deferred stream record does: record_streamed, late
+        seen.append(len(seen))
+        cache.record_streamed(0, [1, 5], [5])
+
+    cache.count_later(count)
+    cache.count_later(count)
+    assert cache.counts_pending == 2  # queued: nothing counted yet
+    assert seen == []
+    _SETTLING_CALLS[name](cache)
+    assert seen == [0, 1]  # both ran, oldest first, before the call returned
+    assert cache.counts_pending == 0
+
+
+def test_deferred_counts_give_the_counts_made_at_once(make_store):
+    results = []
+    for deferred in (False, True):
+        store, _ = make_store(2, 8)
+        cache = ExpertCache(store, slots_per_layer=3, device="cpu", policy="lru")
+        cache.prefetch({0: [1, 2], 1: [3]})
+        calls = [(0, [1, 5], [5]), (1, [3, 4, 6], [4, 6]), (0, [2, 7], [7])]
+        for layer, needed, streamed in calls:
+            if deferred:
+                cache.count_later(
+                    lambda c=cache, a=(layer, needed, streamed): c.record_streamed(*a)
+                )
+            else:
+                cache.record_streamed(layer, needed, streamed)
+        # The next decision (a prefetch's victims follow the counts' recency) and reads.
+        issued = cache.prefetch({0: [6, 0], 1: [0]})
+        results.append((issued, cache.take_needed(), cache.expire_prefetches(), cache.stats()))
+    assert results[0] == results[1]
+    assert results[1][3]["total"]["streamed_reads"] == 4
+
+
+def test_count_later_needs_a_callable(make_store):
+    store, _ = make_store(1, 4)
+    cache = ExpertCache(store, slots_per_layer=2, device="cpu")
+    with pytest.raises(TypeError, match="count_later needs a callable, got int"):
+        cache.count_later(3)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -450,6 +450,7 @@ class ExpertCache:
         self._streaming = False
         self._streamed_use: TransferEvent | None = None
         self._map_columns: torch.Tensor | None = None  # [L, E] column ids (commit_fills)
+        self._pending_counts: list[Callable[[], None]] = []  # count_later's, oldest first
 
     @staticmethod
     def _resolve_slots(
@@ -535,6 +536,7 @@ class ExpertCache:
 
     def slot_states(self, layer: int) -> list[SlotInfo]:
         """Host view of every slot of ``layer`` (for inspection and tests)."""
+        self.settle()
         pool = self._pools[self._check_layer(layer)]
         return [
             SlotInfo(e, pool.ready[s] is None or pool.ready[s].query(), pool.protect[s])  # type: ignore[union-attr]
@@ -551,6 +553,7 @@ class ExpertCache:
         layer = self._check_layer(layer)
         if layer in self._resident_layers:
             return True
+        self.settle()
         pool = self._pools[layer]
         if pool.num_slots < self._store.num_experts:
             return False
@@ -568,10 +571,12 @@ class ExpertCache:
 
     def resident_experts(self, layer: int) -> list[int]:
         """Experts of ``layer`` that hold a slot (loaded or in flight), by slot order."""
+        self.settle()
         return [e for e in self._pools[self._check_layer(layer)].slot_expert if e >= 0]
 
     def slot_of(self, layer: int, expert: int) -> int:
         """Slot of ``expert`` (loaded or in flight), ``-1`` if it is not resident."""
+        self.settle()
         pool = self._pools[self._check_layer(layer)]
         return pool.expert_slot.get(expert, -1)
 
@@ -585,6 +590,7 @@ class ExpertCache:
         Returns:
             ``(resident, missing)`` lists of expert ids.
         """
+        self.settle()
         pool = self._pools[self._check_layer(layer)]
         ids = _as_expert_list(experts, self.num_experts, f"lookup(layer={layer})")
         return [e for e in ids if e in pool.expert_slot], [
@@ -594,6 +600,7 @@ class ExpertCache:
     # ----------------------------------------------------------------------------- loading
     def set_plan(self, plan: Mapping[int, Sequence[int]]) -> None:
         """Hand the planner's ranked per-layer plan to the policy (the predictive one uses it)."""
+        self.settle()
         self._policy.set_plan(self._check_plan(plan))
 
     def prefetch(self, plan: Mapping[int, Sequence[int]]) -> dict[int, list[int]]:
@@ -614,6 +621,7 @@ class ExpertCache:
         Returns:
             ``layer -> experts whose loads were issued`` (each with a readiness event).
         """
+        self.settle()
         checked = self._check_plan(plan)
         issued: dict[int, list[int]] = {}
         loads: list[tuple[int, int, int, int]] = []  # (layer, expert, slot, evicted expert)
@@ -668,6 +676,7 @@ class ExpertCache:
                 other one (pin between forwards).
         """
         layer = self._check_layer(layer)
+        self.settle()
         pool = self._pools[layer]
         ids = _as_expert_list(experts, self.num_experts, f"pin(layer={layer})")
         new = [e for e in ids if e not in pool.pinned]
@@ -694,6 +703,7 @@ class ExpertCache:
     def unpin(self, layer: int, experts: object) -> list[int]:
         """Make pinned ``experts`` of ``layer`` evictable again; returns those unpinned."""
         layer = self._check_layer(layer)
+        self.settle()
         pool = self._pools[layer]
         ids = _as_expert_list(experts, self.num_experts, f"unpin(layer={layer})")
         done = [e for e in ids if e in pool.pinned]
@@ -725,7 +735,9 @@ class ExpertCache:
         Raises:
             ValueError: bad layer or expert ids.
         """
-        return Acquisition(self, self._check_layer(layer), experts)
+        layer = self._check_layer(layer)
+        self.settle()
+        return Acquisition(self, layer, experts)
 
     # ------------------------------------------------------------------- streamed misses
     @property
@@ -738,6 +750,7 @@ class ExpertCache:
 
     @streaming.setter
     def streaming(self, enabled: bool) -> None:
+        self.settle()
         self._streaming = bool(enabled)
 
     def host_tensors(self, layer: int, name: str) -> list[torch.Tensor]:
@@ -762,6 +775,7 @@ class ExpertCache:
         before a streamed verification; slots still loading keep their ``-1`` until their
         copies land, so the verification streams those experts instead. With the copy
         stream's data copies left running, this waits for a few tiny copies only."""
+        self.settle()
         event = self._engine.invalidations_done()
         if event is not None:
             event.wait()
@@ -770,6 +784,37 @@ class ExpertCache:
         """A streamed verification has been enqueued on the current stream: later loads
         overwrite no slot before it is done (it may have read any of them)."""
         self._streamed_use = self._engine.record_compute()
+
+    def count_later(self, count: Callable[[], None]) -> None:
+        """Queue ``count``, a streamed forward's bookkeeping (its ``record_streamed`` calls),
+        to run at the cache's next decision or read instead of now.
+
+        A streamed forward's record reaches the host in one copy after the forward: counting
+        it at once makes the host wait for the whole forward and then work while the device
+        idles. Queued, the record's copy goes out without a wait and the counting runs when
+        something depends on it: every method that reads or changes the cache's bookkeeping
+        (``lookup``, ``prefetch``, ``set_plan``, ``acquire``, ``pin``, ``prepare_fills``,
+        ``stream_guard``, ``take_needed``, ``expire_prefetches``, ``stats``, ...) calls
+        :meth:`settle` first, so every decision sees exactly the counts it saw before. A
+        caller may launch its next device work (a draft forward) before the host counts,
+        and the counting overlaps it.
+
+        Raises:
+            TypeError: ``count`` is not callable.
+        """
+        if not callable(count):
+            raise TypeError(f"count_later needs a callable, got {type(count).__name__}")
+        self._pending_counts.append(count)
+
+    @property
+    def counts_pending(self) -> int:
+        """How many queued counts (``count_later``) have not run yet."""
+        return len(self._pending_counts)
+
+    def settle(self) -> None:
+        """Run the queued counts of :meth:`count_later`, oldest first (a no-op without any)."""
+        while self._pending_counts:
+            self._pending_counts.pop(0)()
 
     def prepare_fills(
         self, spares_per_layer: int
@@ -799,6 +844,7 @@ class ExpertCache:
         Raises:
             ValueError: ``spares_per_layer`` is not an int >= 1.
         """
+        self.settle()
         if (
             not isinstance(spares_per_layer, int)
             or isinstance(spares_per_layer, bool)
@@ -957,6 +1003,7 @@ class ExpertCache:
         Returns:
             How many prefetched experts were never used.
         """
+        self.settle()
         wasted = 0
         for pool, st in zip(self._pools, self._stats.layers, strict=True):
             st.prefetch_wasted += len(pool.prefetched)
@@ -965,7 +1012,9 @@ class ExpertCache:
         return wasted
 
     def take_needed(self) -> dict[int, set[int]]:
-        """Experts needed by acquires since the last call, per layer (then forgotten)."""
+        """Experts needed by acquires and streamed verifications since the last call, per
+        layer (then forgotten)."""
+        self.settle()
         out = {layer: p.needed_window for layer, p in enumerate(self._pools) if p.needed_window}
         for p in self._pools:
             p.needed_window = set()
@@ -1002,6 +1051,7 @@ class ExpertCache:
         On CUDA this waits for the stall-timing events it reads (a host sync): call it
         outside the decode loop.
         """
+        self.settle()
         self._resolve_stalls(block=True)
         out = self._stats.as_dict()
         out["slots_per_layer"] = list(self.slots_per_layer)
@@ -1010,7 +1060,9 @@ class ExpertCache:
         return out
 
     def reset_stats(self) -> None:
-        """Zero every counter (pending stall timings are dropped)."""
+        """Zero every counter (pending stall timings are dropped; pending counts are made
+        first, then zeroed with the rest)."""
+        self.settle()
         self._stall_events.clear()
         self._stats.reset()
 

@@ -14,13 +14,18 @@ is given, by duck typing:
 * ``on_verify_start(num_tokens)``: drafting is over; a pending snapshot is read, and if still
   predicting, one last snapshot and prefetch, then the counters are cleared.
 * ``on_verify_end(num_accepted)``: the window closes; prefetched experts the target did not use
-  count as wasted; the planned experts are scored against those the target needed.
+  count as wasted; the planned experts are scored against those the target needed. Deferred
+  (the default on CUDA), the closing is queued on the cache (``ExpertCache.count_later``)
+  behind the stream record's counts, and runs at the next draft token or verification start,
+  once the next forward is queued (or when anything reads the cache): the host's bookkeeping
+  of a verification overlaps the next draft instead of holding its launch back.
 * ``plain_steps_may_overlap()``: True once every expert is resident, so a controller may
   queue plain steps one ahead of each other.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from specter_cache.copy_engine import TransferEvent
@@ -39,6 +44,9 @@ class SpeculativePrefetcher:
         top_m: experts planned per layer at a snapshot; default: the cache's slots per layer.
         pipelined: read each boundary's snapshot at the next draft token instead of waiting
             for it (None: on when the counters live on a CUDA device).
+        deferred_close: queue ``on_verify_end``'s closing on the cache, to run once the next
+            forward is queued (None: on when the counters live on a CUDA device). Every
+            decision and statistic sees the same counts either way.
 
     Once every expert of every layer is resident (a budget that holds them all) there is
     nothing to prefetch: boundaries are skipped, with no snapshot and no host sync.
@@ -59,6 +67,7 @@ class SpeculativePrefetcher:
         *,
         top_m: int | Sequence[int] | None = None,
         pipelined: bool | None = None,
+        deferred_close: bool | None = None,
     ):
         if (counter.num_layers, counter.num_experts) != (cache.num_layers, cache.num_experts):
             raise ValueError(
@@ -85,6 +94,8 @@ class SpeculativePrefetcher:
         self._planned: list[set[int]] = [set() for _ in range(cache.num_layers)]
         self.pipelined = counter.device.type == "cuda" if pipelined is None else bool(pipelined)
         self._pending: tuple[int, PendingSnapshot] | None = None  # (tokens done, snapshot)
+        on_cuda = counter.device.type == "cuda"
+        self.deferred_close = on_cuda if deferred_close is None else bool(deferred_close)
         self.reset_stats()
 
     # ------------------------------------------------------------------ observer protocol
@@ -118,6 +129,7 @@ class SpeculativePrefetcher:
                 f"draft token index {index!r} out of order: expected {self._tokens_done} "
                 "(indices are 0-based and consecutive within a draft)"
             )
+        self.cache.settle()  # the last verification's counts, while this draft token runs
         self._tokens_done += 1
         self._stats["draft_tokens"] += 1
         self._markers.append(self.cache.copy_engine.record_compute(timing=True))
@@ -136,6 +148,7 @@ class SpeculativePrefetcher:
         """
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+        self.cache.settle()
         if self._pending is not None:
             # A snapshot of every draft token is the last one: it is the final boundary.
             self._finish_boundary(drafting_done=self._pending[0] == self._tokens_done)
@@ -161,16 +174,12 @@ class SpeculativePrefetcher:
         """
         if not isinstance(num_accepted, int) or isinstance(num_accepted, bool) or num_accepted < 0:
             raise ValueError(f"num_accepted must be a non-negative int, got {num_accepted!r}")
-        needed = self.cache.take_needed()
-        st = self._stats
-        for layer, planned in enumerate(self._planned):
-            used = needed.get(layer, set())
-            st["planned_experts"] += len(planned)
-            st["needed_experts"] += len(used)
-            st["planned_and_needed"] += len(planned & used)
-        self._planned = [set() for _ in range(self.cache.num_layers)]
-        self.cache.expire_prefetches()
-        st["accepted_tokens"] += num_accepted
+        planned, self._planned = self._planned, [set() for _ in range(self.cache.num_layers)]
+        close = functools.partial(self._close_window, num_accepted, planned)
+        if self.deferred_close:
+            self.cache.count_later(close)
+        else:
+            close()
 
     def plain_steps_may_overlap(self) -> bool:
         """Whether a controller may queue plain (K = 0) steps ahead of each other's
@@ -179,6 +188,19 @@ class SpeculativePrefetcher:
         return self.cache.every_layer_resident()
 
     # ------------------------------------------------------------------------- internals
+    def _close_window(self, num_accepted: int, planned_sets: list[set[int]]) -> None:
+        """Close a verification's window: score its plan against the experts the target
+        needed, expire the prefetches it did not use."""
+        needed = self.cache.take_needed()
+        st = self._stats
+        for layer, planned in enumerate(planned_sets):
+            used = needed.get(layer, set())
+            st["planned_experts"] += len(planned)
+            st["needed_experts"] += len(used)
+            st["planned_and_needed"] += len(planned & used)
+        self.cache.expire_prefetches()
+        st["accepted_tokens"] += num_accepted
+
     def _feed_measurements(self) -> None:
         for nbytes, seconds in self.cache.completed_transfers():
             self.planner.observe_bandwidth(nbytes, seconds)
@@ -229,7 +251,9 @@ class SpeculativePrefetcher:
 
     # ------------------------------------------------------------------------ statistics
     def reset_stats(self) -> None:
-        """Zero the prefetcher's counters (the cache's are reset with ``cache.reset_stats``)."""
+        """Zero the prefetcher's counters (the cache's are reset with ``cache.reset_stats``);
+        a window still to close is closed first, into the counters being zeroed."""
+        self.cache.settle()
         self._stats = {
             "drafts": 0,
             "draft_tokens": 0,
@@ -252,6 +276,7 @@ class SpeculativePrefetcher:
         summed over verification windows). ``cache`` holds ``cache.stats()`` (prefetch
         precision and recall over actual transfers, hits, stall, ...).
         """
+        self.cache.settle()
         st = dict(self._stats)
         st["plan_precision"] = (
             st["planned_and_needed"] / st["planned_experts"] if st["planned_experts"] else None
