@@ -329,3 +329,73 @@ def test_bad_stream_staging_is_refused(checkpoints):
     assert lm.runtime.staging_buffer() is None
     with pytest.raises(ValueError, match=r"stream_staging=3 is above this model's staging buffer"):
         lm.stream_staging = 3
+
+
+def _speculate_with_counts(folder, prompt, deferred: bool):
+    """Greedy speculation on the streamed path with fills, every count made at once or
+    deferred (the stream record's and the prefetcher's closing): tokens, the cache's and
+    the prefetcher's counters, and the counts queued at each draft's first token."""
+    from specter_spec import SpecController
+
+    lm = load(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
+        stream_fills=2,
+    )  # fmt: skip
+    lm.runtime.stream_record.deferred = deferred
+    lm.prefetcher.deferred_close = deferred
+    queued: list[int] = []
+    on_draft_token = lm.prefetcher.on_draft_token
+
+    def watched(index):
+        if index == 0:  # a draft's first token: the last verification's counts may wait
+            queued.append(lm.cache.counts_pending)
+        on_draft_token(index)
+        assert lm.cache.counts_pending == 0  # every count is made before a boundary plans
+
+    lm.prefetcher.on_draft_token = watched
+    controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=3)
+    result = controller.generate(prompt[0].tolist(), max_new_tokens=16)
+    prefetcher = lm.prefetcher.stats()
+    cache = prefetcher.pop("cache")
+    for timing in ("bandwidth_bytes_per_s", "draft_token_seconds"):
+        prefetcher.pop(timing)
+    return result.tokens, cache, prefetcher, queued
+
+
+def test_deferred_counts_change_no_token_decision_or_statistic(checkpoints, arch_name):
+    folder = checkpoints[arch_name]
+    prompt = random_prompt(6, 96, seed=17)
+    now = _speculate_with_counts(folder, prompt, deferred=False)
+    later = _speculate_with_counts(folder, prompt, deferred=True)
+    assert later[0] == now[0]  # tokens
+    assert later[1] == now[1]  # the cache's counters, per layer and in total (fills too)
+    assert later[2] == now[2]  # the prefetcher's plan scores, accepted tokens
+    assert now[1]["total"]["streamed_reads"] > 0
+    assert now[1]["total"]["streamed_fills"] > 0
+    # Deferred, each forward's record (and a verification's closing) waits for the next
+    # draft token: at the first, the streamed prefill's record; later, a verification's
+    # record and its closing.
+    assert set(now[3]) == {0}
+    assert later[3][0] == 1
+    assert set(later[3][1:]) == {2}
+
+
+def test_back_to_back_forwards_settle_a_deferred_record_before_the_next_fills(checkpoints):
+    folder = checkpoints["tiny-deepseek-v2"]
+    ids = random_prompt(9, 96, seed=23)
+    out = []
+    for deferred in (False, True):
+        lm = load(
+            folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
+            stream_fills=2,
+        )  # fmt: skip
+        lm.runtime.stream_record.deferred = deferred
+        logits = [lm.target.forward(ids[:, :4], 0)]
+        assert lm.cache.counts_pending == int(deferred)
+        # The next forward's fills pick candidate slots by the policy: after the count.
+        logits.append(lm.target.forward(ids[:, 4:], 4))
+        out.append((logits, lm.cache.stats(), _slot_states(lm)))
+    assert all(torch.equal(a, b) for a, b in zip(out[0][0], out[1][0], strict=True))
+    assert out[1][1] == out[0][1]
+    assert out[1][2] == out[0][2]
+    assert out[0][1]["total"]["streamed_fills"] > 0

@@ -125,6 +125,11 @@ class StreamRecord:
         spares_per_layer: candidate slots per layer to fill (0: no fills).
         width: the most ``spares_per_layer`` can be raised to later (default: the given
             ``spares_per_layer``; 0: the record's forwards launch nothing for fills).
+        deferred: count a forward's record when the cache next needs it
+            (``ExpertCache.count_later``) instead of at the forward's end; None: on where
+            ``device`` is a CUDA device. Deferred, the record goes to pinned host memory in
+            one copy that nothing waits for, so the host can launch the next forward (the
+            draft's) before it counts, and the device does not idle behind the count.
 
     Attributes:
         ids: int64 ``[L, STREAM_MAX_ROWS, k]``: each layer writes its rows' routed experts.
@@ -136,6 +141,7 @@ class StreamRecord:
         claimed: int32 ``[L, E]``: the host's slot of each expert, loads in flight included
             (only experts with -1 may be filled).
         fills: int32 ``[L, E]``: the slot each layer filled each expert into (-1: none).
+        deferred: whether records are counted later (see ``deferred`` above).
     """
 
     def __init__(
@@ -146,6 +152,7 @@ class StreamRecord:
         device: torch.device,
         spares_per_layer: int = DEFAULT_STREAM_FILLS,
         width: int | None = None,
+        deferred: bool | None = None,
     ):
         self.ids = torch.zeros(num_layers, STREAM_MAX_ROWS, top_k, dtype=torch.int64, device=device)
         self.flags = torch.zeros(num_layers, 2, num_experts, dtype=torch.uint8, device=device)
@@ -158,6 +165,7 @@ class StreamRecord:
         self.claimed = torch.full((num_layers, num_experts), -1, dtype=torch.int32, device=device)
         self.fills = torch.full((num_layers, num_experts), -1, dtype=torch.int32, device=device)
         self.active = False
+        self.deferred = torch.device(device).type == "cuda" if deferred is None else bool(deferred)
 
     def set_spares_per_layer(self, count: int) -> None:
         """Candidate slots per layer from the next forward on (0: no fills). More than the
@@ -217,12 +225,37 @@ class StreamRecord:
         return torch.where(real, ids, -1)
 
     def _count(self, cache: ExpertCache, rows: int) -> None:
+        """Hand the cache what the forward routed, streamed and filled: at once (one host
+        sync), or, ``deferred``, through a copy to pinned memory that the cache counts when
+        it next needs to (``ExpertCache.count_later``)."""
         L, E = self.flags.shape[0], self.flags.shape[2]
         ids = self.ids[:, :rows].reshape(L, -1)
-        # One read: routed ids, streamed flags and fills of every layer side by side.
-        both = torch.cat([ids, self.flags.amax(dim=1).long(), self.fills.long()], dim=1).tolist()
         width = ids.shape[1]
-        for layer, row in enumerate(both):
-            streamed = [e for e, f in enumerate(row[width : width + E]) if f]
-            filled = {e: s for e, s in enumerate(row[width + E :]) if s >= 0}
-            cache.record_streamed(layer, row[:width], streamed, filled=filled or None)
+        # One read: routed ids, streamed flags and fills of every layer side by side.
+        both = torch.cat([ids, self.flags.amax(dim=1).long(), self.fills.long()], dim=1)
+        if not self.deferred:
+            _count_rows(cache, both.tolist(), width, E)
+            return
+        on_cuda = both.device.type == "cuda"
+        host = torch.empty(both.shape, dtype=both.dtype, pin_memory=on_cuda)
+        host.copy_(both, non_blocking=on_cuda)
+        copied = torch.cuda.Event() if on_cuda else None
+        if copied is not None:
+            copied.record()
+
+        def count() -> None:
+            if copied is not None:
+                copied.synchronize()  # the forward ended long ago when anything asks
+            _count_rows(cache, host.tolist(), width, E)
+
+        cache.count_later(count)
+
+
+def _count_rows(cache: ExpertCache, rows: list[list[int]], width: int, num_experts: int) -> None:
+    """``record_streamed`` for each layer's row of ``[ids (width) | streamed flags (E) |
+    fills (E)]``."""
+    E = num_experts
+    for layer, row in enumerate(rows):
+        streamed = [e for e, f in enumerate(row[width : width + E]) if f]
+        filled = {e: s for e, s in enumerate(row[width + E :]) if s >= 0}
+        cache.record_streamed(layer, row[:width], streamed, filled=filled or None)
