@@ -136,7 +136,8 @@ def main() -> int:
 
     def decode(ids):
         lm.reset()
-        depth = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16)) if args.depth == "auto" else int(args.depth)
+        auto = args.depth == "auto"
+        depth = AdaptiveDepth(AdaptiveDepthConfig(max_depth=16)) if auto else int(args.depth)
         controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
         result = controller.generate(ids, args.tokens)
         state["idle_from"] = state["verify_idle_from"] = None
