@@ -166,6 +166,7 @@ class StreamRecord:
         self.fills = torch.full((num_layers, num_experts), -1, dtype=torch.int32, device=device)
         self.active = False
         self.deferred = torch.device(device).type == "cuda" if deferred is None else bool(deferred)
+        self._host_counts: torch.Tensor | None = None  # pinned, for deferred counts
 
     def set_spares_per_layer(self, count: int) -> None:
         """Candidate slots per layer from the next forward on (0: no fills). More than the
@@ -237,7 +238,11 @@ class StreamRecord:
             _count_rows(cache, both.tolist(), width, E)
             return
         on_cuda = both.device.type == "cuda"
-        host = torch.empty(both.shape, dtype=both.dtype, pin_memory=on_cuda)
+        cache.settle()  # the last record's count is made: its host buffer may be reused
+        if self._host_counts is None:  # room for the widest record, allocated once
+            numel = L * (STREAM_MAX_ROWS * self.ids.shape[2] + 2 * E)
+            self._host_counts = torch.empty(numel, dtype=torch.int64, pin_memory=on_cuda)
+        host = self._host_counts[: both.numel()].view(both.shape)
         host.copy_(both, non_blocking=on_cuda)
         copied = torch.cuda.Event() if on_cuda else None
         if copied is not None:
