@@ -184,3 +184,42 @@ def test_streaming_loads_keep_a_waves_map_entry_until_the_wave_ran():
     torch.cuda.synchronize()
     assert int(seen) == 0
     assert cache.expert_to_slot(0).tolist() == [-1, -1, 0, -1]
+
+
+def test_raw_copies_are_on_and_move_the_same_bytes_as_copy():
+    engine = CudaCopyEngine("cuda")
+    assert engine.raw_copies  # torch's CUDA runtime was found and is called directly
+    src = torch.randn(3, 1000, dtype=torch.float16).pin_memory()
+    dst = torch.zeros(3, 1000, dtype=torch.float16, device="cuda")
+    with engine.copy_context():
+        engine.copy(dst[1], src[2])  # a row of a slot tensor: contiguous, raw
+        engine.copy(dst[:, :10], src[:, :10])  # strided: falls back to copy_
+        ready = engine.record()
+    ready.wait()
+    torch.cuda.synchronize()
+    assert torch.equal(dst[1].cpu(), src[2])
+    assert torch.equal(dst[:, :10].cpu(), src[:, :10])
+    assert torch.equal(dst[0, 10:].cpu(), torch.zeros(990, dtype=torch.float16))
+    with pytest.raises(ValueError, match="contiguous tensors of one size"):
+        engine._raw(dst[0], src[0, :10], engine.stream.cuda_stream)
+
+
+def test_a_cache_with_and_without_raw_copies_loads_the_same_experts():
+    store, ref = build_store(2, 6, LAYOUT, seed=4)
+    for raw in (True, False):
+        engine = CudaCopyEngine("cuda", raw_copies=raw)
+        assert engine.raw_copies is raw
+        cache = ExpertCache(store, slots_per_layer=3, device="cuda", copy_engine=engine)
+        cache.streaming = True  # invalidations go through the map stream too
+        cache.prefetch({0: [1, 4, 5], 1: [0, 2]})
+        cache.prefetch({0: [3]})  # evicts one: an invalidation, then the load
+        torch.cuda.synchronize()
+        for layer in range(2):
+            table = cache.expert_to_slot(layer).cpu()
+            for e in cache.resident_experts(layer):
+                slot = cache.slot_of(layer, e)
+                assert table[e] == slot
+                for name, tensor in cache.slot_tensors(layer).items():
+                    assert torch.equal(tensor[slot].cpu(), ref[(layer, e)][name])
+            gone = [e for e in range(6) if e not in cache.resident_experts(layer)]
+            assert (table[gone] == -1).all()
