@@ -51,11 +51,3 @@ def test_default_engine_by_device():
         default_copy_engine("meta")
     with pytest.raises(ValueError, match="CPU tensors"):
         DeferredCopyEngine("meta")
-
-
-def test_raw_memcpy_is_absent_without_a_cuda_device():
-    from specter_cache.cuda_memcpy import raw_memcpy
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a CUDA device (test_expert_cache_cuda covers it)")
-    assert raw_memcpy() is None  # the engine then keeps copy_

@@ -22,8 +22,6 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from specter_cache.cuda_memcpy import raw_memcpy
-
 
 class TransferEvent(ABC):
     """A point in a stream's work: a load's readiness, a kernel's last use of a slot."""
@@ -296,14 +294,9 @@ class CudaCopyEngine(CopyEngine):
     Args:
         device: the CUDA device.
         priority: stream priority (lower is higher priority; 0 is the default).
-        raw_copies: issue copies between contiguous tensors of one dtype and size with the
-            CUDA runtime's ``cudaMemcpyAsync`` directly (``cuda_memcpy``), a few microseconds
-            each instead of ``copy_``'s tens; None: wherever the runtime can be called.
     """
 
-    def __init__(
-        self, device: torch.device | str = "cuda", priority: int = 0, raw_copies: bool | None = None
-    ):
+    def __init__(self, device: torch.device | str = "cuda", priority: int = 0):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"CudaCopyEngine needs a CUDA device, got {device}")
@@ -319,32 +312,6 @@ class CudaCopyEngine(CopyEngine):
         self._depth = 0
         self._waited: dict[int, torch.cuda.Event] = {}
         self._map_waited: dict[int, torch.cuda.Event] = {}
-        self._raw = raw_memcpy() if raw_copies is None or raw_copies else None
-        if raw_copies and self._raw is None:
-            raise ValueError(
-                "raw_copies=True needs the CUDA runtime library torch loaded, which was not "
-                "found in this process; leave raw_copies=None to fall back to copy_"
-            )
-        self._stream_handle = self.stream.cuda_stream
-        self._map_handle = self.map_stream.cuda_stream
-
-    @property
-    def raw_copies(self) -> bool:
-        """Whether eligible copies go to ``cudaMemcpyAsync`` directly."""
-        return self._raw is not None
-
-    def _copy_on(self, stream: int, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Enqueue ``dst <- src`` on the stream ``stream`` is the handle of (the current one)."""
-        if (
-            self._raw is not None
-            and dst.dtype == src.dtype
-            and dst.numel() == src.numel()
-            and dst.is_contiguous()
-            and src.is_contiguous()
-        ):
-            self._raw(dst, src, stream)
-        else:
-            dst.copy_(src, non_blocking=True)
 
     @property
     def is_synchronous(self) -> bool:
@@ -364,7 +331,7 @@ class CudaCopyEngine(CopyEngine):
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         # Inside copy_context the current stream is the copy stream.
-        self._copy_on(self._stream_handle, dst, src)
+        dst.copy_(src, non_blocking=True)
 
     @staticmethod
     def _wait(stream: torch.cuda.Stream, event: TransferEvent, seen: dict | None) -> None:
@@ -397,7 +364,7 @@ class CudaCopyEngine(CopyEngine):
                 self._wait(self.map_stream, event, seen)
         with torch.cuda.stream(self.map_stream):
             for dst in dsts:
-                self._copy_on(self._map_handle, dst, src)
+                dst.copy_(src, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record(self.map_stream)
         self.stream.wait_event(ev)  # the data copies that follow overwrite after it
