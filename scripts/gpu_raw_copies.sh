@@ -4,6 +4,8 @@
 # twenty-sixth session's hot set: host_gaps_probe.py per arm (copy_, raw, copy_ again; one
 # process each), then the CUDA tests of specter-cache and the streamed models tests.
 #
+# Ran at 3021dd3; the raw copies were removed after it (no gain beyond drift).
+#
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_raw_copies.sh   (carry .whl)
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
