@@ -1,6 +1,7 @@
 """The specter command line: every command runs on tiny models; bad arguments fail clearly."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -197,9 +198,15 @@ def test_info_prints_the_machine_and_the_memory_plan(capsys):
     assert "without the INT4 draft (generate --depth 0, plain decoding):" in out
     assert "none (no draft: plain decoding)" in out.split("plain decoding):")[1]
     assert "FP16 expert slots (2/64 per layer x 26 layers)" in out
+    # 2 GB holds it neither way: both shortfalls, the speculative one first.
     code, _, err = _run(capsys, "info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "2")
     assert code == 2
-    assert "needs at least" in err
+    speculative, plain = err.split("Without the INT4 draft (--depth 0, plain decoding)")
+    assert "INT4 draft experts" in speculative
+    needs = [float(m) for m in re.findall(r"needs at least ([0-9.]+) GB", err)]
+    assert len(needs) == 2
+    assert needs[1] < needs[0]  # plain decoding needs less: no INT4 draft
+    assert "does not fit either" in plain
 
 
 def test_bench_kernel_bench_profile_depth_and_report(capsys, tmp_path):
@@ -519,4 +526,5 @@ def test_a_budget_only_plain_decoding_fits_says_so(capsys):
     code, _, err = _run(capsys, *argv[:-2], "0.000001", "hi", "--depth", "2")
     assert code == 2
     assert "too small" in err
-    assert "Without the INT4 draft" not in err  # plain decoding does not fit either
+    assert "Without the INT4 draft it fits" not in err  # plain decoding does not fit either
+    assert "Without the INT4 draft (--depth 0, plain decoding) it does not fit either" in err

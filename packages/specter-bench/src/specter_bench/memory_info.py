@@ -11,7 +11,7 @@ from specter_bench.bench_record import budget_label
 from specter_bench.model_loading import model_config
 from specter_bench.run_identity import git_commit, gpu_name, package_versions
 
-__all__ = ["describe_machine", "plain_plan", "run_info"]
+__all__ = ["describe_machine", "neither_fits", "plain_plan", "run_info"]
 
 
 def describe_machine() -> str:
@@ -52,7 +52,7 @@ def run_info(args: argparse.Namespace) -> int:
         plan, too_small = None, exc
     plain = plain_plan(config, budget, staging_slots=staging, **kwargs)
     if plan is None and plain is None:
-        raise too_small
+        raise neither_fits(too_small, config, budget, staging_slots=staging, **kwargs)
     print()
     print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}")
     if plan is None:  # the model fits without its draft only: why, then that plan
@@ -68,6 +68,24 @@ def run_info(args: argparse.Namespace) -> int:
             f"{plain.expected_peak_bytes / 1e9:.2f} GB"
         )
     return 0
+
+
+def neither_fits(
+    too_small: Exception, config: Any, budget_gb: float, **plan_args: Any
+) -> Exception:
+    """The error for a budget that holds the model neither with its INT4 draft nor without:
+    ``too_small`` (the speculative plan's shortfall) followed by what plain decoding
+    (``--depth 0``) would need, which is less. ``plan_args`` as for :func:`plain_plan`."""
+    from specter_models import MemoryBudgetError, plan_memory
+
+    try:
+        plan_memory(config, budget_gb, with_draft=False, **plan_args)
+    except MemoryBudgetError as plain:
+        return MemoryBudgetError(
+            f"{too_small} Without the INT4 draft (--depth 0, plain decoding) it does not fit "
+            f"either: {plain}"
+        )
+    return too_small  # plain decoding fits: the caller offers it instead
 
 
 def plain_plan(config: Any, budget_gb: float | None, **plan_args: Any) -> Any:

@@ -19,7 +19,7 @@ import torch
 from specter_bench.bench_command import parse_dtype
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
 from specter_bench.hot_sets import choose_prompt_hot_set, read_hot_experts
-from specter_bench.memory_info import plain_plan
+from specter_bench.memory_info import neither_fits, plain_plan
 from specter_bench.model_loading import (
     EngineOptions,
     load_engine,
@@ -253,8 +253,13 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         loaded = load(with_draft=speculate, hot=hot)
     except MemoryBudgetError as exc:
-        if not speculate or plain is None:
+        if not speculate:
             raise
+        if plain is None:
+            raise neither_fits(
+                exc, config, args.gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
+                staging_slots=args.stream_staging,
+            ) from exc  # fmt: skip
         raise CommandError(
             f"{exc} Without the INT4 draft it fits: --depth 0 decodes plainly with "
             f"{plain.slots_per_layer} FP16 expert slots per layer."
