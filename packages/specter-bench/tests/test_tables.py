@@ -263,3 +263,31 @@ def test_the_belady_target_takes_the_latest_run_that_measured_a_bound():
     # Only unbounded runs: the latest, not measured.
     (belady,) = [t for t in evaluate_targets(records[1:]) if "belady" in t["target"]]
     assert (belady["tpot_ms"], belady["ratio"]) == (13.0, None)
+
+
+def test_targets_quote_the_last_runs_and_count_them_when_they_disagree():
+    def rec(system, tpot, started):
+        record = TpotRecord(
+            system, "deepseek-v2-lite", 24.0, "humaneval", "p", 5, 8, tpot, None, None, None
+        ).as_dict()
+        return _in_run(record, started, started[11:16].replace(":", "") + "abc")
+
+    # Seven runs of specter and lru at 24 GB; specter / lru = 0.7, 0.6, then 0.55, 0.45,
+    # 0.52, 0.48, 0.40: the last five hold two misses.
+    ratios = [0.7, 0.6, 0.55, 0.45, 0.52, 0.48, 0.40]
+    records = []
+    for hour, ratio in enumerate(ratios):
+        started = f"2026-12-03T{10 + hour:02d}:00:00+00:00"
+        records += [rec("lru", 20.0, started), rec("specter", 20.0 * ratio, started)]
+    first = evaluate_targets(records)[0]
+    assert first["ratio"] == pytest.approx(0.40)  # the latest run decides `met`
+    assert first["met"] is True
+    assert first["recent"] == pytest.approx(ratios[-5:])  # oldest first
+    row = next(line for line in targets_table(records).splitlines() if "<= 1/2" in line)
+    assert "met in 3 of the last 5 runs" in row
+    assert "0.55, 0.45, 0.52, 0.48, 0.40" in row
+    # Runs that agree keep the plain status.
+    agreeing = records[-4:]  # the last two runs: 0.48 and 0.40, both met
+    row = next(line for line in targets_table(agreeing).splitlines() if "<= 1/2" in line)
+    assert "| met |" in row
+    assert "0.48, 0.40" in row

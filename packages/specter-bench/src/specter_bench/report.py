@@ -73,7 +73,10 @@ _CAPTIONS = {
         "ratio come from one run when some run measured both, the latest TPOT-only run "
         "(`--experiment tpot`, the experiment that measures TPOT) first; "
         "`(two runs)` marks a ratio across runs, which only compares loosely (host speed "
-        "differs between machines). The Belady bound comes from the latest routing run."
+        "differs between machines). The Belady bound comes from the latest routing run. "
+        "The last column quotes the ratio in up to five of the latest runs that measured both "
+        "sides (oldest first); where they disagree, the status says in how many the cell was "
+        "met, since a ratio that turns on a baseline's host time moves from run to run."
     ),
     "Latency per phase": (
         "Prefill: the prompt; draft and verify: decode time per generated token spent drafting "

@@ -313,6 +313,11 @@ TARGETS = (
 )
 """Issue 7's targets (DeepSeek-V2-Lite, random weights, greedy, HumanEval)."""
 
+RECENT_RUNS = 5
+"""How many of the latest runs that measured both sides of a ratio the Targets table
+quotes beside the latest one (a ratio that turns on a baseline's host time moves from run
+to run; one run cannot say whether a cell is met)."""
+
 
 def _same_ratios_elsewhere(
     summaries: Sequence[SystemSummary], targets: Sequence[Target]
@@ -351,8 +356,11 @@ def evaluate_targets(
     Returns:
         One dict per target: ``model``, ``budget``, ``target`` (text), ``ratio`` (None when
         a side was not measured), ``met`` (None then, or without a target), ``tpot_ms``,
-        ``versus_tpot_ms``, ``acceptance_rate``, ``run`` (the run of ``tpot_ms``) and
-        ``same_run`` (False when the two sides come from different runs).
+        ``versus_tpot_ms``, ``acceptance_rate``, ``run`` (the run of ``tpot_ms``),
+        ``same_run`` (False when the two sides come from different runs) and ``recent``:
+        the ratios of the last :data:`RECENT_RUNS` runs that measured both sides (TPOT-only
+        runs when any did), oldest first, ending with ``ratio`` (empty for a Belady target,
+        which one routing run measures, or without such a run).
     """
     records = list(records)
     tpot_only = {
@@ -377,6 +385,7 @@ def evaluate_targets(
                 mine = mine_runs[latest] if latest is not None else None
                 other = mine.belady_tpot_ms if mine is not None else None
                 ratio = mine.tpot_over_belady if mine is not None else None
+                recent = []
             else:
                 # The hf baseline has no budget: it is measured once, at "unlimited". Any
                 # other system is compared at the target's own budget only.
@@ -384,6 +393,7 @@ def evaluate_targets(
                 if not ref_runs and t.versus == "hf":
                     ref_runs = index.get((model, None, t.versus), {})
                 mine, ref, same_run = _pair(mine_runs, ref_runs, tpot_only)
+                recent = _recent_ratios(mine_runs, ref_runs, tpot_only) if same_run else []
                 other = ref.tpot_ms if ref is not None else None
                 ratio = (
                     mine.tpot_ms / other
@@ -402,6 +412,7 @@ def evaluate_targets(
                     "acceptance_rate": mine.acceptance_rate if mine is not None else None,
                     "run": mine.run if mine is not None else None,
                     "same_run": same_run,
+                    "recent": recent,
                 }
             )
     return out
@@ -424,8 +435,27 @@ def _pair(
     return first, second, first is None or second is None
 
 
+def _recent_ratios(
+    mine: dict[str, SystemSummary],
+    ref: dict[str, SystemSummary],
+    preferred: AbstractSet[str] = frozenset(),
+) -> list[float]:
+    """The ratios of the last ``RECENT_RUNS`` runs that measured both sides (``preferred``
+    runs when any did, as :func:`_pair` picks), oldest first."""
+    shared = sorted(set(mine) & set(ref))
+    shared = [run for run in shared if run in preferred] or shared
+    return [
+        mine[run].tpot_ms / ref[run].tpot_ms
+        for run in shared[-RECENT_RUNS:]
+        if mine[run].tpot_ms is not None and ref[run].tpot_ms
+    ]
+
+
 def targets_table(records: Iterable[dict[str, Any]], targets: Sequence[Target] = TARGETS) -> str:
-    """Every target cell, met or not, with the measured acceptance beside it."""
+    """Every target cell, met or not, with the measured acceptance beside it, and the
+    ratios of the last runs that measured it (the status counts them when they disagree)."""
+    evaluated = evaluate_targets(records, targets)
+    limits = {f"{t.system} / {t.versus} {t.limit_text}": t.limit for t in targets}
     rows = [
         [
             t["model"],
@@ -434,21 +464,30 @@ def targets_table(records: Iterable[dict[str, Any]], targets: Sequence[Target] =
             t["tpot_ms"],
             t["versus_tpot_ms"],
             t["ratio"],
-            _status(t),
+            _status(t, limits.get(t["target"])),
             t["acceptance_rate"],
+            ", ".join(f"{r:.2f}" for r in t["recent"]) if len(t["recent"]) > 1 else "-",
         ]
-        for t in evaluate_targets(records, targets)
+        for t in evaluated
     ]
-    headers = ["model", "budget", "target", "TPOT ms", "versus ms", "ratio", "status", "acceptance"]
+    headers = [
+        "model", "budget", "target", "TPOT ms", "versus ms", "ratio", "status", "acceptance",
+        f"last runs (up to {RECENT_RUNS})",
+    ]  # fmt: skip
     return markdown_table(headers, rows)
 
 
-def _status(target: dict[str, Any]) -> str:
+def _status(target: dict[str, Any], limit: float | None = None) -> str:
     if target["ratio"] is None:
         return "not measured"
     runs = "" if target.get("same_run", True) else " (two runs)"
     if target["met"] is None:
         return "-" + runs
+    recent = target.get("recent") or []
+    if limit is not None and len(recent) > 1:
+        met = sum(1 for r in recent if r <= limit)
+        if 0 < met < len(recent):  # the runs disagree: say how often it was met
+            return f"met in {met} of the last {len(recent)} runs"
     return ("met" if target["met"] else "NOT met") + runs
 
 
