@@ -412,3 +412,25 @@ def test_pin_refuses_bad_ids_and_full_layers_may_pin_everything(make_store):
     assert cache.pin(0, range(4)) == [0, 1, 2, 3]  # a slot per expert: nothing must load later
     with pytest.raises(ValueError, match="pin"):
         cache.pin(0, [9])
+
+
+def test_prefetch_with_set_plan_is_set_plan_then_prefetch(make_store):
+    caches = []
+    for combined in (False, True):
+        store, _ = make_store(2, 8)
+        cache = ExpertCache(store, slots_per_layer=3, device="cpu", policy="predictive")
+        cache.prefetch({0: [0, 1, 2], 1: [3, 4, 5]})
+        plan = {0: [5, 1], 1: [6, 3, 7]}  # the plan protects 1 and 3 from eviction
+        if combined:
+            issued = cache.prefetch(plan, set_plan=True)
+        else:
+            cache.set_plan(plan)
+            issued = cache.prefetch(plan)
+        caches.append((issued, [cache.resident_experts(layer) for layer in range(2)]))
+    assert caches[0] == caches[1]
+    assert 1 in caches[1][1][0]  # planned: kept
+    assert {3, 6, 7} <= set(caches[1][1][1])
+    small, _ = make_store(1, 4)
+    cache = ExpertCache(small, slots_per_layer=2, device="cpu")
+    with pytest.raises(ValueError, match="expert ids must be ints in"):
+        cache.prefetch({0: [9]}, set_plan=True)

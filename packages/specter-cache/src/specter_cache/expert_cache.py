@@ -444,6 +444,7 @@ class ExpertCache:
         self._slot_id_views = [ids[i : i + 1] for i in range(len(ids))]
         self._stats = CacheStats(L)
         self._expert_bytes = [store.expert_bytes(layer) for layer in range(L)]
+        self._slots = tuple(slots)  # slots per layer: fixed for the cache's life
         self._load_seq = 0
         self._stall_events: list[tuple[int, TransferEvent, TransferEvent]] = []
         self._transfers: list[tuple[int, TransferEvent, TransferEvent]] = []
@@ -512,7 +513,7 @@ class ExpertCache:
     @property
     def slots_per_layer(self) -> tuple[int, ...]:
         """Slots of each layer."""
-        return tuple(p.num_slots for p in self._pools)
+        return self._slots
 
     @property
     def device_bytes(self) -> int:
@@ -603,7 +604,9 @@ class ExpertCache:
         self.settle()
         self._policy.set_plan(self._check_plan(plan))
 
-    def prefetch(self, plan: Mapping[int, Sequence[int]]) -> dict[int, list[int]]:
+    def prefetch(
+        self, plan: Mapping[int, Sequence[int]], *, set_plan: bool = False
+    ) -> dict[int, list[int]]:
         """Start loading the planned experts that are not resident, asynchronously.
 
         Per layer, experts are taken in plan order (most wanted first); each load evicts a
@@ -617,12 +620,16 @@ class ExpertCache:
 
         Args:
             plan: ``layer -> ranked expert ids``.
+            set_plan: hand the plan to the policy first, as :meth:`set_plan` does (one
+                validation for both).
 
         Returns:
             ``layer -> experts whose loads were issued`` (each with a readiness event).
         """
         self.settle()
         checked = self._check_plan(plan)
+        if set_plan:
+            self._policy.set_plan(checked)
         issued: dict[int, list[int]] = {}
         loads: list[tuple[int, int, int, int]] = []  # (layer, expert, slot, evicted expert)
         for layer, experts in checked.items():

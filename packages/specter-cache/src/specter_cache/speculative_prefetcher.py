@@ -93,6 +93,7 @@ class SpeculativePrefetcher:
         self._timed_upto = 0
         self._planned: list[set[int]] = [set() for _ in range(cache.num_layers)]
         self.pipelined = counter.device.type == "cuda" if pipelined is None else bool(pipelined)
+        self._expert_bytes = [cache.store.expert_bytes(layer) for layer in range(cache.num_layers)]
         self._pending: tuple[int, PendingSnapshot] | None = None  # (tokens done, snapshot)
         on_cuda = counter.device.type == "cuda"
         self.deferred_close = on_cuda if deferred_close is None else bool(deferred_close)
@@ -221,18 +222,18 @@ class SpeculativePrefetcher:
         self._feed_measurements()
         cache = self.cache
         plan = snapshot.result()
-        cache.set_plan(plan)
         batch_experts = batch_bytes = remaining = 0
+        slots = cache.slots_per_layer
         for layer, experts in plan.items():
             self._planned[layer].update(experts)
             new = cache.lookup(layer, experts)[1]
             batch_experts += len(new)
-            batch_bytes += len(new) * cache.store.expert_bytes(layer)
+            batch_bytes += len(new) * self._expert_bytes[layer]
             # Only evictable slots can take a prefetch: pinned ones (a hot set) hold their
             # experts for good, planned or not.
             pinned = set(cache.pinned(layer))
             held = sum(1 for e in experts if e not in pinned) - len(new)
-            remaining += max(0, cache.slots_per_layer[layer] - len(pinned) - held)
+            remaining += max(0, slots[layer] - len(pinned) - held)
         decision = self.planner.decide(
             tokens_done,
             batch_experts=batch_experts,
@@ -240,7 +241,7 @@ class SpeculativePrefetcher:
             remaining_slots=remaining,
             drafting_done=drafting_done,
         )
-        issued = cache.prefetch(plan)
+        issued = cache.prefetch(plan, set_plan=True)  # the policy gets the plan first
         st = self._stats
         st["boundaries"] += 1
         st["prefetch_issued"] += sum(len(v) for v in issued.values())
