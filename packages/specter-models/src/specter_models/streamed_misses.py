@@ -245,8 +245,8 @@ class StreamRecord:
         host = self._host_counts[: both.numel()].view(both.shape)
         host.copy_(both, non_blocking=on_cuda)
         copied = torch.cuda.Event() if on_cuda else None
-        if copied is not None:
-            copied.record()
+        if copied is not None:  # on the stream that ran the copy, whatever device is current
+            copied.record(torch.cuda.current_stream(both.device))
 
         def count() -> None:
             if copied is not None:
