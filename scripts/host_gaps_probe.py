@@ -12,8 +12,16 @@ times on the host, per iteration, the two stretches where nothing is queued on t
   drained) to the verification's call: the snapshot, the plan and the prefetch's loads.
 
 It also times ``ExpertCache.prefetch`` and the stream record's count on their own. The
-probe only synchronises where the decode already waits (the record's read, the snapshot's
-read), so the times are those of the plain decode.
+host stretches synchronise where the decode waits anyway, except with deferred counts:
+the record's read then moves from the acceptance's read to the forward's end, so the
+stretch after the verification also holds the count's queueing and the acceptance's
+launches.
+
+``--device-gaps`` measures on the device instead, with no synchronisation at all: a timing
+event before and after each draft and target forward, and the device time from one
+forward's end to the next one's start (the GPU idle between them, plus the few small
+kernels there, such as the acceptance's), summed per kind of gap (after a verification,
+before a verification, between draft tokens) over the measured decodes.
 
     source scripts/gpu-env.sh && python3 scripts/host_gaps_probe.py --hot-experts \\
         benchmarks/results/bench-deepseek-v2-lite-2026-12-03-final-24gb.jsonl
@@ -22,6 +30,7 @@ read), so the times are those of the plain decode.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -39,12 +48,18 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=None, help="append one JSON line here")
+    p.add_argument(
+        "--device-gaps",
+        action="store_true",
+        help="time the gaps between forwards on the device (events, no synchronisation) "
+        "instead of the host stretches",
+    )
     args = p.parse_args()
 
     import specter_models
     from specter_bench.prompt_encoding import ByteTokenizer, encode_prompt
     from specter_bench.prompt_sources import load_humaneval
-    from specter_models.streamed_misses import StreamRecord
+    from specter_models.streamed_misses import STREAM_MAX_ROWS, StreamRecord
     from specter_spec import AdaptiveDepth, AdaptiveDepthConfig, SpecController
 
     hot = None
@@ -79,23 +94,42 @@ def main() -> int:
     state: dict[str, float | None] = {"idle_from": None, "verify_idle_from": None}
 
     count = StreamRecord._count
+    host_stretches = not args.device_gaps
 
     def timed_count(self, cache, rows):
-        drain()  # the record's own read waits for the verification here
+        if host_stretches:
+            drain()  # the record's own read waits for the verification here
         t0 = time.perf_counter()
         count(self, cache, rows)
         t1 = time.perf_counter()
         times["count"].append(t1 - t0)
-        state["idle_from"] = t0
+        if host_stretches:
+            state["idle_from"] = t0
 
     StreamRecord._count = timed_count  # type: ignore[method-assign]
+
+    # (kind, rows, event before, event after) of every forward of a decode (--device-gaps)
+    forwards: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] = []
+
+    def bracketed(kind, forward):
+        def call(input_ids, start_pos):
+            if not args.device_gaps or device.type != "cuda":
+                return forward(input_ids, start_pos)
+            before, after = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            before.record()
+            logits = forward(input_ids, start_pos)
+            after.record()
+            forwards.append((kind, input_ids.shape[1], before, after))
+            return logits
+
+        return call
 
     def close_after_verify() -> None:
         if state["idle_from"] is not None:
             times["after_verify"].append(time.perf_counter() - state["idle_from"])
             state["idle_from"] = None
 
-    draft_forward = lm.draft.forward
+    draft_forward = bracketed("draft", lm.draft.forward)
 
     def draft_entry(input_ids, start_pos):
         close_after_verify()
@@ -103,7 +137,7 @@ def main() -> int:
 
     lm.draft.forward = draft_entry
 
-    target_forward = lm.target.forward
+    target_forward = bracketed("verify", lm.target.forward)
 
     def target_entry(input_ids, start_pos):
         close_after_verify()
@@ -117,7 +151,9 @@ def main() -> int:
     on_verify_start = lm.prefetcher.on_verify_start
 
     def verify_start(num_tokens):
-        if num_tokens > 1:  # a draft ran: wait for it, as the snapshot's read does
+        if (
+            num_tokens > 1 and host_stretches
+        ):  # a draft ran: wait for it, as the snapshot's read does
             drain()
             state["verify_idle_from"] = time.perf_counter()
         on_verify_start(num_tokens)
@@ -126,9 +162,9 @@ def main() -> int:
 
     prefetch = lm.cache.prefetch
 
-    def timed_prefetch(plan):
+    def timed_prefetch(plan, **kwargs):
         t0 = time.perf_counter()
-        out = prefetch(plan)
+        out = prefetch(plan, **kwargs)
         times["prefetch"].append(time.perf_counter() - t0)
         return out
 
@@ -143,12 +179,33 @@ def main() -> int:
         state["idle_from"] = state["verify_idle_from"] = None
         return result
 
+    gaps: dict[str, list[float]] = {"after_verify": [], "before_verify": [], "between_drafts": []}
+
+    def collect_gaps() -> None:
+        """Device gaps between the decode's forwards (prefills left out), in seconds."""
+        if not forwards:
+            return
+        torch.cuda.synchronize()
+        decoding = [f for f in forwards if f[1] <= STREAM_MAX_ROWS]
+        for (kind, _, _, end), (next_kind, _, start, _) in itertools.pairwise(decoding):
+            name = (
+                "after_verify"
+                if kind == "verify"
+                else "before_verify"
+                if next_kind == "verify"
+                else "between_drafts"
+            )
+            gaps[name].append(end.elapsed_time(start) / 1e3)
+        forwards.clear()
+
     decode(prompts[0])  # warm
+    forwards.clear()
     for v in times.values():
         v.clear()
     tpots, iterations, depths = [], 0, []
     for ids in prompts:
         result = decode(ids)
+        collect_gaps()
         tpots.append(1e3 * result.stats.tpot_s)
         iterations += result.stats.num_iterations
         depths.append(result.stats.mean_depth)
@@ -163,6 +220,12 @@ def main() -> int:
         "mean_depths": depths,
         "tokens": args.tokens * len(prompts),
     }
+    if args.device_gaps:
+        times = {"prefetch": times["prefetch"], "count": times["count"]}
+        for name, values in gaps.items():
+            record[f"device_{name}_gaps"] = len(values)
+            record[f"device_{name}_mean_ms"] = 1e3 * statistics.fmean(values) if values else None
+            record[f"device_{name}_ms_per_token"] = 1e3 * sum(values) / record["tokens"]
     for name, values in times.items():
         record[f"{name}_calls"] = len(values)
         record[f"{name}_mean_ms"] = 1e3 * statistics.fmean(values) if values else None
