@@ -331,11 +331,12 @@ def test_bad_stream_staging_is_refused(checkpoints):
         lm.stream_staging = 3
 
 
-def _speculate_with_counts(folder, prompt, deferred: bool):
-    """Greedy speculation on the streamed path with fills, every count made at once or
-    deferred (the stream record's and the prefetcher's closing): tokens, the cache's and
-    the prefetcher's counters, and the counts queued at each draft's first token."""
-    from specter_spec import SpecController
+def _speculate_with_counts(folder, prompt, deferred: bool, sampled: bool = False):
+    """Speculation (greedy, or sampled at T = 1 with a seeded generator) on the streamed
+    path with fills, every count made at once or deferred (the stream record's and the
+    prefetcher's closing): tokens, the cache's and the prefetcher's counters, and the counts
+    queued at each draft's first token."""
+    from specter_spec import SamplingConfig, SpecController
 
     lm = load(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
@@ -353,8 +354,12 @@ def _speculate_with_counts(folder, prompt, deferred: bool):
         assert lm.cache.counts_pending == 0  # every count is made before a boundary plans
 
     lm.prefetcher.on_draft_token = watched
-    controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=3)
-    result = controller.generate(prompt[0].tolist(), max_new_tokens=16)
+    sampling = SamplingConfig(temperature=1.0) if sampled else None
+    controller = SpecController(
+        lm.draft, lm.target, cache=lm.prefetcher, depth=3, sampling=sampling
+    )
+    generator = torch.Generator().manual_seed(11) if sampled else None
+    result = controller.generate(prompt[0].tolist(), max_new_tokens=16, generator=generator)
     prefetcher = lm.prefetcher.stats()
     cache = prefetcher.pop("cache")
     for timing in ("bandwidth_bytes_per_s", "draft_token_seconds"):
@@ -399,3 +404,12 @@ def test_back_to_back_forwards_settle_a_deferred_record_before_the_next_fills(ch
     assert out[1][1] == out[0][1]
     assert out[1][2] == out[0][2]
     assert out[0][1]["total"]["streamed_fills"] > 0
+
+
+def test_deferred_counts_keep_sampled_tokens_for_one_seed(checkpoints):
+    folder = checkpoints["tiny-qwen2-moe"]
+    prompt = random_prompt(6, 96, seed=19)
+    now = _speculate_with_counts(folder, prompt, deferred=False, sampled=True)
+    later = _speculate_with_counts(folder, prompt, deferred=True, sampled=True)
+    assert later[:3] == now[:3]  # tokens, the cache's and the prefetcher's counters
+    assert now[2]["accepted_tokens"] < now[2]["draft_tokens"]  # some proposals rejected
