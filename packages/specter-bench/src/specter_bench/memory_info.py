@@ -50,9 +50,9 @@ def run_info(args: argparse.Namespace) -> int:
         )
     except MemoryBudgetError as exc:
         plan, too_small = None, exc
-    plain = plain_plan(config, budget, staging_slots=staging, **kwargs)
+    plain, plain_short = plain_plan(config, budget, staging_slots=staging, **kwargs)
     if plan is None and plain is None:
-        raise neither_fits(too_small, config, budget, staging_slots=staging, **kwargs)
+        raise neither_fits(too_small, plain_short)
     print()
     print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}")
     if plan is None:  # the model fits without its draft only: why, then that plan
@@ -70,33 +70,32 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def neither_fits(
-    too_small: Exception, config: Any, budget_gb: float, **plan_args: Any
-) -> Exception:
+def neither_fits(too_small: Exception, plain_short: Exception | None) -> Exception:
     """The error for a budget that holds the model neither with its INT4 draft nor without:
-    ``too_small`` (the speculative plan's shortfall) followed by what plain decoding
-    (``--depth 0``) would need, which is less. ``plan_args`` as for :func:`plain_plan`."""
-    from specter_models import MemoryBudgetError, plan_memory
+    ``too_small`` (the speculative plan's shortfall) followed by ``plain_short``, what plain
+    decoding (``--depth 0``) would need, which is less (``plain_plan``'s second value)."""
+    from specter_models import MemoryBudgetError
 
-    try:
-        plan_memory(config, budget_gb, with_draft=False, **plan_args)
-    except MemoryBudgetError as plain:
-        return MemoryBudgetError(
-            f"{too_small} Without the INT4 draft (--depth 0, plain decoding) it does not fit "
-            f"either: {plain}"
-        )
-    return too_small  # plain decoding fits: the caller offers it instead
+    if plain_short is None:
+        return too_small
+    return MemoryBudgetError(
+        f"{too_small} Without the INT4 draft (--depth 0, plain decoding) it does not fit "
+        f"either: {plain_short}"
+    )
 
 
-def plain_plan(config: Any, budget_gb: float | None, **plan_args: Any) -> Any:
+def plain_plan(
+    config: Any, budget_gb: float | None, **plan_args: Any
+) -> tuple[Any, Exception | None]:
     """``specter_models.plan_memory`` of the target alone (no INT4 draft: ``generate --depth
-    0``) at ``budget_gb``, or None: no budget, or it does not fit either. ``plan_args`` go to
+    0``) at ``budget_gb``: ``(plan, None)``; ``(None, shortfall)`` when it does not fit (the
+    ``MemoryBudgetError``); ``(None, None)`` without a budget. ``plan_args`` go to
     ``plan_memory`` (dtype, max_seq_len, staging_slots)."""
     from specter_models import MemoryBudgetError, plan_memory
 
     if budget_gb is None:
-        return None
+        return None, None
     try:
-        return plan_memory(config, budget_gb, with_draft=False, **plan_args)
-    except MemoryBudgetError:
-        return None
+        return plan_memory(config, budget_gb, with_draft=False, **plan_args), None
+    except MemoryBudgetError as exc:
+        return None, exc

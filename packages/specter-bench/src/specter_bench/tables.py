@@ -426,13 +426,22 @@ def _pair(
     """The two sides of a ratio: from the latest ``preferred`` run that measured both, else
     the latest run that did, else the latest of each (``same_run`` False when both exist but
     no run holds both)."""
-    shared = sorted(set(mine) & set(ref))
-    shared = [run for run in shared if run in preferred] or shared
+    shared = _shared_runs(mine, ref, preferred)
     if shared:
         return mine[shared[-1]], ref[shared[-1]], True
     first = mine[max(mine)] if mine else None
     second = ref[max(ref)] if ref else None
     return first, second, first is None or second is None
+
+
+def _shared_runs(
+    mine: dict[str, SystemSummary],
+    ref: dict[str, SystemSummary],
+    preferred: AbstractSet[str] = frozenset(),
+) -> list[str]:
+    """The runs that measured both sides, oldest first: the ``preferred`` ones when any did."""
+    shared = sorted(set(mine) & set(ref))
+    return [run for run in shared if run in preferred] or shared
 
 
 def _recent_ratios(
@@ -442,8 +451,7 @@ def _recent_ratios(
 ) -> list[float]:
     """The ratios of the last ``RECENT_RUNS`` runs that measured both sides (``preferred``
     runs when any did, as :func:`_pair` picks), oldest first."""
-    shared = sorted(set(mine) & set(ref))
-    shared = [run for run in shared if run in preferred] or shared
+    shared = _shared_runs(mine, ref, preferred)
     return [
         mine[run].tpot_ms / ref[run].tpot_ms
         for run in shared[-RECENT_RUNS:]

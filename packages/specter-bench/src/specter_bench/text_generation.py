@@ -246,7 +246,7 @@ def run_generate(args: argparse.Namespace) -> int:
     print(f"loading {args.model} on {device} ...", file=sys.stderr)
     started = time.perf_counter()
     # The draftless plan (None: no budget, or it does not fit): a hint when only it fits.
-    plain = plain_plan(
+    plain, plain_short = plain_plan(
         config, args.gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
         staging_slots=args.stream_staging,
     )  # fmt: skip
@@ -256,10 +256,7 @@ def run_generate(args: argparse.Namespace) -> int:
         if not speculate:
             raise
         if plain is None:
-            raise neither_fits(
-                exc, config, args.gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
-                staging_slots=args.stream_staging,
-            ) from exc  # fmt: skip
+            raise neither_fits(exc, plain_short) from exc
         raise CommandError(
             f"{exc} Without the INT4 draft it fits: --depth 0 decodes plainly with "
             f"{plain.slots_per_layer} FP16 expert slots per layer."

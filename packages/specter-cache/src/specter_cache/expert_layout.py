@@ -101,6 +101,7 @@ class ExpertLayout:
             cursor = _align_up(cursor + spec.nbytes, RECORD_ALIGNMENT)
         self._offsets = offsets
         self._record_bytes = max(cursor, RECORD_ALIGNMENT)
+        self._payload_bytes = sum(s.nbytes for s in specs.values())
 
     @classmethod
     def from_tensors(cls, tensors: Mapping[str, torch.Tensor]) -> ExpertLayout:
@@ -138,7 +139,7 @@ class ExpertLayout:
     @property
     def payload_bytes(self) -> int:
         """Bytes of one expert's tensor data: what one load moves to the device."""
-        return sum(s.nbytes for s in self._specs.values())
+        return self._payload_bytes
 
     @property
     def record_bytes(self) -> int:

@@ -93,7 +93,6 @@ class SpeculativePrefetcher:
         self._timed_upto = 0
         self._planned: list[set[int]] = [set() for _ in range(cache.num_layers)]
         self.pipelined = counter.device.type == "cuda" if pipelined is None else bool(pipelined)
-        self._expert_bytes = [cache.store.expert_bytes(layer) for layer in range(cache.num_layers)]
         self._pending: tuple[int, PendingSnapshot] | None = None  # (tokens done, snapshot)
         on_cuda = counter.device.type == "cuda"
         self.deferred_close = on_cuda if deferred_close is None else bool(deferred_close)
@@ -228,7 +227,7 @@ class SpeculativePrefetcher:
             self._planned[layer].update(experts)
             new = cache.lookup(layer, experts)[1]
             batch_experts += len(new)
-            batch_bytes += len(new) * self._expert_bytes[layer]
+            batch_bytes += len(new) * cache.store.expert_bytes(layer)
             # Only evictable slots can take a prefetch: pinned ones (a hot set) hold their
             # experts for good, planned or not.
             pinned = set(cache.pinned(layer))
