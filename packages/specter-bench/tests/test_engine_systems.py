@@ -35,7 +35,9 @@ def test_every_engine_system_matches_transformers_greedy(arch):
         arch, slots_per_layer=3, policy="predictive", hot_experts=[[0, 5]] * layers, **fills,
         **kwargs,
     )  # fmt: skip
-    lru_load = specter_models.load(arch, slots_per_layer=3, policy="lru", draft=None, **kwargs)
+    lru_load = specter_models.load(
+        arch, slots_per_layer=3, policy="lru", draft=None, **fills, **kwargs
+    )  # specter-plain-fill fills
     reference = build_reference_model(arch, seed=3, device="cpu", dtype=torch.float64)
     prompt = _prompt(1, spec_load.config.vocab_size)
     expected = HFRunner(reference, "hf-default").generate(prompt, 14).tokens

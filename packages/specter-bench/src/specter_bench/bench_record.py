@@ -51,12 +51,15 @@ SYSTEM_NAMES = (
     "specter-row-cut",
     "specter-fill",
     "specter-staged",
+    "specter-plain",
+    "specter-plain-fill",
 )
 """Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft
-kernel, with row truncation, with streamed fills, and with staged streaming."""
+kernel, with row truncation, with streamed fills, and with staged streaming; then the
+engine decoding plainly on the streamed path without a draft, without and with fills."""
 
 EXPERIMENT_KINDS = (
     "working_set",

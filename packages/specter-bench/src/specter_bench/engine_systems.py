@@ -18,6 +18,8 @@ specter-unfused-draft  yes          yes       expert-wise   per-expert  predicti
 specter-row-cut        yes          yes       expert-wise   INT4 + hot  predictive   load
 specter-fill           yes          yes       expert-wise   INT4 + hot  predictive   stream*
 specter-staged         yes          yes       expert-wise   INT4 + hot  predictive   stream+
+specter-plain          no           no        (one row)     none        LRU          stream
+specter-plain-fill     no           no        (one row)     none        LRU          stream*
 =====================  ===========  ========  ============  ==========  ===========  ======
 
 "misses": how a verification meets experts without a slot (specter-models' ``miss_path``):
@@ -141,6 +143,17 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-row-cut", row_truncation=True, miss_path="load"),
         _variant("specter-fill", stream_fills=FILL_CANDIDATES),
         _variant("specter-staged", stream_staging=STAGING_SLOTS),
+        EngineSystem("specter-plain", False, False, "expert", False, "lru", miss_path="stream"),
+        EngineSystem(
+            "specter-plain-fill",
+            False,
+            False,
+            "expert",
+            False,
+            "lru",
+            miss_path="stream",
+            stream_fills=FILL_CANDIDATES,
+        ),
     )
 }
 """Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans
@@ -203,10 +216,16 @@ class DecodeWindow:
     """
 
     def __init__(
-        self, cache: Any, inner: Any | None, on_decode_start: Callable[[], None] | None = None
+        self,
+        cache: Any,
+        inner: Any | None,
+        on_decode_start: Callable[[], None] | None = None,
+        *,
+        streamed_plain: bool = False,
     ) -> None:
         self.cache = cache
         self.inner = inner
+        self.streamed_plain = streamed_plain
         self.on_decode_start = on_decode_start
         self.started = False
 
@@ -226,9 +245,11 @@ class DecodeWindow:
             self.inner.on_draft_token(index)
 
     def plain_steps_may_overlap(self) -> bool:
-        """True when every expert is resident (an unlimited budget): plain steps then have
-        no cache work to keep in order, so the controller queues them one ahead."""
-        return self.cache.every_layer_resident()
+        """True when plain steps have no cache work to keep in order, so the controller
+        queues them one ahead: every expert is resident (an unlimited budget), or the
+        system decodes plainly on the streamed path without prefetches (``streamed_plain``:
+        its steps load nothing; what they stream and fill is counted in order)."""
+        return self.streamed_plain or self.cache.every_layer_resident()
 
     def on_verify_start(self, num_tokens: int) -> None:
         if self.inner is not None:
@@ -275,7 +296,12 @@ class EngineSystemRunner:
         self.system = system
         self.depth = depth if system.speculate else 0
         self.window = DecodeWindow(
-            loaded.cache, loaded.prefetcher if system.prefetch else None, self._start_decoding
+            loaded.cache,
+            loaded.prefetcher if system.prefetch else None,
+            self._start_decoding,
+            streamed_plain=(
+                not system.speculate and not system.prefetch and system.miss_path == "stream"
+            ),
         )
         self.controller = SpecController(
             loaded.draft if system.speculate else None,

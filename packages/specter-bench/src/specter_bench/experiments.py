@@ -295,7 +295,9 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
             key=lambda s: s != "specter",
         )
     )
-    wants_lru = "lru" in tpot
+    # The engine without a draft (``lru``, streamed plain decoding): at a budget, a load of
+    # its own, whose slots take the draft's memory.
+    draftless = tuple(s for s in tpot if s in ENGINE_SYSTEMS and not ENGINE_SYSTEMS[s].needs_draft)
     # Ablations and the sweep run at the high budget (unlimited when no finite budget), in a
     # stage of their own after every budget's target systems: under a time limit the cells
     # the targets compare are measured first.
@@ -303,14 +305,14 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
     first_draft_stage = True
     for budget in _order(budgets):
         on_draft = list(engine_spec)
-        if budget is None and wants_lru:
-            on_draft.append("lru")  # unlimited: every expert resident, the draft costs no slot
+        if budget is None:
+            on_draft += draftless  # unlimited: every expert resident, the draft costs no slot
         do_routing = routing and first_draft_stage
         if on_draft or do_routing:
             stages += _draft_stages(budget, on_draft, routing=do_routing)
             first_draft_stage = False
-        if budget is not None and wants_lru:
-            stages.append(Stage("engine", budget, ("lru",), with_draft=False, policy="lru"))
+        if budget is not None and draftless:
+            stages.append(Stage("engine", budget, draftless, with_draft=False, policy="lru"))
     extras = [s for s in ablations if s not in engine_spec]
     if extras or sweep:
         stages += _draft_stages(
