@@ -184,3 +184,35 @@ def test_streaming_loads_keep_a_waves_map_entry_until_the_wave_ran():
     torch.cuda.synchronize()
     assert int(seen) == 0
     assert cache.expert_to_slot(0).tolist() == [-1, -1, 0, -1]
+
+
+def test_held_copies_wait_for_the_last_streamed_verification_not_the_one_launched_after():
+    # prefetch(lead=0) issues the waits now: the held copies go out after a verification
+    # launched in between (release_copies), wait only for the verification before it, and
+    # overwrite the victim's slot after that one read it.
+    store, ref = build_store(1, 4, LAYOUT, seed=7)
+    cache = ExpertCache(store, slots_per_layer=1, device="cuda")
+    cache.streaming = True
+    cache.prefetch({0: [1]})
+    cache.synchronize()
+    x = torch.randn(8, 256, device="cuda")
+    torch.cuda._sleep(SLEEP_CYCLES)  # the last streamed verification reads slot 0 late
+    out = x @ cache.slot_tensors(0)["w"][0].T
+    cache.mark_streamed_use()
+    cache.prefetch({0: [2]}, lead=0)
+    assert cache.copies_held == 1
+    cache.stream_guard()
+    seen = cache.expert_to_slot(0).clone()  # the verification launched now reads the map
+    torch.cuda._sleep(SLEEP_CYCLES)  # ... and runs long
+    running = cache.copy_engine.record_compute()
+    assert cache.release_copies() == 1
+    cache.mark_streamed_use()
+    with cache.copy_engine.copy_context():
+        landed = cache.copy_engine.record()
+    landed.synchronize()
+    assert not running.query()  # the held copy did not wait for the verification after it
+    torch.cuda.synchronize()
+    assert seen.tolist() == [-1, -1, -1, -1]  # expert 1 off the map, expert 2 not yet on
+    torch.testing.assert_close(out.cpu(), x.cpu() @ ref[(0, 1)]["w"].T, rtol=1e-3, atol=1e-3)
+    assert cache.expert_to_slot(0).tolist() == [-1, -1, 0, -1]
+    torch.testing.assert_close(cache.slot_tensors(0)["w"][0].cpu(), ref[(0, 2)]["w"])

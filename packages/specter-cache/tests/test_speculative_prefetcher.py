@@ -273,9 +273,10 @@ def test_plain_steps_may_overlap_only_once_every_expert_is_resident(make_store):
     assert not budgeted.plain_steps_may_overlap()
 
 
-def _iterations(pf, cache, seed, watch=None):
+def _iterations(pf, cache, seed, watch=None, launched=None):
     """Twelve random draft/verify iterations on a 3-layer, 10-expert cache; ``watch`` is
-    called after each ``on_verify_end``. Returns the prefetcher's stats (timings dropped)."""
+    called after each ``on_verify_end``, ``launched`` where a verification would launch.
+    Returns the prefetcher's stats (timings dropped)."""
     rng = random.Random(seed)
     for _ in range(12):
         depth = rng.choice([0, 1, 3, 6])
@@ -288,6 +289,8 @@ def _iterations(pf, cache, seed, watch=None):
             }
             draft_token(pf, i, draft)
         pf.on_verify_start(depth + 1)
+        if launched is not None:
+            launched()
         for layer in range(3):  # a streamed verification: its counts come after the forward
             needed = sorted({e for row in target for e in row[layer]})
             streamed = cache.lookup(layer, needed)[1]
@@ -322,3 +325,32 @@ def test_a_deferred_close_keeps_every_count_and_waits_for_the_next_draft(make_st
 def test_deferred_close_is_on_by_default_only_on_cuda(make_store):
     _, _, pf = make(make_store)
     assert pf.deferred_close is False  # CPU counters: the close runs in on_verify_end
+
+
+def test_verify_lead_holds_the_verifications_late_copies_and_keeps_every_count(make_store):
+    results = []
+    for lead in (None, 0, 1):
+        # Pipelined, as on CUDA: the draft's last snapshot is planned at verification start.
+        cache, _, pf = make(make_store, layers=3, experts=10, slots=4, chunk=2, pipelined=True)
+        cache.streaming = True
+        pf.verify_lead = lead
+        held: list[int] = []
+
+        def launched(cache=cache, held=held):  # what the streamed target does at its launch
+            held.append(cache.copies_held)
+            cache.release_copies()
+
+        results.append((_iterations(pf, cache, 5, launched=launched), held))
+    (base, none_held), (zero, zero_held), (one, one_held) = results
+    assert base == zero == one  # plans, prefetches and counters: held copies are only late
+    assert set(none_held) == {0}
+    assert sum(zero_held) > 0
+    assert [max(0, n - 1) for n in zero_held] == one_held  # one load goes out at once
+
+
+@pytest.mark.parametrize("lead", [-2, 0.5, False])
+def test_verify_lead_must_be_none_or_a_count(make_store, lead):
+    store, _ = make_store(1, 4, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=2, device="cpu")
+    with pytest.raises(ValueError, match=rf"verify_lead must be None .* got {lead!r}"):
+        SpeculativePrefetcher(cache, RoutingCounter(1, 4, "cpu"), verify_lead=lead)

@@ -201,3 +201,101 @@ def test_count_later_needs_a_callable(make_store):
     cache = ExpertCache(store, slots_per_layer=2, device="cpu")
     with pytest.raises(TypeError, match="count_later needs a callable, got int"):
         cache.count_later(3)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ held data copies (lead)
+def _streaming_cache_with_victims(make_store):
+    """A streamed 2-layer, 6-expert, 2-slot cache on deferred copies, full after a first
+    prefetch, so the next loads evict."""
+    store, ref = make_store(2, 6)
+    engine = DeferredCopyEngine("cpu")
+    cache = ExpertCache(store, slots_per_layer=2, device="cpu", copy_engine=engine)
+    cache.prefetch({0: [0, 1], 1: [0, 1]})
+    engine.synchronize()
+    cache.streaming = True
+    return store, ref, engine, cache
+
+
+def test_a_prefetch_with_lead_issues_every_invalidation_and_holds_the_late_data(make_store):
+    store, ref, engine, cache = _streaming_cache_with_victims(make_store)
+    per_load = len(store.layout(0).names) + 1  # the data copies and the map entry
+    issued = cache.prefetch({0: [4, 5], 1: [3]}, lead=1)
+    assert issued == {0: [4, 5], 1: [3]}  # the host decided all three loads
+    assert cache.copies_held == 2
+    assert engine.pending == 3 + per_load  # three victims off the map, one load's data
+    engine.synchronize()
+    maps = [cache.expert_to_slot(layer).tolist() for layer in (0, 1)]
+    evicted = [e for layer in (0, 1) for e in (0, 1) if maps[layer][e] == -1]
+    assert len(evicted) == 3  # every victim is off its map before any held copy goes out
+    assert maps[0][4] == cache.slot_of(0, 4)  # the lead load landed
+    assert maps[0][5] == -1
+    assert maps[1][3] == -1
+    cache.stream_guard()  # the launch path does not release
+    assert cache.copies_held == 2
+    assert cache.release_copies() == 2
+    assert cache.copies_held == 0
+    assert cache.release_copies() == 0
+    assert engine.pending == 2 * per_load
+    engine.synchronize()
+    for layer, e in ((0, 4), (0, 5), (1, 3)):
+        slot = cache.slot_of(layer, e)
+        assert cache.expert_to_slot(layer)[e].item() == slot
+        for name in store.layout(layer).names:
+            assert torch.equal(cache.slot_tensors(layer)[name][slot], ref[(layer, e)][name])
+    assert len(cache.completed_transfers()) == 3  # the first batch, the lead, the held
+
+
+def test_lead_zero_holds_every_data_copy_and_lead_is_ignored_off_the_streamed_path(make_store):
+    _store, _, engine, cache = _streaming_cache_with_victims(make_store)
+    cache.prefetch({0: [4]}, lead=0)
+    assert cache.copies_held == 1
+    assert engine.pending == 1  # the victim's invalidation only
+    cache.release_copies()
+    cache.streaming = False
+    cache.prefetch({0: [5]}, lead=0)  # the acquire path copies everything at once
+    assert cache.copies_held == 0
+
+
+# Every method that issues copies or reads their readiness releases held copies first.
+_RELEASING_CALLS = {
+    "prefetch": lambda c: c.prefetch({1: [5]}),
+    "acquire": lambda c: c.acquire(1, [0]).close(),
+    "pin": lambda c: c.pin(1, [0]),
+    "unpin": lambda c: c.unpin(1, [0]),
+    "prepare_fills": lambda c: c.prepare_fills(1),
+    "synchronize": lambda c: c.synchronize(),
+    "completed_transfers": lambda c: c.completed_transfers(),
+    "stats": lambda c: c.stats(),
+    "reset_stats": lambda c: c.reset_stats(),
+    "streaming": lambda c: setattr(c, "streaming", False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RELEASING_CALLS))
+def test_held_copies_go_out_before_any_method_that_issues_or_reads_copies(make_store, name):
+    _, _, engine, cache = _streaming_cache_with_victims(make_store)
+    cache.prefetch({0: [4, 5]}, lead=0)
+    enqueued = engine.enqueued
+    assert cache.copies_held == 2
+    _RELEASING_CALLS[name](cache)
+    assert cache.copies_held == 0
+    assert engine.enqueued > enqueued
+    engine.synchronize()
+    assert cache.expert_to_slot(0)[[4, 5]].tolist() == [cache.slot_of(0, 4), cache.slot_of(0, 5)]
+
+
+@pytest.mark.parametrize("name", ["lookup", "take_needed", "expire_prefetches", "slot_states"])
+def test_host_side_reads_leave_held_copies_held(make_store, name):
+    _, _, _, cache = _streaming_cache_with_victims(make_store)
+    cache.prefetch({0: [4]}, lead=0)
+    _SETTLING_CALLS[name](cache)
+    cache.settle()
+    assert cache.copies_held == 1
+    assert cache.lookup(0, [4]) == ([4], [])  # decided on the host: resident for planning
+
+
+@pytest.mark.parametrize("lead", [-1, 1.5, True, "2"])
+def test_prefetch_rejects_a_bad_lead(make_store, lead):
+    _, _, _, cache = _streaming_cache_with_victims(make_store)
+    with pytest.raises(ValueError, match=rf"lead must be None .* got {lead!r}"):
+        cache.prefetch({0: [4]}, lead=lead)

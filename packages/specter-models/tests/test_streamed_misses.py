@@ -413,3 +413,41 @@ def test_deferred_counts_keep_sampled_tokens_for_one_seed(checkpoints):
     later = _speculate_with_counts(folder, prompt, deferred=True, sampled=True)
     assert later[:3] == now[:3]  # tokens, the cache's and the prefetcher's counters
     assert now[2]["accepted_tokens"] < now[2]["draft_tokens"]  # some proposals rejected
+
+
+def test_held_prefetch_copies_go_out_after_the_verification_launch(checkpoints, arch_name):
+    # SpeculativePrefetcher(verify_lead=0): every data copy of a verification's plan waits
+    # for the streamed target's launch. On the CPU the forward then runs before them, so
+    # the held experts are streamed: more streamed reads, the same tokens.
+    from specter_spec import SpecController
+
+    folder = checkpoints[arch_name]
+    prompt = random_prompt(6, 96, seed=29)[0].tolist()
+    runs = {}
+    for lead in (None, 0):
+        lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream")
+        lm.prefetcher.verify_lead = lead
+        lm.prefetcher.pipelined = True  # as on CUDA: the last snapshot plans at the launch
+        held: list[tuple[int, int]] = []
+        forward = lm.target.forward
+
+        def watched(ids, start, lm=lm, held=held, forward=forward):
+            before = lm.cache.copies_held
+            logits = forward(ids, start)
+            held.append((before, lm.cache.copies_held))
+            return logits
+
+        lm.target.forward = watched
+        # K = 1, as the adaptive depth picks at DeepSeek's 24 GB: every plan is made at a
+        # verification's start.
+        controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=1)
+        tokens = controller.generate(prompt, max_new_tokens=16).tokens
+        runs[lead] = (tokens, held, lm.cache.stats()["total"])
+    plain_lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3)
+    plain = SpecController(None, plain_lm.target, depth=0).generate(prompt, max_new_tokens=16)
+    assert runs[0][0] == runs[None][0] == plain.tokens
+    assert max(before for before, _ in runs[0][1]) > 0  # held at the launch
+    assert {before for before, _ in runs[None][1]} == {0}
+    assert {after for _, after in runs[0][1]} == {0}  # released by the forward
+    assert runs[0][2]["prefetch_loads"] == runs[None][2]["prefetch_loads"] > 0
+    assert runs[0][2]["streamed_reads"] > runs[None][2]["streamed_reads"]

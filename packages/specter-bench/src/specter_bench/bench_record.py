@@ -51,6 +51,8 @@ SYSTEM_NAMES = (
     "specter-row-cut",
     "specter-fill",
     "specter-staged",
+    "specter-held",
+    "specter-held0",
     "specter-plain",
     "specter-plain-fill",
 )

@@ -18,6 +18,8 @@ specter-unfused-draft  yes          yes       expert-wise   per-expert  predicti
 specter-row-cut        yes          yes       expert-wise   INT4 + hot  predictive   load
 specter-fill           yes          yes       expert-wise   INT4 + hot  predictive   stream*
 specter-staged         yes          yes       expert-wise   INT4 + hot  predictive   stream+
+specter-held           yes          yes       expert-wise   INT4 + hot  predictive   stream
+specter-held0          yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-plain          no           no        (one row)     none        LRU          stream
 specter-plain-fill     no           no        (one row)     none        LRU          stream*
 =====================  ===========  ========  ============  ==========  ===========  ======
@@ -37,6 +39,12 @@ buffer, where the expert kernel reads them (specter-models' ``stream_staging``; 
 in other dtypes it runs unstaged, and its records say ``stream_staging`` 0). It stays a
 variant: with the 32-column per-pair tile it no longer pays (DeepSeek-V2-Lite at 24 GB on
 the H200: 12.81 ms against ``specter``'s 12.64 ms, one process; docs/benchmarks.md).
+
+``specter-held`` and ``specter-held0`` are ``specter`` whose verification launches before
+most of its plan's data copies are issued: the first ``HELD_LEAD`` loads (or none) go out
+before it, the rest right after (specter-cache's ``verify_lead``), so the host's copy calls
+overlap the verification instead of delaying it; a held expert that has not landed when its
+layer runs is streamed.
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
 ``hot_experts``): the experts ``choose_hot_experts`` picks from a calibration routing stay
@@ -103,6 +111,9 @@ class EngineSystem:
         stream_staging: on the streamed path, experts per layer a verification stages into
             the device buffer before its expert kernel (0: none; at most the buffer the
             model was loaded with).
+        verify_lead: on the streamed path, loads of a verification's plan whose data copies
+            go out before its launch, the rest right after it (specter-cache's
+            ``SpeculativePrefetcher(verify_lead=)``; None: all before).
     """
 
     name: str
@@ -117,6 +128,12 @@ class EngineSystem:
     miss_path: str = "load"
     stream_fills: int = 0
     stream_staging: int = 0
+    verify_lead: int | None = None
+
+
+HELD_LEAD = 4
+"""Loads of a verification's plan ``specter-held`` copies before the launch (the first
+layers' experts, so they land before the verification reaches them)."""
 
 
 _SPECTER = EngineSystem(
@@ -143,6 +160,8 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-row-cut", row_truncation=True, miss_path="load"),
         _variant("specter-fill", stream_fills=FILL_CANDIDATES),
         _variant("specter-staged", stream_staging=STAGING_SLOTS),
+        _variant("specter-held", verify_lead=HELD_LEAD),
+        _variant("specter-held0", verify_lead=0),
         EngineSystem("specter-plain", False, False, "expert", False, "lru", miss_path="stream"),
         EngineSystem(
             "specter-plain-fill",
@@ -332,6 +351,9 @@ class EngineSystemRunner:
             loaded.stream_fills = system.stream_fills
         if hasattr(loaded, "stream_staging"):
             use_staging(loaded, system.stream_staging)
+        prefetcher = getattr(loaded, "prefetcher", None)
+        if prefetcher is not None and hasattr(prefetcher, "verify_lead"):
+            prefetcher.verify_lead = system.verify_lead
         runtime = getattr(loaded, "runtime", None)
         if runtime is not None and hasattr(runtime, "row_truncation"):
             runtime.row_truncation = self._row_truncation  # priced at the loader's bandwidth

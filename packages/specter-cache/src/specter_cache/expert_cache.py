@@ -452,6 +452,7 @@ class ExpertCache:
         self._streamed_use: TransferEvent | None = None
         self._map_columns: torch.Tensor | None = None  # [L, E] column ids (commit_fills)
         self._pending_counts: list[Callable[[], None]] = []  # count_later's, oldest first
+        self._held: list[tuple[int, int, int, int]] = []  # prefetch(lead=)'s data copies
 
     @staticmethod
     def _resolve_slots(
@@ -605,7 +606,11 @@ class ExpertCache:
         self._policy.set_plan(self._check_plan(plan))
 
     def prefetch(
-        self, plan: Mapping[int, Sequence[int]], *, set_plan: bool = False
+        self,
+        plan: Mapping[int, Sequence[int]],
+        *,
+        set_plan: bool = False,
+        lead: int | None = None,
     ) -> dict[int, list[int]]:
         """Start loading the planned experts that are not resident, asynchronously.
 
@@ -618,14 +623,35 @@ class ExpertCache:
         every data copy, and each event the copy stream must wait for is waited for once
         (the copies stay in plan order; a layer's loads share one readiness event).
 
+        With ``lead`` on the streamed path, only the first ``lead`` loads' data copies are
+        issued now; the others' are *held* until :meth:`release_copies`, so a caller can
+        launch a streamed verification first and issue the rest while it runs (their host
+        time then overlaps the device's work). Everything that makes a held copy safe is
+        issued now: the invalidation of every evicted expert and the copy stream's waits for
+        every slot's last use and the last streamed verification. A held expert keeps its
+        ``-1`` on the device map until its copy lands, so a verification launched in between
+        streams it, with the same bits.
+
         Args:
             plan: ``layer -> ranked expert ids``.
             set_plan: hand the plan to the policy first, as :meth:`set_plan` does (one
                 validation for both).
+            lead: loads whose data copies go out now (None: all); applies on the streamed
+                path only (the acquire path issues every copy at once).
 
         Returns:
-            ``layer -> experts whose loads were issued`` (each with a readiness event).
+            ``layer -> experts whose loads were issued or held`` (each with a readiness
+            event once its copies are issued).
+
+        Raises:
+            ValueError: a bad plan, or ``lead`` that is not None or an int >= 0.
         """
+        if lead is not None and (not isinstance(lead, int) or isinstance(lead, bool) or lead < 0):
+            raise ValueError(
+                f"lead must be None (issue every data copy now) or an int >= 0 (data copies "
+                f"issued before the rest are held for release_copies), got {lead!r}"
+            )
+        self.release_copies()
         self.settle()
         checked = self._check_plan(plan)
         if set_plan:
@@ -659,8 +685,25 @@ class ExpertCache:
             st.bytes_moved += nbytes
             issued[layer] = loaded
         if loads:
-            self._copy_in(loads)
+            self._copy_in(loads, lead=lead if self._streaming else None)
         return issued
+
+    @property
+    def copies_held(self) -> int:
+        """Loads whose data copies :meth:`prefetch` holds for :meth:`release_copies`."""
+        return len(self._held)
+
+    def release_copies(self) -> int:
+        """Issue the data copies :meth:`prefetch` held (``lead``), in plan order; returns how
+        many loads they were. Every method that issues copies or reads readiness (``prefetch``,
+        ``acquire``, ``pin``, ``unpin``, ``prepare_fills``, ``synchronize``,
+        ``completed_transfers``, ``stats``, ``reset_stats``, the ``streaming`` switch) releases
+        first, so a held copy can only be late, never lost or out of order."""
+        held, self._held = self._held, []
+        if held:
+            with self._engine.copy_context():
+                self._copy_data(held, timed=True)
+        return len(held)
 
     def pin(self, layer: int, experts: object) -> list[int]:
         """Keep ``experts`` of ``layer`` resident until :meth:`unpin`.
@@ -683,6 +726,7 @@ class ExpertCache:
                 other one (pin between forwards).
         """
         layer = self._check_layer(layer)
+        self.release_copies()
         self.settle()
         pool = self._pools[layer]
         ids = _as_expert_list(experts, self.num_experts, f"pin(layer={layer})")
@@ -710,6 +754,7 @@ class ExpertCache:
     def unpin(self, layer: int, experts: object) -> list[int]:
         """Make pinned ``experts`` of ``layer`` evictable again; returns those unpinned."""
         layer = self._check_layer(layer)
+        self.release_copies()
         self.settle()
         pool = self._pools[layer]
         ids = _as_expert_list(experts, self.num_experts, f"unpin(layer={layer})")
@@ -743,6 +788,7 @@ class ExpertCache:
             ValueError: bad layer or expert ids.
         """
         layer = self._check_layer(layer)
+        self.release_copies()
         self.settle()
         return Acquisition(self, layer, experts)
 
@@ -757,6 +803,7 @@ class ExpertCache:
 
     @streaming.setter
     def streaming(self, enabled: bool) -> None:
+        self.release_copies()
         self.settle()
         self._streaming = bool(enabled)
 
@@ -851,6 +898,7 @@ class ExpertCache:
         Raises:
             ValueError: ``spares_per_layer`` is not an int >= 1.
         """
+        self.release_copies()
         self.settle()
         if (
             not isinstance(spares_per_layer, int)
@@ -1028,7 +1076,8 @@ class ExpertCache:
         return out
 
     def synchronize(self) -> None:
-        """Block the host until every issued copy has completed."""
+        """Block the host until every issued copy (and held one) has completed."""
+        self.release_copies()
         self._engine.synchronize()
 
     # ------------------------------------------------------------------------- statistics
@@ -1037,6 +1086,7 @@ class ExpertCache:
 
         Never blocks: batches still in flight are kept for a later call.
         """
+        self.release_copies()
         done, keep = [], []
         for item in self._transfers:
             (done if item[2].query() else keep).append(item)
@@ -1058,6 +1108,7 @@ class ExpertCache:
         On CUDA this waits for the stall-timing events it reads (a host sync): call it
         outside the decode loop.
         """
+        self.release_copies()
         self.settle()
         self._resolve_stalls(block=True)
         out = self._stats.as_dict()
@@ -1069,6 +1120,7 @@ class ExpertCache:
     def reset_stats(self) -> None:
         """Zero every counter (pending stall timings are dropped; pending counts are made
         first, then zeroed with the rest)."""
+        self.release_copies()
         self.settle()
         self._stall_events.clear()
         self._stats.reset()
@@ -1145,7 +1197,12 @@ class ExpertCache:
         """Enqueue loading ``expert`` into ``slot`` (inside ``copy_context``)."""
         self._copy_in([(layer, expert, slot, self._assign(layer, expert, slot))], timed=False)
 
-    def _copy_in(self, loads: Sequence[tuple[int, int, int, int]], timed: bool = True) -> None:
+    def _copy_in(
+        self,
+        loads: Sequence[tuple[int, int, int, int]],
+        timed: bool = True,
+        lead: int | None = None,
+    ) -> None:
         """Enqueue the copies of ``loads`` (``(layer, expert, slot, evicted expert)``, already
         assigned on the host), in order, each with a readiness event.
 
@@ -1154,7 +1211,9 @@ class ExpertCache:
         device map, after its slot's previous load and last wave (one invalidation for the
         batch: a verification that then finds -1 reads the expert from the host). The map
         entry of a loaded expert is written after its data. ``timed``: time the batch from
-        its first data copy, for the bandwidth estimate (``completed_transfers``).
+        its first data copy, for the bandwidth estimate (``completed_transfers``). ``lead``:
+        issue the data copies of the first ``lead`` loads only and hold the others (see
+        ``prefetch``); the waits and the invalidation above cover them all.
         """
         engine = self._engine
         with engine.copy_context():
@@ -1173,30 +1232,40 @@ class ExpertCache:
                         self._slot_id_views[0],
                         after,
                     )
-            start = engine.record(timing=True) if timed else None
-            nbytes = 0
-            group: list[int] = []  # slots of the layer being loaded, ready at one event
-            for i, (layer, expert, slot, old) in enumerate(loads):
-                pool = self._pools[layer]
-                if not self._streaming and old >= 0:
-                    engine.copy(pool.map_views[old], self._slot_id_views[0])
-                src = self._store.get(layer, expert)
-                for dst, name in zip(pool.slot_views[slot], pool.names, strict=True):
-                    engine.copy(dst, src[name])
-                engine.copy(pool.map_views[expert], self._slot_id_views[slot + 1])
-                self._load_seq += 1
-                pool.load_seq[slot] = self._load_seq
-                nbytes += self._expert_bytes[layer]
-                group.append(slot)
-                if i + 1 == len(loads) or loads[i + 1][0] != layer:
-                    # One readiness event per layer of the batch, after its last load (its
-                    # map entries, which a streamed verification goes by, land one by one).
-                    ready = engine.record()
-                    for s in group:
-                        pool.ready[s] = ready
-                    group = []
-            if start is not None:
-                self._transfers.append((nbytes, start, engine.record(timing=True)))
+            now = loads if lead is None else loads[:lead]
+            self._held.extend(loads[len(now) :])
+            self._copy_data(now, timed)
+
+    def _copy_data(self, loads: Sequence[tuple[int, int, int, int]], timed: bool) -> None:
+        """Enqueue the data copies and map entries of ``loads`` (inside ``copy_context``,
+        after their waits and invalidation), one readiness event per layer run."""
+        if not loads:
+            return
+        engine = self._engine
+        start = engine.record(timing=True) if timed else None
+        nbytes = 0
+        group: list[int] = []  # slots of the layer being loaded, ready at one event
+        for i, (layer, expert, slot, old) in enumerate(loads):
+            pool = self._pools[layer]
+            if not self._streaming and old >= 0:
+                engine.copy(pool.map_views[old], self._slot_id_views[0])
+            src = self._store.get(layer, expert)
+            for dst, name in zip(pool.slot_views[slot], pool.names, strict=True):
+                engine.copy(dst, src[name])
+            engine.copy(pool.map_views[expert], self._slot_id_views[slot + 1])
+            self._load_seq += 1
+            pool.load_seq[slot] = self._load_seq
+            nbytes += self._expert_bytes[layer]
+            group.append(slot)
+            if i + 1 == len(loads) or loads[i + 1][0] != layer:
+                # One readiness event per layer of the batch, after its last load (its
+                # map entries, which a streamed verification goes by, land one by one).
+                ready = engine.record()
+                for s in group:
+                    pool.ready[s] = ready
+                group = []
+        if start is not None:
+            self._transfers.append((nbytes, start, engine.record(timing=True)))
 
     def _wait(self, layer: int, event: TransferEvent) -> None:
         """Make the compute stream wait for ``event``, timing the stall."""

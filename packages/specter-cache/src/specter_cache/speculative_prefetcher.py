@@ -47,6 +47,11 @@ class SpeculativePrefetcher:
         deferred_close: queue ``on_verify_end``'s closing on the cache, to run once the next
             forward is queued (None: on when the counters live on a CUDA device). Every
             decision and statistic sees the same counts either way.
+        verify_lead: at verification start, issue the data copies of this many loads of
+            the plan and hold the rest (``ExpertCache.prefetch(lead=)``) for whoever launches
+            the verification to release after the launch (specter-models' streamed target
+            does); None (the default): every copy before the launch. On the streamed path
+            only; a held expert not yet landed is streamed, with the same bits.
 
     Once every expert of every layer is resident (a budget that holds them all) there is
     nothing to prefetch: boundaries are skipped, with no snapshot and no host sync.
@@ -68,6 +73,7 @@ class SpeculativePrefetcher:
         top_m: int | Sequence[int] | None = None,
         pipelined: bool | None = None,
         deferred_close: bool | None = None,
+        verify_lead: int | None = None,
     ):
         if (counter.num_layers, counter.num_experts) != (cache.num_layers, cache.num_experts):
             raise ValueError(
@@ -96,6 +102,14 @@ class SpeculativePrefetcher:
         self._pending: tuple[int, PendingSnapshot] | None = None  # (tokens done, snapshot)
         on_cuda = counter.device.type == "cuda"
         self.deferred_close = on_cuda if deferred_close is None else bool(deferred_close)
+        if verify_lead is not None and (
+            not isinstance(verify_lead, int) or isinstance(verify_lead, bool) or verify_lead < 0
+        ):
+            raise ValueError(
+                f"verify_lead must be None (every copy before the verification) or an int >= 0 "
+                f"(loads issued before its launch), got {verify_lead!r}"
+            )
+        self.verify_lead = verify_lead
         self.reset_stats()
 
     # ------------------------------------------------------------------ observer protocol
@@ -151,7 +165,9 @@ class SpeculativePrefetcher:
         self.cache.settle()
         if self._pending is not None:
             # A snapshot of every draft token is the last one: it is the final boundary.
-            self._finish_boundary(drafting_done=self._pending[0] == self._tokens_done)
+            self._finish_boundary(
+                drafting_done=self._pending[0] == self._tokens_done, lead=self.verify_lead
+            )
         if (
             self._drafting
             and self.planner.predicting
@@ -159,7 +175,7 @@ class SpeculativePrefetcher:
             and not self.cache.every_layer_resident()
         ):
             self._pending = (self._tokens_done, self.counter.snapshot_async(self.top_m))
-            self._finish_boundary(drafting_done=True)
+            self._finish_boundary(drafting_done=True, lead=self.verify_lead)
         self.planner.end_draft()
         self.counter.clear()
         self._drafting = False
@@ -213,8 +229,9 @@ class SpeculativePrefetcher:
                 self._timed_upto = j
                 break
 
-    def _finish_boundary(self, *, drafting_done: bool) -> None:
-        """Read the pending snapshot (one small device-to-host copy), plan and prefetch."""
+    def _finish_boundary(self, *, drafting_done: bool, lead: int | None = None) -> None:
+        """Read the pending snapshot (one small device-to-host copy), plan and prefetch
+        (``lead``: as ``ExpertCache.prefetch``'s, at verification start)."""
         assert self._pending is not None
         tokens_done, snapshot = self._pending
         self._pending = None
@@ -240,7 +257,7 @@ class SpeculativePrefetcher:
             remaining_slots=remaining,
             drafting_done=drafting_done,
         )
-        issued = cache.prefetch(plan, set_plan=True)  # the policy gets the plan first
+        issued = cache.prefetch(plan, set_plan=True, lead=lead)  # the policy gets it first
         st = self._stats
         st["boundaries"] += 1
         st["prefetch_issued"] += sum(len(v) for v in issued.values())

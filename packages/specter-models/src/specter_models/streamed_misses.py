@@ -211,6 +211,9 @@ class StreamRecord:
             succeeded = True
         finally:
             self.active = False
+            # The forward is launched: the prefetch's held data copies go out beside it
+            # (SpeculativePrefetcher(verify_lead=)); their waits were issued before it.
+            cache.release_copies()
             if succeeded and filling:
                 cache.commit_fills(self.fills)
             cache.mark_streamed_use()
