@@ -265,6 +265,12 @@ def test_plain_steps_overlap_only_with_every_expert_resident():
     assert full.cache.slots_per_layer[0] == config.num_experts
     assert DecodeWindow(full.cache, None).plain_steps_may_overlap()
     assert not DecodeWindow(budgeted.cache, None).plain_steps_may_overlap()
+    # Streamed plain decoding loads nothing between steps: its steps may overlap anywhere.
+    assert DecodeWindow(budgeted.cache, None, streamed_plain=True).plain_steps_may_overlap()
+    for name, streamed in (("specter-plain", True), ("specter-plain-fill", True), ("lru", False)):
+        runner = EngineSystemRunner(budgeted, ENGINE_SYSTEMS[name])
+        assert runner.window.streamed_plain is streamed, name
+        assert runner.window.plain_steps_may_overlap() is streamed, name
     reference = build_reference_model("tiny-qwen2-moe", seed=3, device="cpu", dtype=torch.float64)
     prompt = _prompt(2, config.vocab_size)
     expected = HFRunner(reference, "hf-default").generate(prompt, 10).tokens

@@ -59,6 +59,16 @@ def test_other_experiments():
         (20.0, True, True, ("specter",)),
         (20.0, False, False, ("lru",)),
     ]
+    # The engine without a draft shares lru's draftless load at a budget, and the draft's
+    # load at an unlimited one (every expert resident: the draft costs no slot).
+    draftless = _stages(
+        experiment="tpot", systems=("specter", "lru", "specter-plain-fill"), budgets=(16.0, None)
+    )
+    assert [(s.budget_gb, s.with_draft, s.systems) for s in draftless] == [
+        (None, True, ("specter", "lru", "specter-plain-fill")),
+        (16.0, True, ("specter",)),
+        (16.0, False, ("lru", "specter-plain-fill")),
+    ]
     # The first draft load records the routing, a hot-set one included.
     only = _stages(experiment="default", systems=("specter", "spec-lru"), budgets=(24.0,))
     assert [(s.hot_experts, s.routing, s.systems) for s in only][:2] == [
