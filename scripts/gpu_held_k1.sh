@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One device call (twenty-eighth session): the models' streamed CUDA tests in the selection
+# that passed in the morning ("stream or budget"; "stream" alone failed four, see
+# docs/benchmarks.md), then DeepSeek-V2-Lite at 24 GB with `specter` beside `specter-held`
+# at a fixed K = 1 (the adaptive depth wandered apart between the arms of
+# gpu_held_copies.sh), one process.
+#
+#   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_held_k1.sh   (carry .whl)
+# shellcheck source=scripts/gpu-call.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
+begin=$(date +%s)
+cuda_tests_to gpu-tests.txt packages/specter-models/tests/test_cuda.py -k "stream or budget"
+echo "tests done at $(($(date +%s) - begin)) s"
+tpot_cells 200 24 specter,specter-held held-k1-24gb 3.0 --depth 1
+echo "done at $(($(date +%s) - begin)) s"
