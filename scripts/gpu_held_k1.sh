@@ -13,3 +13,12 @@ cuda_tests_to gpu-tests.txt packages/specter-models/tests/test_cuda.py -k "strea
 echo "tests done at $(($(date +%s) - begin)) s"
 tpot_cells 200 24 specter,specter-held held-k1-24gb 3.0 --depth 1
 echo "done at $(($(date +%s) - begin)) s"
+# The CLI's new default under a budget: plain decoding streamed with fills (what
+# specter-plain-fill measured), one HumanEval-like prompt, 64 tokens, statistics as JSON.
+timeout 150 python3 -m specter_bench generate --model deepseek-v2-lite --gpu-memory-gb 24 \
+    --depth 0 --max-new-tokens 64 --json --no-stream \
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" \
+    >"$out/generate-depth0-24gb.txt" 2>"$out/generate-depth0-24gb.err"
+tail -n 1 "$out/generate-depth0-24gb.txt" | cut -c1-900
+tail -n 3 "$out/generate-depth0-24gb.err"
+echo "generate done at $(($(date +%s) - begin)) s"

@@ -77,6 +77,40 @@ def test_generate_streams_missing_experts_on_request(capsys):
     assert "invalid choice: 'copy'" in err
 
 
+def test_generate_streams_under_a_budget_by_default_and_fills_when_decoding_plainly(capsys):
+    from specter_bench.model_loading import FILL_CANDIDATES
+    from specter_bench.text_generation import generate_engine_choices
+
+    choices = {
+        (budgeted, speculate): generate_engine_choices(
+            "auto", None, budgeted=budgeted, speculate=speculate
+        )
+        for budgeted in (False, True)
+        for speculate in (False, True)
+    }
+    assert choices == {
+        (False, False): ("load", 0),  # every expert resident: nothing to miss
+        (False, True): ("load", 0),
+        (True, False): ("stream", FILL_CANDIDATES),  # plain: its cache follows by fills
+        (True, True): ("stream", 0),  # speculation: the prefetches keep the free slots
+    }
+    assert generate_engine_choices("load", None, budgeted=True, speculate=False) == ("load", 0)
+    assert generate_engine_choices("stream", 3, budgeted=True, speculate=True) == ("stream", 3)
+    argv = ("generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "8", "--json",
+            "--no-stream", "--slots-per-layer", "2", "--depth", "0", "hi")  # fmt: skip
+    runs = {}
+    for extra in ((), ("--miss-path", "load")):
+        code, out, err = _run(capsys, *argv, *extra)
+        assert code == 0, err
+        runs[extra] = out.strip().splitlines()
+    default = json.loads(runs[()][-1])
+    assert runs[()][:-1] == runs[("--miss-path", "load")][:-1]  # the same text
+    assert default["miss_path"] == "stream"
+    assert default["stream_fills"] == FILL_CANDIDATES
+    assert default["streamed_fills"] > 0
+    assert json.loads(runs[("--miss-path", "load")][-1])["miss_path"] == "load"
+
+
 def test_generate_demo_defaults_apply_to_the_built_in_model_only():
     import argparse
 

@@ -185,11 +185,12 @@ def _add_model_args(
     )
     p.add_argument(
         "--miss-path",
-        default="load",
-        choices=("load", "stream"),
+        default="auto",
+        choices=("auto", "load", "stream"),
         help="how a verification under a budget meets experts without a slot: load them "
-        "into slots (default), or stream them in place from pinned host memory, so the "
-        "verification is one CUDA graph (bench systems choose their own)",
+        "into slots, or stream them in place from pinned host memory, so the verification "
+        "is one CUDA graph (default auto: generate streams under a budget, the measured "
+        "faster path, and loads otherwise; bench systems choose their own)",
     )
 
 
@@ -272,10 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--stream-fills",
         type=_non_negative_int,
-        default=0,
+        default=None,
         help="with --miss-path stream: candidate slots per layer a verification fills with "
-        "the experts it streams, so they stay resident for no extra transfer (default 0: "
-        "none)",
+        "the experts it streams, so they stay resident for no extra transfer (default: as "
+        "the bench's specter-plain-fill for plain decoding, --depth 0, whose cache changes "
+        "only through fills; 0 when speculating, whose prefetches keep the free slots)",
     )
     gen.add_argument(
         "--stream-staging",

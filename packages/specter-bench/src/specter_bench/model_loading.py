@@ -149,13 +149,16 @@ class EngineOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineOptions:
-        """The switches of a parsed ``specter`` command line (its model arguments)."""
+        """The switches of a parsed ``specter`` command line (its model arguments); a miss
+        path or fill count left to ``auto`` (``generate`` resolves its own first) loads and
+        fills nothing."""
+        miss_path = getattr(args, "miss_path", "load")
         return cls(
             args.batch_invariant,
             args.cuda_graphs,
             args.piecewise_graphs,
-            getattr(args, "miss_path", "load"),
-            getattr(args, "stream_fills", 0),
+            "load" if miss_path == "auto" else miss_path,
+            getattr(args, "stream_fills", None) or 0,
             getattr(args, "stream_staging", 0),
             getattr(args, "shared_overlap", None),
         )
