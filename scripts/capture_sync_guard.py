@@ -22,7 +22,7 @@ _seen: set[str] = set()
 def _capturing() -> bool:
     try:
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    except Exception:  # noqa: BLE001 - a query that fails is itself worth no report
+    except Exception:  # a query that fails is itself worth no report
         return False
 
 
@@ -51,5 +51,5 @@ for _owner, _names in (
         _guard(_owner, _name)
 
 
-def pytest_configure(config) -> None:  # noqa: ARG001 - pytest's hook signature
+def pytest_configure(config) -> None:  # pytest's hook signature
     print("capture_sync_guard: host syncs under capture are reported", file=sys.stderr)

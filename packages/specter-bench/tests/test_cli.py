@@ -57,6 +57,44 @@ def test_generate_on_a_preset_streams_and_prints_statistics(capsys):
     assert stats["new_tokens"] == 5
     assert stats["slots_per_layer"] == stats["num_experts"]
     assert stats["device"] == "cpu"
+    assert stats["graphs_captured"] is None  # a CPU model has no CUDA graphs
+
+
+def test_generate_captures_the_decode_graphs_before_decoding(capsys):
+    # On CUDA, generate captures ahead the graphs its steps replay (windows from the prompt
+    # on; one row when decoding plainly), then resets the model, so no timed step captures.
+    from specter_bench.text_generation import capture_decode_graphs
+
+    class Model:
+        cuda_graphs = True
+
+        def __init__(self):
+            self.calls = []
+
+        def capture_step_graphs(self, max_length=None, **kwargs):
+            self.calls.append(("capture", max_length, kwargs))
+            return {"target": 2, "draft": 3} if kwargs["max_rows"] is None else {"target": 1}
+
+        def reset(self):
+            self.calls.append(("reset",))
+
+    for speculate, rows, count in ((True, None, 5), (False, 1, 1)):
+        model = Model()
+        result = capture_decode_graphs(model, prompt_length=37, speculate=speculate)
+        assert model.calls == [
+            ("capture", None, {"min_length": 37, "max_rows": rows}),
+            ("reset",),
+        ]
+        assert result["graphs_captured"] == count
+        assert result["graph_capture_s"] >= 0
+    assert f"captured {count} CUDA graphs" in capsys.readouterr().err
+    Model.cuda_graphs = False
+    model = Model()
+    assert capture_decode_graphs(model, prompt_length=3, speculate=True) == {
+        "graphs_captured": None,
+        "graph_capture_s": None,
+    }
+    assert model.calls == []
 
 
 def test_generate_streams_missing_experts_on_request(capsys):

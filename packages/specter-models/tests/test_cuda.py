@@ -201,6 +201,28 @@ def test_cuda_graphs_captured_ahead_serve_every_decode_step(name):
 
 
 @pytest.mark.parametrize("name", TINY)
+def test_cuda_plain_streamed_decode_replays_the_one_row_graphs_captured_past_the_prompt(name):
+    # What `specter generate --depth 0` captures under a budget: one-row target graphs of
+    # the windows from the prompt on (256 and 320), enough for the whole decode.
+    kwargs = {
+        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
+        "max_seq_len": 320, "miss_path": "stream", "stream_fills": 8,
+    }  # fmt: skip
+    lm = load(name, draft=None, **kwargs)
+    prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
+    assert lm.capture_step_graphs(min_length=len(prompt), max_rows=1) == {"target": 2}
+    lm.reset()
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 40)
+    stats = lm.graph_stats()["target"]
+    assert stats["window_eager"] == 0  # every step replayed a graph captured ahead
+    assert stats["graphs"] == 2
+    assert stats["replays"] >= 39  # a step per token after the first
+    assert lm.cache.stats()["total"]["streamed_fills"] > 0
+    eager = load(name, draft=None, cuda_graphs=False, **kwargs)
+    assert SpecController(None, eager.target, depth=0).generate(prompt, 40).tokens == plain.tokens
+
+
+@pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("verification", ["expert", "token"])
 def test_cuda_piecewise_graphs_under_a_budget_decode_like_eager(name, verification):
     kwargs = {

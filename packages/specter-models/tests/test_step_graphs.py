@@ -9,7 +9,7 @@ import torch
 
 from model_helpers import random_prompt
 from specter_models import load
-from specter_models.step_graphs import StepGraphs, window_mask
+from specter_models.step_graphs import ROW_BUCKETS, StepGraphs, window_mask
 
 
 def _load(source, **kwargs):
@@ -155,6 +155,40 @@ def test_capturing_ahead_needs_cuda_graphs(checkpoints):
     lm.enable_step_graphs(capture=False)
     with pytest.raises(RuntimeError, match="capture=True"):
         lm.target.graphs.capture_ahead()
+
+
+def test_capturing_ahead_visits_the_windows_and_rows_asked_for(checkpoints, monkeypatch):
+    # Capture runs on CUDA only; here each capture's forward is recorded instead of run, so
+    # the windows and row buckets capture_ahead visits can be checked on the CPU.
+    lm = _load(checkpoints["tiny-deepseek-v2"], max_seq_len=600)
+    lm.enable_step_graphs(capture=False)
+    graphs = lm.target.graphs
+    graphs.capture = True  # what a CUDA model has; nothing is captured below
+    visited = []
+    monkeypatch.setattr(
+        graphs,
+        "forward",
+        lambda ids, start: visited.append((start + ids.shape[1], ids.shape[1])),
+    )
+    assert graphs.capture_ahead() == 0  # nothing captured: the forwards were recorded
+    every = list(visited)
+    windows = sorted({end for end, _ in every})
+    assert windows == [256, 512, 600]  # every window up to max_seq_len, the last one cut
+    assert sorted({rows for _, rows in every}) == sorted(
+        {min(b, graphs.max_rows) for b in (*ROW_BUCKETS, graphs.max_rows)}
+    )
+    visited.clear()
+    graphs.capture_ahead(520, min_end=300, max_rows=1)  # a plain decode from 299 positions
+    assert visited == [(512, 1), (600, 1)]
+    visited.clear()
+    graphs.capture_ahead(min_end=513, max_rows=3)
+    assert visited == [(600, 1), (600, 2), (600, 3)]
+    for bad in ({"min_end": 0}, {"max_rows": 0}, {"max_rows": True}, {"min_end": 2.5}):
+        with pytest.raises(ValueError, match="must be a positive int"):
+            graphs.capture_ahead(**bad)
+    with pytest.raises(ValueError, match="past max_end"):
+        graphs.capture_ahead(100, min_end=101)
+    assert lm.kv.cache.get_seq_length() == 0  # cropped back after the capturing forwards
 
 
 @pytest.mark.parametrize("verification", ["expert", "token"])

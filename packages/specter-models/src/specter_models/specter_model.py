@@ -254,10 +254,15 @@ class SpecterModel:
                 capture=capture,
             )
 
-    def capture_step_graphs(self, max_length: int | None = None) -> dict[str, int]:
+    def capture_step_graphs(
+        self, max_length: int | None = None, *, min_length: int = 1, max_rows: int | None = None
+    ) -> dict[str, int]:
         """Capture, now, every graph later decode steps up to ``max_length`` positions need
         (default: the KV cache's ``max_seq_len``), so that no decode pays for a capture;
         then empty the KV cache and the routing counts the capturing forwards left.
+
+        ``min_length`` (the prompt's length plus one, say) leaves out the windows no later
+        step reaches; ``max_rows`` caps the rows captured (1: plain decoding's steps only).
 
         The target's graphs are captured only where they apply (every expert resident, the
         streamed miss path, or piecewise graphs), for the current ``miss_path`` (switching it
@@ -268,6 +273,8 @@ class SpecterModel:
 
         Raises:
             RuntimeError: CUDA graphs are off (``cuda_graphs``).
+            ValueError: ``min_length`` or ``max_rows`` is not a positive int, or
+                ``min_length`` is past ``max_length``.
         """
         if not self.cuda_graphs:
             raise RuntimeError("CUDA graphs are off: load with cuda_graphs=True (a CUDA model)")
@@ -286,7 +293,9 @@ class SpecterModel:
                     else contextlib.nullcontext()
                 )
                 with streamed:
-                    captured[role] = graphs.capture_ahead(max_length)
+                    captured[role] = graphs.capture_ahead(
+                        max_length, min_end=min_length, max_rows=max_rows
+                    )
         finally:
             self.kv.reset()
             self.counter.clear()

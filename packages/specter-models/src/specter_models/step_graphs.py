@@ -351,19 +351,31 @@ class StepGraphs:
         self.cache.set_length(start_pos + rows)  # the padding rows are scratch
         return logits[:, :rows].clone()  # the next replay overwrites the graph's buffer
 
-    def capture_ahead(self, max_end: int | None = None) -> int:
-        """Capture every row bucket's graph for every window up to the one holding
-        ``max_end`` positions (default ``max_seq_len``), so no later forward captures.
+    def capture_ahead(
+        self, max_end: int | None = None, *, min_end: int = 1, max_rows: int | None = None
+    ) -> int:
+        """Capture every row bucket's graph up to ``max_rows`` rows for every window from the
+        one holding ``min_end`` positions to the one holding ``max_end`` (default
+        ``max_seq_len``), so no forward in that range captures.
 
         Each capture first runs its forward eagerly at the window's last positions: that
         writes scratch KV rows (and, for the draft, routing counts), so reset the model
         afterwards (``SpecterModel.capture_step_graphs`` does).
+
+        Args:
+            max_end: the most positions a later forward fills (default ``max_seq_len``).
+            min_end: the fewest (default 1): windows below it are not captured, e.g. those
+                a prompt's prefill has passed already.
+            max_rows: the widest forward to capture (default: this role's ``max_rows``);
+                1 captures plain decoding's steps only.
 
         Returns:
             Graphs captured by this call.
 
         Raises:
             RuntimeError: capture is off, or graphs do not apply to this role now.
+            ValueError: ``min_end`` or ``max_rows`` is not a positive int, or ``min_end``
+                is past ``max_end``.
         """
         if not self.capture:
             raise RuntimeError("capture_ahead needs capture=True (CUDA graphs)")
@@ -373,10 +385,22 @@ class StepGraphs:
                 f"{self.stats.disabled_reason or 'a host decision in its forward'}"
             )
         max_end = self.cache.max_seq_len if max_end is None else max_end
+        for name, value in (("min_end", min_end), ("max_rows", max_rows)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if min_end > max_end:
+            raise ValueError(
+                f"min_end={min_end} is past max_end={max_end}: no window to capture; give a "
+                "min_end at most max_end"
+            )
+        limit = self.max_rows if max_rows is None else min(max_rows, self.max_rows)
         before = self.stats.captures
-        buckets = sorted({min(b, self.max_rows) for b in (*ROW_BUCKETS, self.max_rows)})
-        last = self.window_for(max_end)
-        for window in [*range(self.window_step, last, self.window_step), last]:
+        buckets = sorted({min(b, limit) for b in (*ROW_BUCKETS, limit)})
+        first, last = self.window_for(min_end), self.window_for(max_end)
+        windows = [*range(self.window_step, last, self.window_step), last]
+        for window in [w for w in windows if w >= first]:
             for rows in buckets:
                 if rows > window or not self.active:
                     continue
