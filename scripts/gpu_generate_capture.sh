@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (twenty-ninth session): the CUDA tests of graphs captured ahead; `specter
 # generate` with its graphs captured before decoding (the README's first command, then
-# DeepSeek-V2-Lite at 24 GB plainly and at the adaptive depth); then Qwen1.5-MoE at 14 GB
+# DeepSeek-V2-Lite at 24 GB plainly and at the adaptive depth); the held-copy A/B with its
+# arms swapped; then Qwen1.5-MoE at 14 GB
 # with `specter`, `specter-plain-fill` and `lru`, one process (does streamed plain decoding
 # beat the draft there too, as on DeepSeek at 16 GB?).
 #
@@ -24,5 +25,9 @@ gen default
 prompt="def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 gen depth0-24gb --model deepseek-v2-lite --gpu-memory-gb 24 --depth 0 --max-new-tokens 64 "$prompt"
 gen auto-24gb --model deepseek-v2-lite --gpu-memory-gb 24 --max-new-tokens 64 "$prompt"
-model_cells qwen1.5-moe 230 14 specter,specter-plain-fill,lru qwen-plain-14gb 3.5
+# The held-copy A/B again with the arms in the other order (specter-held first), at K = 1
+# and at the adaptive depth: the first call ran specter first and found held 3-5% faster.
+tpot_cells 150 24 specter-held,specter held-first-k1-24gb 2.2 --depth 1
+tpot_cells 150 24 specter-held,specter held-first-auto-24gb 2.2
+model_cells qwen1.5-moe 200 14 specter,specter-plain-fill,lru qwen-plain-14gb 3.5
 echo "done at $(($(date +%s) - begin)) s"
