@@ -59,6 +59,12 @@ def test_other_experiments():
         (20.0, True, True, ("specter",)),
         (20.0, False, False, ("lru",)),
     ]
+    # Named systems keep their order in a load they share (an A/B's arms either way round);
+    # unnamed, specter comes first.
+    swapped = _stages(experiment="tpot", systems=("specter-held", "specter"), budgets=(24.0,))
+    assert [s.systems for s in swapped] == [("specter-held", "specter")]
+    engine = [s for s in _stages(experiment="tpot", budgets=(24.0,)) if s.kind == "engine"]
+    assert engine[0].systems[0] == "specter"
     # The engine without a draft shares lru's draftless load at a budget, and the draft's
     # load at an unlimited one (every expert resident: the draft costs no slot).
     draftless = _stages(

@@ -289,10 +289,11 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
     if hf:
         stages.append(Stage("hf", None, hf))
     # Specter first: under a time limit, the system the targets are about is measured first.
+    # Systems named with --systems keep their order (an A/B's arms can run either way round).
     engine_spec = tuple(
         sorted(
             (s for s in tpot if s in ENGINE_SYSTEMS and ENGINE_SYSTEMS[s].needs_draft),
-            key=lambda s: s != "specter",
+            key=lambda s: config.systems is None and s != "specter",
         )
     )
     # The engine without a draft (``lru``, streamed plain decoding): at a budget, a load of
