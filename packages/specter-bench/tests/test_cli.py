@@ -533,6 +533,47 @@ def test_generate_chooses_a_hot_set_on_the_prompt(capsys, monkeypatch):
     assert f"hot_experts={seen['choice'].per_layer})" in err  # the model loaded with it
 
 
+def test_generate_pins_a_prompt_hot_set_by_default_when_speculating_under_a_budget(capsys):
+    from specter_bench.text_generation import generate_hot_experts
+
+    def resolve(choice, speculate=True, budget=24.0, tokens=20):
+        return generate_hot_experts(
+            choice, speculate=speculate, budget_gb=budget, prompt_tokens=tokens
+        )
+
+    assert resolve(None) == "auto"
+    assert resolve(None, speculate=False) is None  # plain decoding has no draft copies
+    assert resolve(None, budget=None) is None  # no budget: every expert resident
+    assert resolve(None, tokens=1) is None  # auto scores each half of the routing
+    assert resolve("none") is None
+    assert resolve("auto", tokens=1) == "auto"  # asked for: its own error says why not
+    assert resolve("hot.json") == "hot.json"
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    plan = specter_models.plan_memory(
+        config, slots_per_layer=4, dtype=torch.float32, max_seq_len=64
+    )  # the budget of test_generate_chooses_a_hot_set_on_the_prompt, where pinning pays
+    budget = str((plan.expected_peak_bytes + plan.expert_bytes) / 1e9)
+    prompt = "def f(x):\n    return x"
+    argv = ("generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "3", "--depth",
+            "2", "--gpu-memory-gb", budget, "--json", "--no-stream", prompt)  # fmt: skip
+    runs = {}
+    for extra in ((), ("--hot-experts", "none")):
+        code, out, err = _run(capsys, *argv, *extra)
+        assert code == 0, err
+        runs[extra] = (json.loads(out.strip().splitlines()[-1]), err)
+    (default, default_err), (none, none_err) = runs[()], runs[("--hot-experts", "none")]
+    assert "the default under a budget, --hot-experts none skips it" in default_err
+    assert default["hot_experts_per_layer"] > 0
+    assert default["slots_per_layer"] > none["slots_per_layer"]  # no INT4 copy of pinned ones
+    assert "choosing the hot set" not in none_err
+    assert none["hot_experts_per_layer"] == 0
+    code, out, err = _run(capsys, *argv[:6], "0", *argv[7:])  # --depth 0: no draft, no hot set
+    assert code == 0, err
+    assert "choosing the hot set" not in err
+    code, _, err = _run(capsys, *argv[:6], "0", *argv[7:], "--hot-experts", "none")
+    assert code == 0, err
+
+
 def test_generate_hot_set_auto_needs_a_budget_and_two_tokens(capsys):
     code, _, err = _run(
         capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "2",

@@ -263,12 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument(
         "--hot-experts",
-        metavar="FILE|auto",
+        metavar="FILE|auto|none",
         default=None,
         help="pin a hot set under the budget: those experts stay in FP16 slots and the draft "
         "computes them in FP16. FILE: a `specter bench` results file with a hot_experts "
         'record at --gpu-memory-gb, or JSON {"hot_experts": [[ids], ...]}; auto: chosen on '
-        "the prompt's routing at --gpu-memory-gb (one extra target-only load)",
+        "the prompt's routing at --gpu-memory-gb (one extra target-only load); none: no hot "
+        "set (default: auto when speculating under --gpu-memory-gb, else none)",
     )
     gen.add_argument(
         "--stream-fills",

@@ -31,7 +31,12 @@ from specter_bench.tables import format_value
 from specter_models import MemoryBudgetError
 from specter_spec import SamplingConfig, SpecController
 
-__all__ = ["capture_decode_graphs", "generation_summary", "run_generate"]
+__all__ = [
+    "capture_decode_graphs",
+    "generate_hot_experts",
+    "generation_summary",
+    "run_generate",
+]
 
 
 def _prompt_text(args: argparse.Namespace) -> str:
@@ -231,6 +236,34 @@ def capture_decode_graphs(loaded: Any, *, prompt_length: int, speculate: bool) -
     return {"graphs_captured": count, "graph_capture_s": seconds}
 
 
+def generate_hot_experts(
+    choice: str | None, *, speculate: bool, budget_gb: float | None, prompt_tokens: int
+) -> str | None:
+    """``generate``'s ``--hot-experts`` with its default resolved.
+
+    By default a speculative decode under a memory budget pins a hot set chosen on the
+    prompt's routing (``auto``), as the bench's ``specter`` pins one: pinned experts need
+    no INT4 draft copy, so the budget holds more FP16 slots, and the draft computes them
+    exactly. On DeepSeek-V2-Lite at 24 GB without one, ``generate`` measured 28.3 ms a
+    token with 30 slots a layer, where the bench's ``specter`` takes 10-11
+    (docs/benchmarks.md, twenty-ninth session). No hot set without a budget (every expert
+    is resident), when decoding plainly (no draft), or for a one-token prompt (``auto``
+    scores each half of the routing on the other).
+
+    Args:
+        choice: the option's value: None (not given), ``"none"``, ``"auto"`` or a file.
+        speculate: the decode drafts (depth other than 0).
+        budget_gb: ``--gpu-memory-gb`` (None: none, or unlimited).
+        prompt_tokens: the prompt's length in tokens.
+
+    Returns:
+        ``"auto"``, a file path, or None (no hot set).
+    """
+    if choice is None:
+        return "auto" if speculate and budget_gb is not None and prompt_tokens >= 2 else None
+    return None if choice == "none" else choice
+
+
 def run_generate(args: argparse.Namespace) -> int:
     """Load, stream the completion to stdout, then print statistics; exit status 0."""
     from specter_bench.cli import CommandError, resolve_device
@@ -287,12 +320,16 @@ def run_generate(args: argparse.Namespace) -> int:
         budgeted=args.gpu_memory_gb is not None or args.slots_per_layer is not None,
         speculate=speculate,
     )
-    if not speculate and args.hot_experts is not None:
+    if not speculate and args.hot_experts not in (None, "none"):
         raise CommandError(
             f"--hot-experts {args.hot_experts} pins experts in place of their INT4 draft copies, "
             "but --depth 0 decodes without a draft (every expert slot is the cache's already): "
             "leave --hot-experts out, or give a depth."
         )
+    chosen_by_default = args.hot_experts is None
+    args.hot_experts = generate_hot_experts(
+        args.hot_experts, speculate=speculate, budget_gb=args.gpu_memory_gb, prompt_tokens=len(ids)
+    )
     hot = None
     if args.hot_experts == "auto":
         if args.gpu_memory_gb is None:
@@ -300,18 +337,31 @@ def run_generate(args: argparse.Namespace) -> int:
                 "--hot-experts auto chooses a hot set for a memory budget: give --gpu-memory-gb."
             )
         print(
-            "choosing the hot set on the prompt's routing (a target-only load) ...", file=sys.stderr
-        )
-        choice = choose_prompt_hot_set(
-            lambda: load(with_draft=False), args.gpu_memory_gb, ids, dtype=dtype,
-            max_seq_len=max_seq_len,
-        )  # fmt: skip
-        print(
-            f"hot set: {choice.per_layer} experts per layer pinned, {choice.slots_per_layer} "
-            "slots per layer",
+            "choosing the hot set on the prompt's routing (a target-only load"
+            + (
+                "; the default under a budget, --hot-experts none skips it"
+                if chosen_by_default
+                else ""
+            )
+            + ") ...",
             file=sys.stderr,
         )
-        hot = choice.hot_experts if choice.per_layer else None
+        try:
+            choice = choose_prompt_hot_set(
+                lambda: load(with_draft=False), args.gpu_memory_gb, ids, dtype=dtype,
+                max_seq_len=max_seq_len,
+            )  # fmt: skip
+        except MemoryBudgetError:
+            if not chosen_by_default:
+                raise
+            choice = None  # the load below says what does not fit, and what would
+        if choice is not None:
+            print(
+                f"hot set: {choice.per_layer} experts per layer pinned, "
+                f"{choice.slots_per_layer} slots per layer",
+                file=sys.stderr,
+            )
+            hot = choice.hot_experts if choice.per_layer else None
     elif args.hot_experts is not None:
         hot = read_hot_experts(args.hot_experts, args.gpu_memory_gb)
     print(f"loading {args.model} on {device} ...", file=sys.stderr)
