@@ -63,7 +63,7 @@ def test_generate_on_a_preset_streams_and_prints_statistics(capsys):
 def test_generate_captures_the_decode_graphs_before_decoding(capsys):
     # On CUDA, generate captures ahead the graphs its steps replay (windows from the prompt
     # on; one row when decoding plainly), then resets the model, so no timed step captures.
-    from specter_bench.text_generation import capture_decode_graphs
+    from specter_bench.text_generation import CAPTURE_AHEAD_POSITIONS, capture_decode_graphs
 
     class Model:
         cuda_graphs = True
@@ -82,7 +82,7 @@ def test_generate_captures_the_decode_graphs_before_decoding(capsys):
         model = Model()
         result = capture_decode_graphs(model, prompt_length=37, speculate=speculate)
         assert model.calls == [
-            ("capture", None, {"min_length": 37, "max_rows": rows}),
+            ("capture", 37 + CAPTURE_AHEAD_POSITIONS, {"min_length": 37, "max_rows": rows}),
             ("reset",),
         ]
         assert result["graphs_captured"] == count

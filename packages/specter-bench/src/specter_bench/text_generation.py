@@ -32,6 +32,7 @@ from specter_models import MemoryBudgetError
 from specter_spec import SamplingConfig, SpecController
 
 __all__ = [
+    "CAPTURE_AHEAD_POSITIONS",
     "capture_decode_graphs",
     "generate_hot_experts",
     "generation_summary",
@@ -204,14 +205,22 @@ def generate_engine_choices(
     return miss_path, stream_fills
 
 
+CAPTURE_AHEAD_POSITIONS = 256
+"""Decode positions past the prompt whose windows ``generate`` captures before decoding (a
+window spans 256 positions, so one or two windows); later windows capture at first use,
+once per key, spread over the hundreds of tokens that reach them."""
+
+
 def capture_decode_graphs(loaded: Any, *, prompt_length: int, speculate: bool) -> dict[str, Any]:
     """Capture, before decoding, the CUDA graphs the decode's steps will replay.
 
     Without this each new step shape (rows, KV window) pays an eager forward, its kernels'
     first compilation and a capture inside the timed decode: on DeepSeek-V2-Lite at 24 GB
     a 64-token plain decode measured 52 ms a token against the bench's 12 (which captures
-    ahead, too). Only windows the decode can reach (from ``prompt_length`` on) and only
-    rows it can verify (1 when decoding plainly) are captured; then the model is reset.
+    ahead, too). Only the windows of the first ``CAPTURE_AHEAD_POSITIONS`` decode positions
+    (from ``prompt_length`` on) and only rows the decode can verify (1 when decoding
+    plainly) are captured, so a long generation does not wait for windows it reaches
+    hundreds of tokens later; then the model is reset.
 
     Args:
         loaded: the ``SpecterModel``.
@@ -227,7 +236,9 @@ def capture_decode_graphs(loaded: Any, *, prompt_length: int, speculate: bool) -
     print("capturing the decode's CUDA graphs ...", file=sys.stderr)
     started = time.perf_counter()
     captured = loaded.capture_step_graphs(
-        min_length=prompt_length, max_rows=None if speculate else 1
+        prompt_length + CAPTURE_AHEAD_POSITIONS,
+        min_length=prompt_length,
+        max_rows=None if speculate else 1,
     )
     loaded.reset()  # the capturing forwards' KV rows, counts and cache statistics
     seconds = time.perf_counter() - started
