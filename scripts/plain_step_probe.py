@@ -1,0 +1,146 @@
+"""Where a streamed plain decode step's time goes: device busy time against wall time.
+
+Loads a preset without a draft at ``--budget-gb`` on the streamed miss path with fills (the
+bench's ``specter-plain-fill``), captures its one-row graphs, decodes a HumanEval prompt
+plainly once to warm and once timed (TPOT), then ``--profiled`` tokens under torch.profiler.
+From the device events it prints per step: the wall time, the time some kernel ran (the
+union of kernel intervals, so side-stream overlap counts once), the copy engine's time, and
+the kernels with the most device time. Where busy time is far below the wall time, the
+host bounds the step; where it is near, the kernels do. ``--budget-gb 0`` loads every
+expert resident (the same decode, nothing streamed), for comparison.
+
+    source scripts/gpu-env.sh && python3 scripts/plain_step_probe.py --model qwen1.5-moe \\
+        --budget-gb 14 --out /tmp/plain-step.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total / 1e3  # profiler times are in microseconds
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="qwen1.5-moe")
+    p.add_argument("--budget-gb", type=float, default=14.0)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--profiled", type=int, default=16)
+    p.add_argument("--fills", type=int, default=8)
+    p.add_argument("--top", type=int, default=14)
+    p.add_argument("--out", default=None, help="append one JSON line here")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run (no graphs, no device)")
+    args = p.parse_args()
+    cuda = args.device == "cuda"
+
+    import specter_models
+    from specter_bench.engine_systems import DecodeWindow
+    from specter_bench.prompt_encoding import ByteTokenizer, encode_prompt
+    from specter_bench.prompt_sources import load_humaneval
+    from specter_spec import SpecController
+
+    budget = args.budget_gb or None
+    lm = specter_models.load(
+        args.model,
+        device=args.device,
+        max_seq_len=1024,
+        gpu_memory_gb=budget,
+        draft=None,
+        miss_path="stream" if budget else "load",
+        stream_fills=args.fills if budget else 0,
+    )
+    vocab = lm.model.config.vocab_size
+    prompt = encode_prompt(
+        load_humaneval(1)[0].text, ByteTokenizer(vocab_size=vocab), vocab_size=vocab
+    )
+    if not budget:
+        lm.prefetch_all()
+    if cuda:
+        lm.capture_step_graphs(min_length=len(prompt), max_rows=1)
+    window = DecodeWindow(lm.cache, None, streamed_plain=bool(budget))
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def decode(tokens: int):
+        lm.reset()
+        return SpecController(None, lm.target, cache=window, depth=0).generate(prompt, tokens)
+
+    decode(args.tokens)  # warm: compile, fill the cache
+    started = time.perf_counter()
+    out = decode(args.tokens)
+    wall_s = time.perf_counter() - started
+    tpot_ms = 1e3 * out.stats.tpot_s
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        decode(args.profiled)
+        sync()
+        prof_wall_ms = 1e3 * (time.perf_counter() - t0)
+    kernels, copies = [], []
+    per_name: dict[str, float] = collections.defaultdict(float)
+    calls: dict[str, int] = collections.Counter()
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        span = (ev.time_range.start, ev.time_range.end)
+        if "Memcpy" in ev.name or "memcpy" in ev.name:
+            copies.append(span)
+        else:
+            kernels.append(span)
+            per_name[ev.name] += (span[1] - span[0]) / 1e3
+            calls[ev.name] += 1
+    steps = args.profiled
+    device_span_ms = (
+        (max(b for _, b in kernels) - min(a for a, _ in kernels)) / 1e3 if kernels else 0.0
+    )
+    cache = lm.cache.stats()["total"]
+    result = {
+        "model": args.model,
+        "budget_gb": budget,
+        "tpot_ms": tpot_ms,
+        "decode_wall_s": wall_s,
+        "slots_per_layer": lm.memory.plan.slots_per_layer,
+        "hit_rate": cache["hit_rate"],
+        "profiled_tokens": steps,
+        "profiled_wall_ms_per_token": prof_wall_ms / steps,
+        "device_span_ms_per_token": device_span_ms / steps,
+        "kernel_busy_ms_per_token": _union_ms(kernels) / steps,
+        "copy_busy_ms_per_token": _union_ms(copies) / steps,
+        "kernels_per_token": len(kernels) / steps,
+        "top_kernels_ms_per_token": {
+            n[:80]: round(v / steps, 4)
+            for n, v in sorted(per_name.items(), key=lambda kv: -kv[1])[: args.top]
+        },
+        "top_kernel_calls_per_token": {
+            n[:80]: calls[n] / steps
+            for n, _ in sorted(per_name.items(), key=lambda kv: -kv[1])[: args.top]
+        },
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
