@@ -74,3 +74,43 @@ def test_make_policy():
     with pytest.raises(TypeError, match="ReplacementPolicy"):
         make_policy(3)
     assert issubclass(LRUPolicy, ReplacementPolicy)
+
+
+class _FirstCandidate(ReplacementPolicy):
+    """A policy with no ``choose_victims`` of its own: the base class's repeated choice."""
+
+    def choose_victim(self, layer, candidates):
+        return candidates[-1]
+
+
+@pytest.mark.parametrize("name", ["lru", "lfu", "predictive", "custom"])
+@pytest.mark.parametrize("seed", range(6))
+def test_choose_victims_is_repeated_choose_victim(name, seed):
+    # prepare_fills takes a layer's first victims at once; each policy's one sort must give
+    # what choosing one victim at a time, without those chosen before, gives.
+    rng = random.Random(seed)
+    policy = _FirstCandidate() if name == "custom" else make_policy(name)
+    L, E = 2, 12
+    policy.reset(L, E)
+    for _ in range(60):  # a random history of inserts, accesses, evictions and plans
+        layer, expert = rng.randrange(L), rng.randrange(E)
+        event = rng.random()
+        if event < 0.3:
+            policy.on_insert(layer, expert)
+        elif event < 0.8:
+            policy.on_access(layer, expert)
+        elif event < 0.9:
+            policy.on_evict(layer, expert)
+        else:
+            policy.set_plan({layer: rng.sample(range(E), rng.randrange(E))})
+    for layer in range(L):
+        candidates = rng.sample(range(E), rng.randrange(1, E))
+        given = list(candidates)
+        for count in (0, 1, 3, len(candidates), len(candidates) + 2):
+            rest, expected = list(candidates), []
+            while rest and len(expected) < count:
+                victim = policy.choose_victim(layer, rest)
+                rest.remove(victim)
+                expected.append(victim)
+            assert policy.choose_victims(layer, candidates, count) == expected
+        assert candidates == given  # the caller's list is left as it was

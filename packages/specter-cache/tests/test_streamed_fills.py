@@ -70,6 +70,26 @@ def test_prefetched_and_loading_experts_are_no_candidates(make_store):
     assert cache.expert_to_slot(0)[6].item() == -1  # its copy has not landed
 
 
+def test_a_landed_load_is_queried_once_by_the_candidate_choice(make_store):
+    # prepare_fills runs before every streamed step: a slot whose load has landed drops its
+    # event there, so later steps do not query it again; one still loading keeps it.
+    store, _ = make_store(1, 8)
+    engine = DeferredCopyEngine("cpu")
+    cache = ExpertCache(store, slots_per_layer=4, device="cpu", copy_engine=engine)
+    cache.prefetch({0: [1, 2]})
+    engine.synchronize()
+    cache.record_streamed(0, [1, 2], [])
+    cache.prefetch({0: [3]})  # still loading
+    pool = cache._pools[0]
+    landed = [cache.slot_of(0, 1), cache.slot_of(0, 2)]
+    assert all(pool.ready[s] is not None for s in landed)
+    slots, experts, _ = cache.prepare_fills(3)
+    assert [pool.ready[s] for s in landed] == [None, None]
+    assert pool.ready[cache.slot_of(0, 3)] is not None  # not landed: kept, and no candidate
+    assert sorted(x for x in experts[0].tolist() if x >= 0) == [1, 2]
+    assert cache.prepare_fills(3)[1].tolist() == experts.tolist()  # the same choice again
+
+
 def test_a_fill_makes_the_streamed_expert_resident_and_evicts_the_candidate(make_store):
     store, ref = make_store(2, 6)
     cache = ExpertCache(store, slots_per_layer=3, device="cpu", policy="lru")

@@ -89,6 +89,18 @@ class _LayerPool:
         self.fill_candidates: dict[int, int] = {}  # slot -> expert of the last prepare_fills
 
 
+def _landed(pool: _LayerPool, slot: int) -> bool:
+    """Whether ``slot``'s last load has landed; a landed load's event is dropped, so it is
+    never queried again (``None`` means landed)."""
+    event = pool.ready[slot]
+    if event is None:
+        return True
+    if event.query():
+        pool.ready[slot] = None
+        return True
+    return False
+
+
 def _as_expert_list(experts: object, num_experts: int, where: str) -> list[int]:
     """Unique expert ids in first-seen order, validated."""
     if isinstance(experts, torch.Tensor):
@@ -920,14 +932,10 @@ class ExpertCache:
                 candidates = [
                     e
                     for s, e in enumerate(pool.slot_expert)
-                    if e >= 0
-                    and pool.protect[s] == 0
-                    and e not in pool.prefetched
-                    and (pool.ready[s] is None or pool.ready[s].query())
-                ]
-                while candidates and len(order) < F:
-                    victim = self._policy.choose_victim(layer, candidates)
-                    candidates.remove(victim)
+                    if e >= 0 and pool.protect[s] == 0 and e not in pool.prefetched
+                    and _landed(pool, s)
+                ]  # fmt: skip
+                for victim in self._policy.choose_victims(layer, candidates, F - len(order)):
                     order.append(pool.expert_slot[victim])
                     holders.append(victim)
             pool.fill_candidates = dict(zip(order, holders, strict=True))

@@ -44,6 +44,18 @@ class ReplacementPolicy(ABC):
     def choose_victim(self, layer: int, candidates: Sequence[int]) -> int:
         """Pick the expert to evict among ``candidates`` (non-empty, all resident, evictable)."""
 
+    def choose_victims(self, layer: int, candidates: Sequence[int], count: int) -> list[int]:
+        """The first ``count`` experts to evict among ``candidates``, in eviction order: what
+        ``count`` calls of :meth:`choose_victim`, each without the experts chosen before,
+        return (with no evictions between them). Policies override it with one sort."""
+        rest = list(candidates)
+        victims: list[int] = []
+        while rest and len(victims) < count:
+            victim = self.choose_victim(layer, rest)
+            rest.remove(victim)
+            victims.append(victim)
+        return victims
+
 
 class LRUPolicy(ReplacementPolicy):
     """Least recently used (inserted or accessed) goes first."""
@@ -53,6 +65,10 @@ class LRUPolicy(ReplacementPolicy):
     def choose_victim(self, layer: int, candidates: Sequence[int]) -> int:
         last = self._last_use[layer]
         return min(candidates, key=lambda e: (last[e], e))
+
+    def choose_victims(self, layer: int, candidates: Sequence[int], count: int) -> list[int]:
+        last = self._last_use[layer]
+        return sorted(candidates, key=lambda e: (last[e], e))[: max(count, 0)]
 
 
 class LFUPolicy(ReplacementPolicy):
@@ -82,6 +98,10 @@ class LFUPolicy(ReplacementPolicy):
     def choose_victim(self, layer: int, candidates: Sequence[int]) -> int:
         freq, last = self._freq[layer], self._last_use[layer]
         return min(candidates, key=lambda e: (freq[e], last[e], e))
+
+    def choose_victims(self, layer: int, candidates: Sequence[int], count: int) -> list[int]:
+        freq, last = self._freq[layer], self._last_use[layer]
+        return sorted(candidates, key=lambda e: (freq[e], last[e], e))[: max(count, 0)]
 
 
 class PredictivePolicy(ReplacementPolicy):
@@ -116,6 +136,12 @@ class PredictivePolicy(ReplacementPolicy):
         if unplanned:
             return min(unplanned, key=lambda e: (last[e], e))
         return max(candidates, key=lambda e: (rank[e], -last[e], -e))
+
+    def choose_victims(self, layer: int, candidates: Sequence[int], count: int) -> list[int]:
+        rank, last = self._rank[layer], self._last_use[layer]
+        unplanned = sorted((e for e in candidates if e not in rank), key=lambda e: (last[e], e))
+        planned = sorted((e for e in candidates if e in rank), key=lambda e: (-rank[e], last[e], e))
+        return (unplanned + planned)[: max(count, 0)]
 
 
 POLICIES: dict[str, type[ReplacementPolicy]] = {
