@@ -536,15 +536,21 @@ def test_generate_chooses_a_hot_set_on_the_prompt(capsys, monkeypatch):
 def test_generate_pins_a_prompt_hot_set_by_default_when_speculating_under_a_budget(capsys):
     from specter_bench.text_generation import generate_hot_experts
 
-    def resolve(choice, speculate=True, budget=24.0, tokens=20):
+    def resolve(choice, speculate=True, budget=24.0, tokens=20, holds_all=False):
         return generate_hot_experts(
-            choice, speculate=speculate, budget_gb=budget, prompt_tokens=tokens
+            choice,
+            speculate=speculate,
+            budget_gb=budget,
+            prompt_tokens=tokens,
+            holds_every_expert=holds_all,
         )
 
     assert resolve(None) == "auto"
     assert resolve(None, speculate=False) is None  # plain decoding has no draft copies
     assert resolve(None, budget=None) is None  # no budget: every expert resident
     assert resolve(None, tokens=1) is None  # auto scores each half of the routing
+    assert resolve(None, holds_all=True) is None  # a slot for every expert: nothing to pin
+    assert resolve("auto", holds_all=True) == "auto"
     assert resolve("none") is None
     assert resolve("auto", tokens=1) == "auto"  # asked for: its own error says why not
     assert resolve("hot.json") == "hot.json"
@@ -572,6 +578,12 @@ def test_generate_pins_a_prompt_hot_set_by_default_when_speculating_under_a_budg
     assert "choosing the hot set" not in err
     code, _, err = _run(capsys, *argv[:6], "0", *argv[7:], "--hot-experts", "none")
     assert code == 0, err
+    roomy = str(10 * float(budget))  # every expert has a slot beside the draft
+    code, out, err = _run(capsys, *argv[:8], roomy, *argv[9:])
+    assert code == 0, err
+    assert "choosing the hot set" not in err  # no extra load for nothing to pin
+    roomy_stats = json.loads(out.strip().splitlines()[-1])
+    assert roomy_stats["slots_per_layer"] == roomy_stats["num_experts"]
 
 
 def test_generate_hot_set_auto_needs_a_budget_and_two_tokens(capsys):

@@ -248,7 +248,12 @@ def capture_decode_graphs(loaded: Any, *, prompt_length: int, speculate: bool) -
 
 
 def generate_hot_experts(
-    choice: str | None, *, speculate: bool, budget_gb: float | None, prompt_tokens: int
+    choice: str | None,
+    *,
+    speculate: bool,
+    budget_gb: float | None,
+    prompt_tokens: int,
+    holds_every_expert: bool = False,
 ) -> str | None:
     """``generate``'s ``--hot-experts`` with its default resolved.
 
@@ -257,22 +262,39 @@ def generate_hot_experts(
     no INT4 draft copy, so the budget holds more FP16 slots, and the draft computes them
     exactly. On DeepSeek-V2-Lite at 24 GB without one, ``generate`` measured 28.3 ms a
     token with 30 slots a layer, where the bench's ``specter`` takes 10-11
-    (docs/benchmarks.md, twenty-ninth session). No hot set without a budget (every expert
-    is resident), when decoding plainly (no draft), or for a one-token prompt (``auto``
-    scores each half of the routing on the other).
+    (docs/benchmarks.md, twenty-ninth session). No hot set without a budget or with one
+    that holds every expert beside the draft (nothing to pin), when decoding plainly (no
+    draft), or for a one-token prompt (``auto`` scores each half of the routing on the
+    other).
 
     Args:
         choice: the option's value: None (not given), ``"none"``, ``"auto"`` or a file.
         speculate: the decode drafts (depth other than 0).
         budget_gb: ``--gpu-memory-gb`` (None: none, or unlimited).
         prompt_tokens: the prompt's length in tokens.
+        holds_every_expert: the budget's plan with the draft has a slot for every expert.
 
     Returns:
         ``"auto"``, a file path, or None (no hot set).
     """
     if choice is None:
-        return "auto" if speculate and budget_gb is not None and prompt_tokens >= 2 else None
+        pays = speculate and budget_gb is not None and not holds_every_expert
+        return "auto" if pays and prompt_tokens >= 2 else None
     return None if choice == "none" else choice
+
+
+def _draft_plan_holds_every_expert(config: Any, budget_gb: float | None, **plan_args: Any) -> bool:
+    """Whether ``budget_gb``'s memory plan with the INT4 draft has a slot for every expert
+    (False without a budget or where the plan does not fit)."""
+    from specter_models import plan_memory
+
+    if budget_gb is None:
+        return False
+    try:
+        plan = plan_memory(config, budget_gb, with_draft=True, **plan_args)
+    except MemoryBudgetError:
+        return False
+    return plan.slots_per_layer >= plan.num_experts
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -339,8 +361,16 @@ def run_generate(args: argparse.Namespace) -> int:
         )
     chosen_by_default = args.hot_experts is None
     args.hot_experts = generate_hot_experts(
-        args.hot_experts, speculate=speculate, budget_gb=args.gpu_memory_gb, prompt_tokens=len(ids)
-    )
+        args.hot_experts,
+        speculate=speculate,
+        budget_gb=args.gpu_memory_gb,
+        prompt_tokens=len(ids),
+        holds_every_expert=chosen_by_default
+        and _draft_plan_holds_every_expert(
+            config, args.gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
+            staging_slots=args.stream_staging,
+        ),
+    )  # fmt: skip
     hot = None
     if args.hot_experts == "auto":
         if args.gpu_memory_gb is None:
