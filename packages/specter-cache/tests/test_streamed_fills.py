@@ -86,6 +86,7 @@ def test_a_landed_load_is_queried_once_by_the_candidate_choice(make_store):
     slots, experts, _ = cache.prepare_fills(3)
     assert [pool.ready[s] for s in landed] == [None, None]
     assert pool.ready[cache.slot_of(0, 3)] is not None  # not landed: kept, and no candidate
+    assert cache.slot_of(0, 3) not in slots[0].tolist()
     assert sorted(x for x in experts[0].tolist() if x >= 0) == [1, 2]
     assert cache.prepare_fills(3)[1].tolist() == experts.tolist()  # the same choice again
 
