@@ -267,7 +267,12 @@ def test_plain_steps_overlap_only_with_every_expert_resident():
     assert not DecodeWindow(budgeted.cache, None).plain_steps_may_overlap()
     # Streamed plain decoding loads nothing between steps: its steps may overlap anywhere.
     assert DecodeWindow(budgeted.cache, None, streamed_plain=True).plain_steps_may_overlap()
-    for name, streamed in (("specter-plain", True), ("specter-plain-fill", True), ("lru", False)):
+    for name, streamed in (
+        ("specter-plain", True),
+        ("specter-plain-fill", True),
+        ("specter-plain-pipe", True),
+        ("lru", False),
+    ):
         runner = EngineSystemRunner(budgeted, ENGINE_SYSTEMS[name])
         assert runner.window.streamed_plain is streamed, name
         assert runner.window.plain_steps_may_overlap() is streamed, name
@@ -288,3 +293,25 @@ def test_plain_steps_overlap_only_with_every_expert_resident():
     assert len(queued) == 10  # every decode step went through the queue
     assert run.generation["iterations"] == 10
     assert run.generation["proposed"] == 0
+
+
+def test_pipelined_records_keep_plain_fill_tokens_and_say_so():
+    # specter-plain-pipe is specter-plain-fill whose steps choose fill candidates before the
+    # step before them is counted (deferred records, as on CUDA): the same tokens, fills
+    # made, and the setting in its records; switching back turns it off.
+    kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
+    loaded = specter_models.load(
+        "tiny-deepseek-v2", slots_per_layer=3, draft=None, policy="lru", miss_path="stream",
+        stream_fills=FILL_CANDIDATES, **kwargs,
+    )  # fmt: skip
+    loaded.runtime.stream_record.deferred = True  # the CUDA default
+    prompt = _prompt(4, loaded.config.vocab_size)
+    runs = {}
+    for name in ("specter-plain-fill", "specter-plain-pipe", "specter-plain-fill"):
+        run = EngineSystemRunner(loaded, ENGINE_SYSTEMS[name]).generate(prompt, 12)
+        runs.setdefault(name, []).append(run)
+    pipe, fill = runs["specter-plain-pipe"][0], runs["specter-plain-fill"]
+    assert pipe.tokens == fill[0].tokens == fill[1].tokens
+    assert pipe.settings["pipelined_records"] is True
+    assert [r.settings["pipelined_records"] for r in fill] == [False, False]
+    assert pipe.cache["streamed_fills"] > 0

@@ -150,7 +150,6 @@ _SETTLING_CALLS = {
     "resident_experts": lambda c: c.resident_experts(0),
     "slot_of": lambda c: c.slot_of(0, 1),
     "slot_states": lambda c: c.slot_states(0),
-    "all_resident": lambda c: c.all_resident(0),
     "streaming": lambda c: setattr(c, "streaming", True),
 }
 
@@ -173,6 +172,18 @@ def test_a_queued_count_runs_before_any_method_that_reads_the_bookkeeping(make_s
     _SETTLING_CALLS[name](cache)
     assert seen == [0, 1]  # both ran, oldest first, before the call returned
     assert cache.counts_pending == 0
+
+
+def test_all_resident_settles_only_where_a_layer_has_a_slot_per_expert(make_store):
+    # Under a budget the answer is False whatever the counts hold, so it runs none (a
+    # pipelined streamed step asks before every launch); with a slot per expert it settles.
+    store, _ = make_store(2, 4)
+    for slots, pending_after in ((3, 1), (4, 0)):
+        cache = ExpertCache(store, slots_per_layer=slots, device="cpu")
+        cache.count_later(lambda: None)
+        assert cache.all_resident(0) is False
+        assert not cache.every_layer_resident()
+        assert cache.counts_pending == pending_after
 
 
 def test_deferred_counts_give_the_counts_made_at_once(make_store):

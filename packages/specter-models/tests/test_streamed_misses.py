@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -451,3 +453,121 @@ def test_held_prefetch_copies_go_out_after_the_verification_launch(checkpoints, 
     assert {after for _, after in runs[0][1]} == {0}  # released by the forward
     assert runs[0][2]["prefetch_loads"] == runs[None][2]["prefetch_loads"] > 0
     assert runs[0][2]["streamed_reads"] > runs[None][2]["streamed_reads"]
+
+
+class _QueuedPlainSteps:
+    """A speculation observer with no cache work of its own that lets the controller queue
+    plain steps one ahead (as specter-bench's ``DecodeWindow(streamed_plain=True)``)."""
+
+    def on_draft_start(self, depth):
+        pass
+
+    def on_draft_token(self, index):
+        pass
+
+    def on_verify_start(self, num_tokens):
+        pass
+
+    def on_verify_end(self, num_accepted):
+        pass
+
+    def plain_steps_may_overlap(self):
+        return True
+
+
+def _plain_streamed_decode(folder, prompt, *, pipelined: bool):
+    """Plain decoding on the streamed path with fills and deferred counts: tokens, the
+    counts still queued right after each step's candidate choice, each step's offered slots
+    per layer, the cache's counters, and whether the device maps match the host's."""
+    from specter_spec import SpecController
+
+    lm = load(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
+        stream_fills=2, draft=None,
+    )  # fmt: skip
+    record = lm.runtime.stream_record
+    record.deferred = True
+    record.pipelined = pipelined
+    queued, offered = [], []
+    prepare = lm.cache.prepare_fills
+
+    def watched(*args, **kwargs):
+        slots, experts, claimed = prepare(*args, **kwargs)
+        queued.append(lm.cache.counts_pending)
+        offered.append([{s for s in row if s >= 0} for row in slots.tolist()])
+        return slots, experts, claimed
+
+    lm.cache.prepare_fills = watched
+    controller = SpecController(None, lm.target, cache=_QueuedPlainSteps(), depth=0)
+    tokens = controller.generate(prompt[0].tolist(), max_new_tokens=24).tokens
+    lm.cache.settle()
+    maps_agree = all(
+        lm.cache.expert_to_slot(layer).tolist()
+        == [
+            -1 if lm.cache.slot_of(layer, e) is None else lm.cache.slot_of(layer, e)
+            for e in range(lm.cache.num_experts)
+        ]
+        for layer in range(lm.cache.num_layers)
+    )
+    return tokens, queued, offered, lm.cache.stats()["total"], maps_agree
+
+
+def test_pipelined_plain_streamed_steps_keep_tokens_without_waiting_for_the_last_count(
+    checkpoints, arch_name
+):
+    # Pipelined, a plain step's fill candidates are chosen while the step before it is
+    # still to count, among slots that step was not offered: the same tokens as counting
+    # first (and as acquiring), fills still made, the device map the host's in the end.
+    folder = checkpoints[arch_name]
+    prompt = random_prompt(7, 96, seed=29)
+    first, queued_first, _, _, agree_first = _plain_streamed_decode(folder, prompt, pipelined=False)
+    piped, queued_piped, offered, stats_piped, agree_piped = _plain_streamed_decode(
+        folder, prompt, pipelined=True
+    )
+    from specter_spec import SpecController
+
+    acquired = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3, draft=None)
+    assert (
+        piped
+        == first
+        == SpecController(None, acquired.target, depth=0)
+        .generate(prompt[0].tolist(), max_new_tokens=24)
+        .tokens
+    )
+    assert set(queued_first) == {0}  # counting first: nothing queued at a candidate choice
+    assert set(queued_piped[1:]) == {1}  # pipelined: the step before is still to count
+    for before, after in itertools.pairwise(offered):  # consecutive offers
+        assert all(not (a & b) for a, b in zip(before, after, strict=True))
+    assert stats_piped["streamed_fills"] > 0
+    assert stats_piped["streamed_reads"] > 0
+    assert agree_first
+    assert agree_piped
+
+
+def test_a_pipelined_step_fills_no_expert_the_uncounted_step_before_it_filled(checkpoints):
+    # Two back-to-back forwards routing to the same missing experts: the first fills them;
+    # the second, launched before the first is counted, must read them from their slots and
+    # fill none of them again (they are claimed from the device map).
+    folder = checkpoints["tiny-deepseek-v2"]
+    lm = load(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
+        stream_fills=2, draft=None,
+    )  # fmt: skip
+    record = lm.runtime.stream_record
+    record.deferred = record.pipelined = True
+    ids = random_prompt(9, 96, seed=31)
+    first = lm.target.forward(ids[:, :1], 0)
+    lm.target.truncate(0)
+    assert lm.cache.counts_pending == 1
+    again = lm.target.forward(ids[:, :1], 0)  # the same token at the same position
+    assert torch.equal(again, first)
+    assert lm.cache.counts_pending == 1  # the first forward's count ran after this launch
+    lm.cache.settle()
+    total = lm.cache.stats()["total"]
+    assert total["streamed_fills"] > 0
+    for layer in range(lm.cache.num_layers):  # one slot per filled expert, maps agree
+        host = [lm.cache.slot_of(layer, e) for e in range(lm.cache.num_experts)]
+        device = lm.cache.expert_to_slot(layer).tolist()
+        assert device == [-1 if s is None else s for s in host]
+    with pytest.raises(ValueError, match="exclude needs one collection of slots per layer"):
+        lm.cache.prepare_fills(2, exclude=[()])

@@ -55,13 +55,15 @@ SYSTEM_NAMES = (
     "specter-held0",
     "specter-plain",
     "specter-plain-fill",
+    "specter-plain-pipe",
 )
 """Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft
 kernel, with row truncation, with streamed fills, and with staged streaming; then the
-engine decoding plainly on the streamed path without a draft, without and with fills."""
+engine decoding plainly on the streamed path without a draft, without and with fills, and
+with fills and pipelined records."""
 
 EXPERIMENT_KINDS = (
     "working_set",

@@ -22,6 +22,7 @@ specter-held           yes          yes       expert-wise   INT4 + hot  predicti
 specter-held0          yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-plain          no           no        (one row)     none        LRU          stream
 specter-plain-fill     no           no        (one row)     none        LRU          stream*
+specter-plain-pipe     no           no        (one row)     none        LRU          stream*
 =====================  ===========  ========  ============  ==========  ===========  ======
 
 "misses": how a verification meets experts without a slot (specter-models' ``miss_path``):
@@ -45,6 +46,10 @@ most of its plan's data copies are issued: the first ``HELD_LEAD`` loads (or non
 before it, the rest right after (specter-cache's ``verify_lead``), so the host's copy calls
 overlap the verification instead of delaying it; a held expert that has not landed when its
 layer runs is streamed.
+
+``specter-plain-pipe`` is ``specter-plain-fill`` with pipelined records (specter-models'
+``StreamRecord.pipelined``): a step's fill candidates are chosen before the step before it
+is counted, so its launch does not wait for that step (not yet measured on a GPU).
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
 ``hot_experts``): the experts ``choose_hot_experts`` picks from a calibration routing stay
@@ -114,6 +119,9 @@ class EngineSystem:
         verify_lead: on the streamed path, loads of a verification's plan whose data copies
             go out before its launch, the rest right after it (specter-cache's
             ``SpeculativePrefetcher(verify_lead=)``; None: all before).
+        pipelined_records: on the streamed path without a draft, choose a step's fill
+            candidates before the step before it is counted (specter-models'
+            ``StreamRecord.pipelined``; deferred records only, the default on CUDA).
     """
 
     name: str
@@ -129,6 +137,7 @@ class EngineSystem:
     stream_fills: int = 0
     stream_staging: int = 0
     verify_lead: int | None = None
+    pipelined_records: bool = False
 
 
 HELD_LEAD = 4
@@ -173,10 +182,28 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
             miss_path="stream",
             stream_fills=FILL_CANDIDATES,
         ),
+        EngineSystem(
+            "specter-plain-pipe",
+            False,
+            False,
+            "expert",
+            False,
+            "lru",
+            miss_path="stream",
+            stream_fills=FILL_CANDIDATES,
+            pipelined_records=True,
+        ),
     )
 }
 """Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans
 cleared and no prefetch, that policy is exactly LRU)."""
+
+
+def _pipelined_records(loaded: Any) -> bool:
+    """Whether the model's stream record chooses fill candidates before the last step is
+    counted (specter-models' ``StreamRecord.pipelined``; only deferred records do)."""
+    record = getattr(getattr(loaded, "runtime", None), "stream_record", None)
+    return bool(record is not None and getattr(record, "pipelined", False) and record.deferred)
 
 
 def _shared_overlap(loaded: Any) -> dict[str, object] | None:
@@ -357,6 +384,9 @@ class EngineSystemRunner:
         runtime = getattr(loaded, "runtime", None)
         if runtime is not None and hasattr(runtime, "row_truncation"):
             runtime.row_truncation = self._row_truncation  # priced at the loader's bandwidth
+        record = getattr(runtime, "stream_record", None)
+        if record is not None and hasattr(record, "pipelined"):
+            record.pipelined = self.system.pipelined_records
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> SystemRun:
         """Greedy decode of ``max_new_tokens`` tokens with this system.
@@ -410,6 +440,7 @@ class EngineSystemRunner:
                 "stream_staging": getattr(self.loaded, "stream_staging", None)
                 if self.system.miss_path == "stream"
                 else None,
+                "pipelined_records": _pipelined_records(self.loaded),
                 "prefetch": self.system.prefetch,
                 "fused_draft": self.system.fused_draft,
                 "row_truncation": self.system.row_truncation,

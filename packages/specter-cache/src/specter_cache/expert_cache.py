@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -548,6 +548,10 @@ class ExpertCache:
         """
         return self._pools[self._check_layer(layer)].expert_to_slot
 
+    def expert_to_slot_maps(self) -> torch.Tensor:
+        """``[L, E]`` int32 view of every layer's device map (see :meth:`expert_to_slot`)."""
+        return self._maps[:, : self.num_experts]
+
     def slot_states(self, layer: int) -> list[SlotInfo]:
         """Host view of every slot of ``layer`` (for inspection and tests)."""
         self.settle()
@@ -567,10 +571,10 @@ class ExpertCache:
         layer = self._check_layer(layer)
         if layer in self._resident_layers:
             return True
-        self.settle()
         pool = self._pools[layer]
         if pool.num_slots < self._store.num_experts:
-            return False
+            return False  # whatever the queued counts hold: no settling (and waiting) here
+        self.settle()
         resident = all(e >= 0 for e in pool.slot_expert) and all(
             event is None or event.query() for event in pool.ready
         )
@@ -835,13 +839,16 @@ class ExpertCache:
             )
         return [self._store.get(layer, e)[name] for e in range(self.num_experts)]
 
-    def stream_guard(self) -> None:
+    def stream_guard(self, *, settle: bool = True) -> None:
         """Make the current (compute) stream wait until every slot's map entry is safe to
         read: each expert taken off the map by a load issued so far is off it. Call it
         before a streamed verification; slots still loading keep their ``-1`` until their
         copies land, so the verification streams those experts instead. With the copy
-        stream's data copies left running, this waits for a few tiny copies only."""
-        self.settle()
+        stream's data copies left running, this waits for a few tiny copies only.
+        ``settle=False`` leaves the queued counts queued (a pipelined plain step: counts
+        issue no loads, so the invalidations waited for are the same)."""
+        if settle:
+            self.settle()
         event = self._engine.invalidations_done()
         if event is not None:
             event.wait()
@@ -883,7 +890,11 @@ class ExpertCache:
             self._pending_counts.pop(0)()
 
     def prepare_fills(
-        self, spares_per_layer: int
+        self,
+        spares_per_layer: int,
+        *,
+        exclude: Sequence[Collection[int]] | None = None,
+        settle: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Before a streamed verification with fills: each layer's candidate slots.
 
@@ -896,8 +907,16 @@ class ExpertCache:
         here: the verification evicts a candidate's expert only to fill its slot, and only
         where the layer does not route to that expert (``assign_fill_slots``).
 
+        Pipelined (``settle=False``, with ``exclude``): the counts still queued are left
+        queued, so the host's slots are those before the forwards they count; the slots
+        those forwards were offered (``exclude``, one collection per layer) are the only
+        ones those forwards may have changed, and are not offered. Their candidates then go
+        to ``record_streamed(candidates=)``, since a later call replaces the ones kept here.
+
         Args:
             spares_per_layer: the most candidates per layer (>= 1).
+            exclude: per layer, slots not to offer (the pending forwards' candidates).
+            settle: run the queued counts first (the default).
 
         Returns:
             ``(spare_slots, spare_experts, claimed)``: CPU int32 ``[L, F]`` candidate slots
@@ -911,7 +930,13 @@ class ExpertCache:
             ValueError: ``spares_per_layer`` is not an int >= 1.
         """
         self.release_copies()
-        self.settle()
+        if settle:
+            self.settle()
+        if exclude is not None and len(exclude) != self.num_layers:
+            raise ValueError(
+                f"exclude needs one collection of slots per layer ({self.num_layers}), got "
+                f"{len(exclude)}"
+            )
         if (
             not isinstance(spares_per_layer, int)
             or isinstance(spares_per_layer, bool)
@@ -926,14 +951,15 @@ class ExpertCache:
         experts_out: list[list[int]] = []
         claimed: list[list[int]] = []
         for layer, pool in enumerate(self._pools):
-            order = pool.empty[::-1][:F]  # the order pop() would hand them out
+            skip = exclude[layer] if exclude is not None else ()
+            order = [s for s in pool.empty[::-1] if s not in skip][:F]  # as pop() hands out
             holders = [-1] * len(order)
             if len(order) < F:
                 candidates = [
                     e
                     for s, e in enumerate(pool.slot_expert)
                     if e >= 0 and pool.protect[s] == 0 and e not in pool.prefetched
-                    and _landed(pool, s)
+                    and s not in skip and _landed(pool, s)
                 ]  # fmt: skip
                 for victim in self._policy.choose_victims(layer, candidates, F - len(order)):
                     order.append(pool.expert_slot[victim])
@@ -990,6 +1016,7 @@ class ExpertCache:
         needed: object,
         streamed: object,
         filled: Mapping[int, int] | None = None,
+        candidates: Mapping[int, int] | None = None,
     ) -> None:
         """Count a streamed verification of ``layer``: ``needed`` (the experts it routed to)
         hit where they held a slot, and ``streamed`` (those it read from host memory) missed.
@@ -1001,7 +1028,9 @@ class ExpertCache:
         ``filled`` (expert -> slot): streamed experts the verification also wrote into
         candidate slots of ``prepare_fills`` (``commit_fills`` put them on the device map).
         They now hold those slots, ready once the verification is done, and the experts the
-        slots held are evicted (``streamed_fills``).
+        slots held are evicted (``streamed_fills``). ``candidates`` (slot -> the expert it
+        held, -1: empty): this forward's candidates of the layer, where a later
+        ``prepare_fills`` has replaced the ones the cache kept (pipelined steps).
 
         Raises:
             ValueError: bad layer or expert ids, a streamed expert that was not needed, or a
@@ -1019,7 +1048,8 @@ class ExpertCache:
                 f"record_streamed(layer={layer}): streamed experts {sorted(streamed_ids)} must "
                 f"be among the needed ones {needed_ids}"
             )
-        candidates, pool.fill_candidates = pool.fill_candidates, {}
+        if candidates is None:
+            candidates, pool.fill_candidates = pool.fill_candidates, {}
         for e, slot in (filled or {}).items():
             if (
                 e not in streamed_ids

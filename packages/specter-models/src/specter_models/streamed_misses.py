@@ -51,6 +51,7 @@ keep the acquire path.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterator
 
@@ -131,6 +132,15 @@ class StreamRecord:
             one copy that nothing waits for, so the host can launch the next forward (the
             draft's) before it counts, and the device does not idle behind the count.
 
+    ``pipelined`` (an attribute, default False; deferred records only): plain decoding's
+    streamed steps, which load nothing between them, launch without counting the forward
+    before (whose record needs that forward done): a step's fill candidates are chosen
+    among the slots the forward still to count was not offered
+    (``ExpertCache.prepare_fills(exclude=, settle=False)``), whose holders the host knows,
+    and experts that forward filled are claimed from the device map, so none is filled
+    twice. The count is made after the launch instead, while the device runs the step. The
+    candidates choose from a host view one step old; the tokens are the same.
+
     Attributes:
         ids: int64 ``[L, STREAM_MAX_ROWS, k]``: each layer writes its rows' routed experts.
         flags: uint8 ``[L, 2, E]``: the kernel sets 1 where it read an expert's gate_up
@@ -166,7 +176,9 @@ class StreamRecord:
         self.fills = torch.full((num_layers, num_experts), -1, dtype=torch.int32, device=device)
         self.active = False
         self.deferred = torch.device(device).type == "cuda" if deferred is None else bool(deferred)
+        self.pipelined = False
         self._host_counts: torch.Tensor | None = None  # pinned, for deferred counts
+        self._offers: collections.deque[list[dict[int, int]]] = collections.deque()
 
     def set_spares_per_layer(self, count: int) -> None:
         """Candidate slots per layer from the next forward on (0: no fills). More than the
@@ -195,15 +207,35 @@ class StreamRecord:
         self.flags.zero_()
         self.rows.fill_(rows)  # a device-side write: no sync
         filling = count and self.spares_per_layer > 0
+        pipelined = self.pipelined and self.deferred
+        offer: list[dict[int, int]] | None = None
         if self.width:  # a record of width 0 has no fill launches, and its fills stay -1
             self.fills.fill_(-1)
             self.spare_slots.fill_(-1)  # no candidate, unless handed out below: no fills
         if filling:
-            slots, experts, claimed = cache.prepare_fills(self.spares_per_layer)
+            if pipelined:
+                # The slots offered to forwards not yet counted may hold other experts now.
+                busy = [set().union(*(o[layer] for o in self._offers)) for layer in
+                        range(self.flags.shape[0])]  # fmt: skip
+                slots, experts, claimed = cache.prepare_fills(
+                    self.spares_per_layer, exclude=busy, settle=False
+                )
+                offer = [
+                    {s: e for s, e in zip(sl, ex, strict=True) if s >= 0}
+                    for sl, ex in zip(slots.tolist(), experts.tolist(), strict=True)
+                ]
+            else:
+                slots, experts, claimed = cache.prepare_fills(self.spares_per_layer)
             self.spare_slots[:, : slots.shape[1]].copy_(slots, non_blocking=True)
             self.spare_experts[:, : experts.shape[1]].copy_(experts, non_blocking=True)
             self.claimed.copy_(claimed, non_blocking=True)
-        cache.stream_guard()
+            if pipelined:
+                # An expert a forward still to count filled is on the device map, not yet in
+                # the host's claims: claim it from the map (in stream order, after that
+                # forward's commit), so it is not filled twice.
+                maps = cache.expert_to_slot_maps()
+                self.claimed.copy_(torch.where(maps >= 0, maps, self.claimed))
+        cache.stream_guard(settle=not pipelined)
         self.active = True
         succeeded = False
         try:
@@ -218,7 +250,7 @@ class StreamRecord:
                 cache.commit_fills(self.fills)
             cache.mark_streamed_use()
         if count:
-            self._count(cache, rows)
+            self._count(cache, rows, offer)
 
     def real_pairs(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [T, k]`` with the pairs of padding rows (past ``rows``) routed nowhere (-1).
@@ -228,10 +260,13 @@ class StreamRecord:
         real = self._row_index[: ids.shape[0], None] < self.rows
         return torch.where(real, ids, -1)
 
-    def _count(self, cache: ExpertCache, rows: int) -> None:
+    def _count(
+        self, cache: ExpertCache, rows: int, offer: list[dict[int, int]] | None = None
+    ) -> None:
         """Hand the cache what the forward routed, streamed and filled: at once (one host
         sync), or, ``deferred``, through a copy to pinned memory that the cache counts when
-        it next needs to (``ExpertCache.count_later``)."""
+        it next needs to (``ExpertCache.count_later``). ``offer``: a pipelined forward's
+        candidates per layer (slot -> holder), counted against them."""
         L, E = self.flags.shape[0], self.flags.shape[2]
         ids = self.ids[:, :rows].reshape(L, -1)
         width = ids.shape[1]
@@ -241,7 +276,9 @@ class StreamRecord:
             _count_rows(cache, both.tolist(), width, E)
             return
         on_cuda = both.device.type == "cuda"
-        cache.settle()  # the last record's count is made: its host buffer may be reused
+        # The last record's count is made: its host buffer may be reused. (Pipelined, this
+        # forward is launched already, so the wait for the one before it idles no device.)
+        cache.settle()
         if self._host_counts is None:  # room for the widest record, allocated once
             numel = L * (STREAM_MAX_ROWS * self.ids.shape[2] + 2 * E)
             self._host_counts = torch.empty(numel, dtype=torch.int64, pin_memory=on_cuda)
@@ -250,20 +287,38 @@ class StreamRecord:
         copied = torch.cuda.Event() if on_cuda else None
         if copied is not None:  # on the stream that ran the copy, whatever device is current
             copied.record(torch.cuda.current_stream(both.device))
+        if offer is not None:
+            self._offers.append(offer)
 
         def count() -> None:
             if copied is not None:
                 copied.synchronize()  # the forward ended long ago when anything asks
-            _count_rows(cache, host.tolist(), width, E)
+            if offer is not None:
+                if not self._offers or self._offers[0] is not offer:
+                    raise RuntimeError("pipelined stream record counts ran out of order")
+                self._offers.popleft()
+            _count_rows(cache, host.tolist(), width, E, offer)
 
         cache.count_later(count)
 
 
-def _count_rows(cache: ExpertCache, rows: list[list[int]], width: int, num_experts: int) -> None:
+def _count_rows(
+    cache: ExpertCache,
+    rows: list[list[int]],
+    width: int,
+    num_experts: int,
+    offer: list[dict[int, int]] | None = None,
+) -> None:
     """``record_streamed`` for each layer's row of ``[ids (width) | streamed flags (E) |
-    fills (E)]``."""
+    fills (E)]`` (``offer``: each layer's candidates, for a pipelined forward)."""
     E = num_experts
     for layer, row in enumerate(rows):
         streamed = [e for e, f in enumerate(row[width : width + E]) if f]
         filled = {e: s for e, s in enumerate(row[width + E :]) if s >= 0}
-        cache.record_streamed(layer, row[:width], streamed, filled=filled or None)
+        cache.record_streamed(
+            layer,
+            row[:width],
+            streamed,
+            filled=filled or None,
+            candidates=offer[layer] if offer is not None else None,
+        )
