@@ -223,6 +223,35 @@ def test_cuda_plain_streamed_decode_replays_the_one_row_graphs_captured_past_the
 
 
 @pytest.mark.parametrize("name", TINY)
+def test_cuda_pipelined_stream_records_keep_plain_tokens_and_fill_no_expert_twice(name):
+    # StreamRecord.pipelined: each plain streamed step chooses its fill candidates before
+    # the step before it is counted; the graphs replay, the tokens are the ones counting
+    # first gives, and the device maps end equal to the host's.
+    kwargs = {
+        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
+        "max_seq_len": 320, "miss_path": "stream", "stream_fills": 8, "draft": None,
+    }  # fmt: skip
+    prompt = torch.randint(0, 96, (200,), device="cuda").tolist()
+    runs = []
+    for pipelined in (False, True):
+        lm = load(name, **kwargs)
+        lm.runtime.stream_record.pipelined = pipelined
+        lm.capture_step_graphs(min_length=len(prompt), max_rows=1)
+        lm.reset()
+        runs.append(SpecController(None, lm.target, depth=0).generate(prompt, 40).tokens)
+        total = lm.cache.stats()["total"]  # settles every count
+        assert total["streamed_fills"] > 0
+        assert lm.graph_stats()["target"]["window_eager"] == 0
+        torch.cuda.synchronize()
+        for layer in range(lm.cache.num_layers):
+            expected = [lm.cache.slot_of(layer, e) for e in range(lm.cache.num_experts)]
+            assert lm.cache.expert_to_slot(layer).tolist() == [
+                -1 if s is None else s for s in expected
+            ]
+    assert runs[1] == runs[0]
+
+
+@pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("verification", ["expert", "token"])
 def test_cuda_piecewise_graphs_under_a_budget_decode_like_eager(name, verification):
     kwargs = {
