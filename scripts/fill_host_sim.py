@@ -22,8 +22,8 @@ import statistics
 import time
 
 import torch
+from prefetch_host_sim import tiny_cache  # a sibling script (scripts/ is on sys.path)
 
-from specter_cache import ExpertCache, ExpertLayout, ExpertStore
 from specter_models.streamed_misses import _count_rows
 
 
@@ -38,14 +38,7 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(1)
     L, E, k = args.layers, args.experts, args.top_k
-    layout = ExpertLayout({"gate_up": ((4, 4), torch.float16), "down": ((4, 2), torch.float16)})
-    store = ExpertStore(L, E, layout)
-    for layer in range(L):
-        for e in range(E):
-            store.put(
-                layer, e, {n: torch.zeros(s.shape, dtype=s.dtype) for n, s in layout.specs.items()}
-            )
-    cache = ExpertCache(store, slots_per_layer=args.slots, device="cpu", policy="lru")
+    cache = tiny_cache(L, E, args.slots, "lru")
     cache.streaming = True
     rng = random.Random(0)
     resident = [rng.sample(range(E), args.slots) for _ in range(L)]

@@ -31,6 +31,19 @@ from specter_cache import (
 )
 
 
+def tiny_cache(layers: int, experts: int, slots: int, policy: str) -> ExpertCache:
+    """A CPU ``ExpertCache`` with a full-size model's layers, experts and slots, and tiny
+    experts (every one in the store), for timing the host's bookkeeping."""
+    layout = ExpertLayout({"gate_up": ((4, 4), torch.float16), "down": ((4, 2), torch.float16)})
+    store = ExpertStore(layers, experts, layout)
+    for layer in range(layers):
+        for e in range(experts):
+            store.put(
+                layer, e, {n: torch.zeros(s.shape, dtype=s.dtype) for n, s in layout.specs.items()}
+            )
+    return ExpertCache(store, slots_per_layer=slots, device="cpu", policy=policy)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=26)
@@ -52,14 +65,7 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(1)
     L, E = args.layers, args.experts
-    layout = ExpertLayout({"gate_up": ((4, 4), torch.float16), "down": ((4, 2), torch.float16)})
-    store = ExpertStore(L, E, layout)
-    for layer in range(L):
-        for e in range(E):
-            store.put(
-                layer, e, {n: torch.zeros(s.shape, dtype=s.dtype) for n, s in layout.specs.items()}
-            )
-    cache = ExpertCache(store, slots_per_layer=args.slots, device="cpu", policy="predictive")
+    cache = tiny_cache(L, E, args.slots, "predictive")
     rng = random.Random(0)
     hot = [rng.sample(range(E), args.pinned) for _ in range(L)]
     cold = [[e for e in range(E) if e not in hot[layer]] for layer in range(L)]

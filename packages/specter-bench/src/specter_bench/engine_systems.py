@@ -150,6 +150,18 @@ _SPECTER = EngineSystem(
 )
 
 
+_PLAIN_FILL = EngineSystem(
+    "specter-plain-fill",
+    False,
+    False,
+    "expert",
+    False,
+    "lru",
+    miss_path="stream",
+    stream_fills=FILL_CANDIDATES,
+)
+
+
 def _variant(name: str, **changes: Any) -> EngineSystem:
     """``specter`` with ``changes`` (an ablation or variant of the table above)."""
     return dataclasses.replace(_SPECTER, name=name, **changes)
@@ -172,27 +184,8 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-held", verify_lead=HELD_LEAD),
         _variant("specter-held0", verify_lead=0),
         EngineSystem("specter-plain", False, False, "expert", False, "lru", miss_path="stream"),
-        EngineSystem(
-            "specter-plain-fill",
-            False,
-            False,
-            "expert",
-            False,
-            "lru",
-            miss_path="stream",
-            stream_fills=FILL_CANDIDATES,
-        ),
-        EngineSystem(
-            "specter-plain-pipe",
-            False,
-            False,
-            "expert",
-            False,
-            "lru",
-            miss_path="stream",
-            stream_fills=FILL_CANDIDATES,
-            pipelined_records=True,
-        ),
+        _PLAIN_FILL,
+        dataclasses.replace(_PLAIN_FILL, name="specter-plain-pipe", pipelined_records=True),
     )
 }
 """Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans

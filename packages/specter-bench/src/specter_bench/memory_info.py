@@ -84,11 +84,11 @@ def neither_fits(too_small: Exception, plain_short: Exception | None) -> Excepti
     )
 
 
-def plain_plan(
-    config: Any, budget_gb: float | None, **plan_args: Any
+def budget_plan(
+    config: Any, budget_gb: float | None, *, with_draft: bool, **plan_args: Any
 ) -> tuple[Any, Exception | None]:
-    """``specter_models.plan_memory`` of the target alone (no INT4 draft: ``generate --depth
-    0``) at ``budget_gb``: ``(plan, None)``; ``(None, shortfall)`` when it does not fit (the
+    """``specter_models.plan_memory`` at ``budget_gb``, with or without the INT4 draft:
+    ``(plan, None)``; ``(None, shortfall)`` when it does not fit (the
     ``MemoryBudgetError``); ``(None, None)`` without a budget. ``plan_args`` go to
     ``plan_memory`` (dtype, max_seq_len, staging_slots)."""
     from specter_models import MemoryBudgetError, plan_memory
@@ -96,6 +96,13 @@ def plain_plan(
     if budget_gb is None:
         return None, None
     try:
-        return plan_memory(config, budget_gb, with_draft=False, **plan_args), None
+        return plan_memory(config, budget_gb, with_draft=with_draft, **plan_args), None
     except MemoryBudgetError as exc:
         return None, exc
+
+
+def plain_plan(
+    config: Any, budget_gb: float | None, **plan_args: Any
+) -> tuple[Any, Exception | None]:
+    """:func:`budget_plan` of the target alone (no INT4 draft: ``generate --depth 0``)."""
+    return budget_plan(config, budget_gb, with_draft=False, **plan_args)

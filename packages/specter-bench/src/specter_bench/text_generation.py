@@ -19,7 +19,7 @@ import torch
 from specter_bench.bench_command import parse_dtype
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
 from specter_bench.hot_sets import choose_prompt_hot_set, read_hot_experts
-from specter_bench.memory_info import neither_fits, plain_plan
+from specter_bench.memory_info import budget_plan, neither_fits, plain_plan
 from specter_bench.model_loading import (
     FILL_CANDIDATES,
     EngineOptions,
@@ -286,15 +286,8 @@ def generate_hot_experts(
 def _draft_plan_holds_every_expert(config: Any, budget_gb: float | None, **plan_args: Any) -> bool:
     """Whether ``budget_gb``'s memory plan with the INT4 draft has a slot for every expert
     (False without a budget or where the plan does not fit)."""
-    from specter_models import plan_memory
-
-    if budget_gb is None:
-        return False
-    try:
-        plan = plan_memory(config, budget_gb, with_draft=True, **plan_args)
-    except MemoryBudgetError:
-        return False
-    return plan.slots_per_layer >= plan.num_experts
+    plan, _ = budget_plan(config, budget_gb, with_draft=True, **plan_args)
+    return plan is not None and plan.slots_per_layer >= plan.num_experts
 
 
 def run_generate(args: argparse.Namespace) -> int:

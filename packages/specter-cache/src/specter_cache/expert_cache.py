@@ -210,13 +210,10 @@ class Acquisition:
     def _claim(self, expert: int, slot: int) -> None:
         pool = self._cache._pools[self.layer]
         pool.protect[slot] += 1
-        ev = pool.ready[slot]
-        if ev is not None and ev.query():
-            pool.ready[slot] = ev = None  # complete: never query it again
-        if ev is None:
+        if _landed(pool, slot):
             self._ready.append((expert, slot))
         else:
-            self._pending.append((expert, slot, ev))
+            self._pending.append((expert, slot, pool.ready[slot]))  # type: ignore[arg-type]
 
     def _issue(self) -> None:
         """Load as many unissued misses as there are evictable slots."""
@@ -548,6 +545,11 @@ class ExpertCache:
         """
         return self._pools[self._check_layer(layer)].expert_to_slot
 
+    def fill_candidates(self) -> list[dict[int, int]]:
+        """Per layer, the candidates of the last :meth:`prepare_fills` not yet counted by
+        ``record_streamed`` (slot -> the expert it held, -1: empty); copies."""
+        return [dict(pool.fill_candidates) for pool in self._pools]
+
     def expert_to_slot_maps(self) -> torch.Tensor:
         """``[L, E]`` int32 view of every layer's device map (see :meth:`expert_to_slot`)."""
         return self._maps[:, : self.num_experts]
@@ -576,7 +578,7 @@ class ExpertCache:
             return False  # whatever the queued counts hold: no settling (and waiting) here
         self.settle()
         resident = all(e >= 0 for e in pool.slot_expert) and all(
-            event is None or event.query() for event in pool.ready
+            _landed(pool, s) for s in range(pool.num_slots)
         )
         if resident:
             self._resident_layers.add(layer)

@@ -220,10 +220,7 @@ class StreamRecord:
                 slots, experts, claimed = cache.prepare_fills(
                     self.spares_per_layer, exclude=busy, settle=False
                 )
-                offer = [
-                    {s: e for s, e in zip(sl, ex, strict=True) if s >= 0}
-                    for sl, ex in zip(slots.tolist(), experts.tolist(), strict=True)
-                ]
+                offer = cache.fill_candidates()
             else:
                 slots, experts, claimed = cache.prepare_fills(self.spares_per_layer)
             self.spare_slots[:, : slots.shape[1]].copy_(slots, non_blocking=True)
