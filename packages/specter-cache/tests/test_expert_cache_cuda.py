@@ -216,3 +216,28 @@ def test_held_copies_wait_for_the_last_streamed_verification_not_the_one_launche
     torch.testing.assert_close(out.cpu(), x.cpu() @ ref[(0, 1)]["w"].T, rtol=1e-3, atol=1e-3)
     assert cache.expert_to_slot(0).tolist() == [-1, -1, 0, -1]
     torch.testing.assert_close(cache.slot_tensors(0)["w"][0].cpu(), ref[(0, 2)]["w"])
+
+
+def test_published_counts_reach_the_host_from_a_captured_graph_while_it_runs():
+    # The torch path of RoutingCounter.publish inside a CUDA graph: each replay publishes its
+    # rows with the generation stamped before it; the host reads layer 0's row while the
+    # replay still sleeps before layer 1's observe.
+    counter = RoutingCounter(2, 16, "cuda")
+    counter.publish()
+    ids = torch.tensor([[3, 5], [5, 9]], device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        counter.observe(0, ids)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        counter.observe(1, ids + 1)
+    counter.clear()
+    torch.cuda.synchronize()
+    gen = counter.begin_forward()
+    graph.replay()
+    row0 = None
+    while row0 is None:
+        row0 = counter.published(0, gen)
+    assert counter.published(1, gen) is None  # still sleeping before layer 1
+    assert row0 == counter.counts[0].tolist()  # (this read waits for the replay)
+    assert counter.published(1, gen) == counter.counts[1].tolist()
+    assert sorted(e for e, c in enumerate(row0) if c) == [3, 5, 9]

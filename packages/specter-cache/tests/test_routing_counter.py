@@ -89,3 +89,76 @@ def test_snapshot_async_keeps_the_counts_it_was_taken_at():
     assert pending.result() == expected == {0: [3, 1], 1: [2]}
     with pytest.raises(ValueError, match="top_m"):
         counter.snapshot_async([2])
+
+
+def test_published_rows_carry_each_observe_counts_stamped_with_the_forward():
+    counter = RoutingCounter(num_layers=3, num_experts=5, device="cpu")
+    assert not counter.publishing
+    counter.publish()
+    assert counter.publishing
+    first = counter.begin_forward()
+    assert all(counter.published(layer, first) is None for layer in range(3))  # nothing yet
+    counter.observe(0, torch.tensor([[1, 3], [3, 4]]))
+    assert counter.published(0, first) == [0, 1, 0, 2, 1]
+    assert counter.published(1, first) is None  # layer 1 not reached by this forward
+    assert counter.published(0, first + 1) is None  # another forward's stamp
+    second = counter.begin_forward()
+    assert second == first + 1
+    assert counter.published(0, second) is None  # layer 0's row is the last forward's
+    counter.observe(0, torch.tensor([[3, 0]]))  # counts accumulate over a draft's forwards
+    counter.observe(1, torch.tensor([[2, 2]]))
+    assert counter.published(0, second) == [1, 1, 0, 3, 1]
+    assert counter.published(1, second) == [0, 0, 2, 0, 0]
+    assert [counter.published(layer, second) for layer in range(2)] == counter.counts[:2].tolist()
+
+
+def test_a_row_only_partly_stamped_is_not_published():
+    counter = RoutingCounter(num_layers=1, num_experts=4, device="cpu")
+    counter.publish()
+    gen = counter.begin_forward()
+    counter.observe(0, torch.tensor([0, 2]))
+    assert counter.published(0, gen) == [1, 0, 1, 0]
+    counter._host[0, 3] = 7  # an entry still holding an older forward's stamp
+    assert counter.published(0, gen) is None
+
+
+def test_generations_cycle_and_stay_positive():
+    counter = RoutingCounter(num_layers=1, num_experts=2, device="cpu")
+    counter.publish()
+    seen = [counter.begin_forward() for _ in range(2049)]
+    assert (seen[0], seen[2046], seen[2047], seen[2048]) == (1, 2047, 1, 2)
+    counter.observe(0, torch.tensor([1, 1, 1]))
+    assert counter.published(0, seen[-1]) == [0, 3]
+    assert int(counter._host.min()) >= 0
+
+
+def test_a_publish_kernel_replaces_the_count_and_the_copy():
+    counter = RoutingCounter(num_layers=2, num_experts=4, device="cpu")
+    calls = []
+
+    def kernel(counts_row, ids, stamp, address, host_row):
+        calls.append((int(address), host_row.data_ptr()))
+        counts_row.index_add_(0, ids.reshape(-1).long(), torch.ones_like(ids.reshape(-1)).int())
+        host_row.copy_(counts_row + stamp)
+
+    counter.publish(kernel)
+    gen = counter.begin_forward()
+    counter.observe(1, torch.tensor([[3, 0], [3, 1]]))
+    assert counter.counts[1].tolist() == [1, 1, 0, 2]
+    assert counter.published(1, gen) == [1, 1, 0, 2]
+    assert calls == [(counter._host[1].data_ptr(), counter._host[1].data_ptr())]
+
+
+def test_rank_orders_by_count_then_id_and_leaves_out_zeros():
+    counter = RoutingCounter(num_layers=1, num_experts=6, device="cpu")
+    assert counter.rank([0, 2, 5, 2, 0, 1], top_m=3) == [2, 1, 3]
+    assert counter.rank([0, 2, 5, 2, 0, 1], top_m=10) == [2, 1, 3, 5]
+    assert counter.rank([0] * 6, top_m=2) == []
+
+
+def test_publishing_calls_need_publish_first():
+    counter = RoutingCounter(num_layers=1, num_experts=2, device="cpu")
+    with pytest.raises(RuntimeError, match="publish"):
+        counter.begin_forward()
+    with pytest.raises(RuntimeError, match="publish"):
+        counter.published(0, 1)

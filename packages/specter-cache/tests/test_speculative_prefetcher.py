@@ -354,3 +354,162 @@ def test_verify_lead_must_be_none_or_a_count(make_store, lead):
     cache = ExpertCache(store, slots_per_layer=2, device="cpu")
     with pytest.raises(ValueError, match=rf"verify_lead must be None .* got {lead!r}"):
         SpeculativePrefetcher(cache, RoutingCounter(1, 4, "cpu"), verify_lead=lead)
+
+
+def make_pair(make_store, layers=3, experts=10, slots=5):
+    """Two identical caches and prefetchers: one plans the final boundary from a snapshot,
+    the other layer by layer from published counts."""
+    made = []
+    for layerwise in (False, True):
+        store, _ = make_store(layers, experts, LAYOUT)
+        cache = ExpertCache(store, slots_per_layer=slots, device="cpu", policy="predictive")
+        counter = RoutingCounter(layers, experts, "cpu")
+        if layerwise:
+            counter.publish()
+        made.append(SpeculativePrefetcher(cache, counter, layerwise=layerwise))
+    return made
+
+
+def spy_prefetches(monkeypatch, cache):
+    """Record every plan ``cache.prefetch`` receives."""
+    plans = []
+    original = cache.prefetch
+
+    def spy(plan, **kwargs):
+        plans.append({layer: list(experts) for layer, experts in plan.items()})
+        return original(plan, **kwargs)
+
+    monkeypatch.setattr(cache, "prefetch", spy)
+    return plans
+
+
+def test_layerwise_final_plans_what_the_final_snapshot_plans(make_store, monkeypatch):
+    # 7 slots: every draft's experts (at most 6 a layer) make the plan, so ties between
+    # equal counts (ranked by id here, by the device's top-k in a snapshot) cut nothing.
+    snap, layered = make_pair(make_store, slots=7)
+    snap_plans = spy_prefetches(monkeypatch, snap.cache)
+    layered_plans = spy_prefetches(monkeypatch, layered.cache)
+    rng = random.Random(3)
+    for _ in range(10):
+        depth = rng.choice([1, 2, 3])
+        drafts = [{layer: rng.sample(range(10), 2) for layer in range(3)} for _ in range(depth)]
+        needed = {layer: rng.sample(range(10), 3) for layer in range(3)}
+        accepted = rng.randint(0, depth)
+        for pf in (snap, layered):
+            start = len(snap_plans if pf is snap else layered_plans)
+            pf.on_draft_start(depth)
+            for i, routing in enumerate(drafts):
+                draft_token(pf, i, routing)
+            pf.on_verify_start(depth + 1)
+            verify(pf.cache, needed)
+            pf.on_verify_end(accepted)
+        # The final plan is issued before the verification either way; by layers in order
+        # when layer-wise (here every row is there at once: one batch).
+        final_snap = {}
+        for plan in snap_plans[start:]:
+            final_snap.update(plan)
+        final_layered = {}
+        for plan in layered_plans[start:]:
+            final_layered.update(plan)
+        assert final_layered.keys() == final_snap.keys()
+        counts = [
+            {e: sum(d[layer].count(e) for d in drafts) for e in range(10)} for layer in range(3)
+        ]
+        for layer, experts in final_layered.items():
+            assert sorted(experts) == sorted(final_snap[layer])
+            assert experts == sorted(experts, key=lambda e, c=counts[layer]: (-c[e], e))
+    st_snap, st_layered = snap.stats(), layered.stats()
+    for key in ("boundaries", "cleanups", "planned_experts", "needed_experts", "verifications"):
+        assert st_layered[key] == st_snap[key], key
+    # Each draft still predicting at its last token ends in a layer-wise boundary.
+    assert 0 < st_layered["layerwise_boundaries"] <= st_layered["cleanups"]
+    assert st_layered["layerwise_fallbacks"] == 0
+    assert st_snap["layerwise_boundaries"] == 0
+
+
+class ForwardRunning:
+    """A marker of a forward still running until ``done`` is set."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def elapsed_seconds(self, end):
+        return 1e-3
+
+
+def test_layerwise_rows_arriving_late_are_planned_in_runs_as_they_come(make_store, monkeypatch):
+    _, pf = make_pair(make_store, layers=4)
+    plans = spy_prefetches(monkeypatch, pf.cache)
+    counter = pf.counter
+    published = counter.published
+    polls = {"n": 0}
+    marker = ForwardRunning()
+
+    def arriving(layer, generation):
+        # The device reaches one more layer every third poll, and is done after the last.
+        polls["n"] += 1
+        marker.done = polls["n"] // 3 >= 4
+        return published(layer, generation) if layer < polls["n"] // 3 else None
+
+    monkeypatch.setattr(counter, "published", arriving)
+    monkeypatch.setattr(pf.cache.copy_engine, "record_compute", lambda timing=False: marker)
+    pf.on_draft_start(1)
+    draft_token(pf, 0, {0: [1, 2], 1: [3, 4], 2: [5, 6], 3: [7, 8]})
+    assert [sorted(plan) for plan in plans] == [[0], [1], [2], [3]]
+    assert [sorted(e for p in plans for e in p.get(layer, [])) for layer in range(4)] == [
+        [1, 2],
+        [3, 4],
+        [5, 6],
+        [7, 8],
+    ]
+    assert all(pf.cache.slot_of(3, e) >= 0 for e in (7, 8))  # issued before verify_start
+    pf.on_verify_start(2)
+    assert len(plans) == 4  # nothing left to plan at verification start
+    st = pf.stats()
+    assert (st["layerwise_batches"], st["layerwise_fallbacks"], st["boundaries"]) == (4, 0, 1)
+
+
+def test_layerwise_falls_back_to_a_snapshot_for_rows_that_never_arrive(make_store, monkeypatch):
+    _, pf = make_pair(make_store)
+    plans = spy_prefetches(monkeypatch, pf.cache)
+    published = pf.counter.published
+    # Layer 1's row never comes (as from a draft graph captured before publish()); the
+    # forward's marker is done (CPU), so the host does not wait for it.
+    monkeypatch.setattr(
+        pf.counter, "published", lambda layer, gen: None if layer == 1 else published(layer, gen)
+    )
+    pf.on_draft_start(1)
+    draft_token(pf, 0, {0: [1, 2], 1: [3, 4], 2: [5, 6]})
+    assert [sorted(plan) for plan in plans] == [[0], [1, 2]]
+    assert (sorted(plans[1][1]), sorted(plans[1][2])) == ([3, 4], [5, 6])
+    st = pf.stats()
+    assert (st["layerwise_fallbacks"], st["layerwise_boundaries"], st["boundaries"]) == (1, 1, 1)
+
+
+def test_layerwise_needs_a_publishing_counter_and_stamps_only_the_last_forward(
+    make_store, monkeypatch
+):
+    store, _ = make_store(2, 8, LAYOUT)
+    cache = ExpertCache(store, slots_per_layer=3, device="cpu", policy="predictive")
+    counter = RoutingCounter(2, 8, "cpu")
+    pf = SpeculativePrefetcher(cache, counter, layerwise=True)
+    pf.on_draft_start(2)
+    draft_token(pf, 0, {0: [1]})
+    draft_token(pf, 1, {0: [2]})
+    pf.on_verify_start(3)
+    assert pf.stats()["layerwise_boundaries"] == 0  # no published rows: snapshots
+    counter.publish()
+    stamps = []
+    begin = counter.begin_forward
+    monkeypatch.setattr(
+        counter, "begin_forward", lambda: stamps.append(counter.observations) or begin()
+    )
+    pf.on_draft_start(3)
+    for i in range(3):
+        draft_token(pf, i, {0: [i], 1: [i + 1]})
+    pf.on_verify_start(4)
+    assert stamps == [4]  # once, after the second forward's two observes: before the third
+    assert pf.stats()["layerwise_boundaries"] == 1

@@ -477,3 +477,28 @@ def test_fused_residual_adds_give_the_bits_of_their_parts_on_the_gpu(seed, monke
     alone = torch.cat([sk.add_rms_norm(x[:, i : i + 1], residual[:, i : i + 1], weight, 1e-6)[1]
                        for i in range(T)], dim=1)  # fmt: skip
     assert torch.equal(alone, normed)
+
+
+@pytest.mark.parametrize("n", [6, 12, 2094])
+def test_observe_and_publish_on_the_gpu_writes_the_pinned_row_inside_a_graph(n):
+    # The count equals index_add_'s, the stamped row reaches pinned host memory through its
+    # address, and a captured graph does both on each replay.
+    counts = torch.randint(0, 4, (64,), dtype=torch.int32, device="cuda")
+    host = torch.zeros(64, dtype=torch.int32, pin_memory=True)
+    address = torch.tensor(host.data_ptr(), dtype=torch.int64, device="cuda")
+    stamp = torch.tensor(5 << 20, dtype=torch.int32, device="cuda")
+    ids = torch.randint(0, 64, (n,), device="cuda")
+    expected = counts.clone().index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+    sk.observe_and_publish(counts, ids, stamp, address, host)
+    torch.cuda.synchronize()
+    assert torch.equal(counts, expected)
+    assert torch.equal(host, (expected + stamp).cpu())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sk.observe_and_publish(counts, ids, stamp, address, host)
+    stamp.fill_(6 << 20)
+    graph.replay()
+    torch.cuda.synchronize()
+    twice = expected.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+    assert torch.equal(counts, twice)
+    assert torch.equal(host, (twice + (6 << 20)).cpu())

@@ -601,3 +601,28 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
     spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4).generate(tokens, 24)
     plain = SpecController(None, lm.target, depth=0).generate(tokens, 24)
     assert spec.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_layerwise_final_plans_come_from_the_graphed_draft_and_keep_tokens(name):
+    # Under a budget on CUDA the loader makes the draft publish its counts (one launch per
+    # layer, inside the draft's graphs): a layer-wise prefetcher then plans every final
+    # boundary from the rows as they arrive, with no fallback, and the tokens stay plain
+    # decoding's.
+    kwargs = {
+        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
+        "max_seq_len": 320, "miss_path": "stream",
+    }  # fmt: skip
+    prompt = torch.randint(0, 96, (120,), device="cuda").tolist()
+    lm = load(name, **kwargs)
+    assert lm.counter.publishing
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 24)
+    lm.reset()
+    lm.prefetcher.layerwise = True
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=3).generate(prompt, 24)
+    assert spec.tokens == plain.tokens
+    stats = lm.prefetcher.stats()
+    assert stats["layerwise_boundaries"] > 0
+    assert stats["layerwise_fallbacks"] == 0
+    assert stats["prefetch_issued"] > 0
+    assert lm.graph_stats()["draft"]["replays"] > 0

@@ -53,6 +53,7 @@ SYSTEM_NAMES = (
     "specter-staged",
     "specter-held",
     "specter-held0",
+    "specter-layerwise",
     "specter-plain",
     "specter-plain-fill",
     "specter-plain-pipe",
@@ -61,7 +62,8 @@ SYSTEM_NAMES = (
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft
-kernel, with row truncation, with streamed fills, and with staged streaming; then the
+kernel, with row truncation, with streamed fills, with staged streaming, with held copies
+(lead 4 and 0), and with layer-wise final plans; then the
 engine decoding plainly on the streamed path without a draft, without and with fills, and
 with fills and pipelined records."""
 

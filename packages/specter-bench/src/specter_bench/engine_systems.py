@@ -20,6 +20,7 @@ specter-fill           yes          yes       expert-wise   INT4 + hot  predicti
 specter-staged         yes          yes       expert-wise   INT4 + hot  predictive   stream+
 specter-held           yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-held0          yes          yes       expert-wise   INT4 + hot  predictive   stream
+specter-layerwise      yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-plain          no           no        (one row)     none        LRU          stream
 specter-plain-fill     no           no        (one row)     none        LRU          stream*
 specter-plain-pipe     no           no        (one row)     none        LRU          stream*
@@ -46,6 +47,12 @@ most of its plan's data copies are issued: the first ``HELD_LEAD`` loads (or non
 before it, the rest right after (specter-cache's ``verify_lead``), so the host's copy calls
 overlap the verification instead of delaying it; a held expert that has not landed when its
 layer runs is streamed.
+
+``specter-layerwise`` is ``specter`` whose final plan of a draft is made layer by layer as
+the draft's last forward publishes its routing counts (specter-cache's
+``SpeculativePrefetcher(layerwise=True)``; specter-models' loader makes the counter publish
+on CUDA under a budget): its prefetches go out while the draft still runs, instead of after
+it (not yet measured on a GPU).
 
 ``specter-plain-pipe`` is ``specter-plain-fill`` with pipelined records (specter-models'
 ``StreamRecord.pipelined``): a step's fill candidates are chosen before the step before it
@@ -122,6 +129,8 @@ class EngineSystem:
         pipelined_records: on the streamed path without a draft, choose a step's fill
             candidates before the step before it is counted (specter-models'
             ``StreamRecord.pipelined``; deferred records only, the default on CUDA).
+        layerwise: plan each draft's final prefetch layer by layer as the draft publishes
+            its routing (``SpeculativePrefetcher(layerwise=)``; needs a publishing counter).
     """
 
     name: str
@@ -138,6 +147,7 @@ class EngineSystem:
     stream_staging: int = 0
     verify_lead: int | None = None
     pipelined_records: bool = False
+    layerwise: bool = False
 
 
 HELD_LEAD = 4
@@ -183,6 +193,7 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-staged", stream_staging=STAGING_SLOTS),
         _variant("specter-held", verify_lead=HELD_LEAD),
         _variant("specter-held0", verify_lead=0),
+        _variant("specter-layerwise", layerwise=True),
         EngineSystem("specter-plain", False, False, "expert", False, "lru", miss_path="stream"),
         _PLAIN_FILL,
         dataclasses.replace(_PLAIN_FILL, name="specter-plain-pipe", pipelined_records=True),
@@ -190,6 +201,15 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
 }
 """Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans
 cleared and no prefetch, that policy is exactly LRU)."""
+
+
+def _layerwise(loaded: Any) -> bool:
+    """Whether the prefetcher plans a draft's final prefetch layer by layer (it needs a
+    publishing counter: specter-models' loader makes one on CUDA under a budget)."""
+    prefetcher = getattr(loaded, "prefetcher", None)
+    return bool(
+        getattr(prefetcher, "layerwise", False) and getattr(loaded.counter, "publishing", False)
+    )
 
 
 def _pipelined_records(loaded: Any) -> bool:
@@ -374,6 +394,8 @@ class EngineSystemRunner:
         prefetcher = getattr(loaded, "prefetcher", None)
         if prefetcher is not None and hasattr(prefetcher, "verify_lead"):
             prefetcher.verify_lead = system.verify_lead
+        if prefetcher is not None and hasattr(prefetcher, "layerwise"):
+            prefetcher.layerwise = system.layerwise
         runtime = getattr(loaded, "runtime", None)
         if runtime is not None and hasattr(runtime, "row_truncation"):
             runtime.row_truncation = self._row_truncation  # priced at the loader's bandwidth
@@ -435,6 +457,7 @@ class EngineSystemRunner:
                 else None,
                 "pipelined_records": _pipelined_records(self.loaded),
                 "prefetch": self.system.prefetch,
+                "layerwise": _layerwise(self.loaded) if self.system.prefetch else None,
                 "fused_draft": self.system.fused_draft,
                 "row_truncation": self.system.row_truncation,
                 "policy": policy,

@@ -4,13 +4,28 @@ The draft's MoE layers report their router's top-k choices with ``observe``; the
 on the device (an ``index_add_``, no host sync). At a chunk boundary ``snapshot`` ranks every
 layer's experts and copies one compact ``[2, L, M]`` tensor to the host: the only
 device-to-host transfer per boundary.
+
+Published counts (``publish``): every ``observe`` also writes its layer's counts row, stamped
+with the forward's generation, into pinned host memory as the forward runs, so the host can
+read a layer's counts while the device still computes the layers after it
+(``published``), with no host sync. ``begin_forward`` stamps the rows of the next forward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+
+_COUNT_BITS = 20
+"""Low bits of a published entry that hold the count; the generation sits above them."""
+_MAX_GENERATION = (1 << (31 - _COUNT_BITS)) - 1
+"""Generations cycle through 1 .. this (a published int32 entry stays positive)."""
+
+PublishKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None
+]
+"""``kernel(counts_row, ids, stamp, host_row_address, host_row)`` (see ``publish``)."""
 
 
 class RoutingCounter:
@@ -44,6 +59,80 @@ class RoutingCounter:
         self.counts = torch.zeros(num_layers, num_experts, dtype=torch.int32, device=self.device)
         self._ones = torch.ones(64, dtype=torch.int32, device=self.device)
         self.observations = 0  # observe() calls since the last clear (host-side bookkeeping)
+        self._host: torch.Tensor | None = None  # [L, E] published rows (pinned on CUDA)
+        self._generation = 0
+
+    # -------------------------------------------------------------------------- publishing
+    @property
+    def publishing(self) -> bool:
+        """Whether ``observe`` publishes each layer's counts to the host (``publish``)."""
+        return self._host is not None
+
+    def publish(self, kernel: PublishKernel | None = None) -> None:
+        """From now on, every ``observe`` also writes its layer's counts row, stamped with the
+        current generation (``begin_forward``), into pinned host memory, where ``published``
+        reads it while the device runs on.
+
+        On CUDA the write is a device-to-host copy queued behind the count (a graph captured
+        from here on carries it), or, with ``kernel``, one launch that counts and writes the
+        row in place of the ``index_add_`` (specter-kernels' ``observe_and_publish``: the
+        same counts and rows, no extra launch). Call it before capturing the forwards that
+        observe: a graph captured earlier does not publish, and ``published`` then never
+        finds its rows (a reader falls back to a snapshot). Calling it again only changes
+        the kernel.
+
+        Args:
+            kernel: ``kernel(counts_row [E] int32, ids [n], stamp [] int32, host_row_address
+                [] int64, host_row [E] int32)``; it must leave ``counts_row`` as the
+                ``index_add_`` would and write ``counts_row + stamp`` to the host row.
+        """
+        if self._host is None:
+            shape = (self.num_layers, self.num_experts)
+            pinned = self.device.type == "cuda"
+            self._host = torch.zeros(shape, dtype=torch.int32, pin_memory=pinned)
+            self._stamped = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self._stamp = torch.zeros((), dtype=torch.int32, device=self.device)
+            row_bytes = self.num_experts * 4
+            self._host_addresses = torch.tensor(
+                [self._host.data_ptr() + i * row_bytes for i in range(self.num_layers)],
+                dtype=torch.int64,
+                device=self.device,
+            )
+        self._publish_kernel = kernel
+
+    def begin_forward(self) -> int:
+        """Stamp the rows the next forward publishes with a new generation and return it
+        (queued on the current stream, ahead of that forward; no host sync).
+
+        Raises:
+            RuntimeError: not publishing.
+        """
+        if self._host is None:
+            raise RuntimeError("begin_forward() needs publish() first")
+        self._generation = self._generation % _MAX_GENERATION + 1
+        self._stamp.fill_(self._generation << _COUNT_BITS)
+        return self._generation
+
+    def published(self, layer: int, generation: int) -> list[int] | None:
+        """Layer ``layer``'s counts ``[E]`` as the forward stamped ``generation`` published
+        them, or None while its row is not all there (never blocks; reads the host row).
+
+        A row whose counts outgrow the stamp's count field (``2**20``) never reads as
+        published: a reader must fall back (a snapshot) once the forward is known done.
+        """
+        if self._host is None:
+            raise RuntimeError("published() needs publish() first")
+        row = self._host[layer].tolist()
+        mask = (1 << _COUNT_BITS) - 1
+        if any(v >> _COUNT_BITS != generation for v in row):
+            return None
+        return [v & mask for v in row]
+
+    def rank(self, counts: Sequence[int], top_m: int) -> list[int]:
+        """The ``top_m`` most-counted experts of a counts row, most first (ties: lower id
+        first), zero counts left out: a snapshot's plan for one layer from host counts."""
+        order = sorted((e for e, c in enumerate(counts) if c > 0), key=lambda e: (-counts[e], e))
+        return order[:top_m]
 
     def observe(self, layer: int, topk_ids: torch.Tensor) -> None:
         """Count the experts chosen by a router: ``counts[layer, e] += #(topk_ids == e)``.
@@ -83,7 +172,15 @@ class RoutingCounter:
             )
         if ids.dtype not in (torch.int64, torch.int32):
             ids = ids.long()
-        self.counts[layer].index_add_(0, ids, self._ones[:n])
+        if self._host is not None and self._publish_kernel is not None:
+            self._publish_kernel(
+                self.counts[layer], ids, self._stamp, self._host_addresses[layer], self._host[layer]
+            )
+        else:
+            self.counts[layer].index_add_(0, ids, self._ones[:n])
+            if self._host is not None:
+                torch.add(self.counts[layer], self._stamp, out=self._stamped[layer])
+                self._host[layer].copy_(self._stamped[layer], non_blocking=True)
         self.observations += 1
 
     def snapshot(self, top_m: int | Sequence[int]) -> dict[int, list[int]]:

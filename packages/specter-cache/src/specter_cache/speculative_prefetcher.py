@@ -21,12 +21,18 @@ is given, by duck typing:
   of a verification overlaps the next draft instead of holding its launch back.
 * ``plain_steps_may_overlap()``: True once every expert is resident, so a controller may
   queue plain steps one ahead of each other.
+
+Layer-wise final plans (``layerwise``, with a publishing counter, ``RoutingCounter.publish``):
+at the draft's last token the host does not wait for the whole forward to plan. Each MoE
+layer's counts reach the host as the draft computes it, and the host plans and prefetches
+each run of layers that has arrived while the device computes the layers after it, so the
+copy engine starts during the draft and the verification launches right after it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from specter_cache.copy_engine import TransferEvent
 from specter_cache.expert_cache import ExpertCache
@@ -52,6 +58,11 @@ class SpeculativePrefetcher:
             the verification to release after the launch (specter-models' streamed target
             does); None (the default): every copy before the launch. On the streamed path
             only; a held expert not yet landed is streamed, with the same bits.
+        layerwise: plan the draft's last token layer by layer as its forward publishes its
+            counts (see the module docstring); needs ``counter.publish()`` before the draft's
+            forwards are captured (without it, or without rows, the final plan is a
+            snapshot, as with False, the default). The same plans as a final snapshot's up
+            to ties between equal counts; ``verify_lead`` does not apply there.
 
     Once every expert of every layer is resident (a budget that holds them all) there is
     nothing to prefetch: boundaries are skipped, with no snapshot and no host sync.
@@ -74,6 +85,7 @@ class SpeculativePrefetcher:
         pipelined: bool | None = None,
         deferred_close: bool | None = None,
         verify_lead: int | None = None,
+        layerwise: bool = False,
     ):
         if (counter.num_layers, counter.num_experts) != (cache.num_layers, cache.num_experts):
             raise ValueError(
@@ -110,6 +122,9 @@ class SpeculativePrefetcher:
                 f"(loads issued before its launch), got {verify_lead!r}"
             )
         self.verify_lead = verify_lead
+        self.layerwise = bool(layerwise)
+        self._depth = 0
+        self._generation = 0  # the publishing counter's stamp of the draft's last forward
         self.reset_stats()
 
     # ------------------------------------------------------------------ observer protocol
@@ -121,6 +136,8 @@ class SpeculativePrefetcher:
         """
         self.planner.begin_draft(depth)
         self.counter.clear()
+        self._depth = depth
+        self._stamp_last_forward(0)
         self._tokens_done = 0
         self._drafting = True
         self._pending = None
@@ -149,10 +166,18 @@ class SpeculativePrefetcher:
         self._markers.append(self.cache.copy_engine.record_compute(timing=True))
         if self._pending is not None:  # the previous boundary's snapshot, read now
             self._finish_boundary(drafting_done=False)
-        if self.planner.is_boundary(self._tokens_done) and not self.cache.every_layer_resident():
+        if (
+            self._layerwise_now()
+            and self._tokens_done == self._depth
+            and self.planner.predicting
+            and not self.cache.every_layer_resident()
+        ):
+            self._layerwise_final()
+        elif self.planner.is_boundary(self._tokens_done) and not self.cache.every_layer_resident():
             self._pending = (self._tokens_done, self.counter.snapshot_async(self.top_m))
             if not self.pipelined:
                 self._finish_boundary(drafting_done=False)
+        self._stamp_last_forward(self._tokens_done)
 
     def on_verify_start(self, num_tokens: int) -> None:
         """Verification of ``num_tokens`` rows begins: final snapshot if still predicting.
@@ -236,35 +261,85 @@ class SpeculativePrefetcher:
         tokens_done, snapshot = self._pending
         self._pending = None
         self._feed_measurements()
+        batch = [0, 0, 0]
+        self._plan_and_prefetch(snapshot.result(), batch, lead)
+        self._decide(tokens_done, batch, drafting_done)
+
+    def _plan_and_prefetch(
+        self, plan: Mapping[int, list[int]], batch: list[int], lead: int | None = None
+    ) -> None:
+        """Record ``plan`` (some layers), add its batch's experts, bytes and remaining slots
+        to ``batch``, and prefetch it (the policy gets the plan first)."""
         cache = self.cache
-        plan = snapshot.result()
-        batch_experts = batch_bytes = remaining = 0
         slots = cache.slots_per_layer
         for layer, experts in plan.items():
             self._planned[layer].update(experts)
             new = cache.lookup(layer, experts)[1]
-            batch_experts += len(new)
-            batch_bytes += len(new) * cache.store.expert_bytes(layer)
+            batch[0] += len(new)
+            batch[1] += len(new) * cache.store.expert_bytes(layer)
             # Only evictable slots can take a prefetch: pinned ones (a hot set) hold their
             # experts for good, planned or not.
             pinned = set(cache.pinned(layer))
             held = sum(1 for e in experts if e not in pinned) - len(new)
-            remaining += max(0, slots[layer] - len(pinned) - held)
+            batch[2] += max(0, slots[layer] - len(pinned) - held)
+        issued = cache.prefetch(plan, set_plan=True, lead=lead)
+        self._stats["prefetch_issued"] += sum(len(v) for v in issued.values())
+
+    def _decide(self, tokens_done: int, batch: list[int], drafting_done: bool) -> None:
+        """The planner's decision on a boundary's whole batch, and its counters."""
         decision = self.planner.decide(
             tokens_done,
-            batch_experts=batch_experts,
-            batch_bytes=batch_bytes,
-            remaining_slots=remaining,
+            batch_experts=batch[0],
+            batch_bytes=batch[1],
+            remaining_slots=batch[2],
             drafting_done=drafting_done,
         )
-        issued = cache.prefetch(plan, set_plan=True, lead=lead)  # the policy gets it first
         st = self._stats
         st["boundaries"] += 1
-        st["prefetch_issued"] += sum(len(v) for v in issued.values())
         if decision.phase is PlannerPhase.FINAL_CLEANUP:
             st["cleanups"] += 1
             st["cleanup_tokens"] += tokens_done
             self.counter.clear()
+
+    def _layerwise_now(self) -> bool:
+        return self.layerwise and self.counter.publishing
+
+    def _stamp_last_forward(self, tokens_done: int) -> None:
+        """Before the draft's last forward is queued, stamp the rows it will publish."""
+        if self._layerwise_now() and tokens_done == self._depth - 1:
+            self._generation = self.counter.begin_forward()
+
+    def _layerwise_final(self) -> None:
+        """The final boundary, planned layer by layer as the last draft forward publishes
+        its counts: each run of layers whose rows have arrived is planned and prefetched at
+        once, while the device computes the layers after it. Once the forward is known done
+        (its marker), a row that never arrived (a forward that did not publish) falls back
+        to a snapshot for the layers left."""
+        self._feed_measurements()
+        counter, num_layers = self.counter, self.cache.num_layers
+        forward_done = self._markers[-1]
+        batch = [0, 0, 0]
+        fallback: dict[int, list[int]] | None = None
+        layer = 0
+        while layer < num_layers:
+            ready: dict[int, list[int]] = {}
+            while layer < num_layers:
+                if fallback is not None:
+                    ready[layer] = fallback[layer]
+                else:
+                    counts = counter.published(layer, self._generation)
+                    if counts is None:
+                        break
+                    ready[layer] = counter.rank(counts, self.top_m[layer])
+                layer += 1
+            if ready:
+                self._plan_and_prefetch(ready, batch)
+                self._stats["layerwise_batches"] += 1
+            elif forward_done.query() and counter.published(layer, self._generation) is None:
+                fallback = counter.snapshot_async(self.top_m).result()
+                self._stats["layerwise_fallbacks"] += 1
+        self._stats["layerwise_boundaries"] += 1
+        self._decide(self._tokens_done, batch, drafting_done=True)
 
     # ------------------------------------------------------------------------ statistics
     def reset_stats(self) -> None:
@@ -283,6 +358,9 @@ class SpeculativePrefetcher:
             "planned_experts": 0,
             "needed_experts": 0,
             "planned_and_needed": 0,
+            "layerwise_boundaries": 0,
+            "layerwise_batches": 0,
+            "layerwise_fallbacks": 0,
         }
 
     def stats(self) -> dict[str, object]:

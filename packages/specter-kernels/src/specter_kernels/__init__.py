@@ -69,6 +69,7 @@ from specter_kernels.rotary import (
     rotary_half_reference,
 )
 from specter_kernels.router_topk import router_topk, router_topk_reference
+from specter_kernels.routing_publish import observe_and_publish, observe_and_publish_reference
 from specter_kernels.silu_and_mul import silu_and_mul, silu_and_mul_reference
 from specter_kernels.streamed_experts import StreamedExperts
 from specter_kernels.streamed_fills import assign_fill_slots, assign_fill_slots_reference
@@ -123,6 +124,8 @@ __all__ = [
     "mla_prologue_reference",
     "moe_align_block_size",
     "moe_align_block_size_reference",
+    "observe_and_publish",
+    "observe_and_publish_reference",
     "pack_int4",
     "quantize_int4",
     "residual_add",

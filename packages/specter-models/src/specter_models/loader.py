@@ -26,7 +26,7 @@ from specter_cache import (
     RoutingCounter,
     SpeculativePrefetcher,
 )
-from specter_kernels import StagingBuffer
+from specter_kernels import StagingBuffer, observe_and_publish
 from specter_models.absorbed_mla import install_absorbed_mla
 from specter_models.architecture import Architecture, MoeLayer, architecture_for, find_moe_layers
 from specter_models.checkpoint import (
@@ -341,6 +341,10 @@ def load(
     runtime.cache = cache
     counter = RoutingCounter(len(layers), E, device)
     runtime.counter = counter if draft is not None else None
+    if draft is not None and device.type == "cuda" and plan.slots_per_layer < E:
+        # Each draft layer's counts reach the host as the draft runs (same launch as the
+        # count), so a layer-wise prefetcher can plan before the draft ends.
+        counter.publish(observe_and_publish)
     prefetcher = SpeculativePrefetcher(cache, counter)
     runtime.bandwidth = lambda: prefetcher.planner.bandwidth  # measured transfers
     if stream_staging:
