@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One device call (thirtieth session): the CUDA tests of published routing counts (the
-# kernel, the counter inside a graph, layer-wise plans from the graphed draft), then
+# One device call (thirtieth session, run at b62a5de, where `specter-layerwise` was the
+# variant: since then it is `specter`, and that `specter` is `specter-snapshot`): the CUDA
+# tests of published routing counts (the kernel, the counter inside a graph, layer-wise
+# plans from the graphed draft), then
 # `specter-layerwise` against `specter` at DeepSeek-V2-Lite 24 GB in both orders (one
 # process each, `lru` beside the first), 3 HumanEval prompts x 64 tokens.
 #

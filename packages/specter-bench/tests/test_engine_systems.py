@@ -317,26 +317,27 @@ def test_pipelined_records_keep_plain_fill_tokens_and_say_so():
     assert pipe.cache["streamed_fills"] > 0
 
 
-def test_specter_layerwise_plans_from_published_counts_and_keeps_specter_tokens():
-    # specter-layerwise plans each draft's final prefetch from the counts the draft publishes
-    # layer by layer (the loader publishes on CUDA; here the test turns it on): the same
-    # tokens as specter, every final boundary layer-wise, no fallback; specter plans none so.
+def test_specter_plans_from_published_counts_and_specter_snapshot_keeps_its_tokens():
+    # specter plans each draft's final prefetch from the counts the draft publishes layer by
+    # layer (the loader publishes on CUDA; here the test turns it on): every final boundary
+    # layer-wise, no fallback; specter-snapshot plans from a snapshot, to the same tokens.
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
     loaded = specter_models.load(
         "tiny-deepseek-v2", slots_per_layer=3, policy="predictive", miss_path="stream", **kwargs
     )
     assert not loaded.counter.publishing  # on the CPU the loader does not publish
+    assert not loaded.prefetcher.layerwise
     loaded.counter.publish()
     prompt = _prompt(4, loaded.config.vocab_size)
     runs = {
         name: EngineSystemRunner(loaded, ENGINE_SYSTEMS[name], depth=2).generate(prompt, 12)
-        for name in ("specter", "specter-layerwise")
+        for name in ("specter-snapshot", "specter")
     }
-    layered, plain = runs["specter-layerwise"], runs["specter"]
-    assert layered.tokens == plain.tokens
+    layered, snap = runs["specter"], runs["specter-snapshot"]
+    assert layered.tokens == snap.tokens
     assert layered.settings["layerwise"] is True
-    assert plain.settings["layerwise"] is False
+    assert snap.settings["layerwise"] is False
     assert layered.prefetcher["layerwise_boundaries"] > 0
     assert layered.prefetcher["layerwise_fallbacks"] == 0
-    assert plain.prefetcher["layerwise_boundaries"] == 0
+    assert snap.prefetcher["layerwise_boundaries"] == 0
     assert layered.prefetcher["prefetch_issued"] > 0

@@ -606,7 +606,7 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
 @pytest.mark.parametrize("name", TINY)
 def test_cuda_layerwise_final_plans_come_from_the_graphed_draft_and_keep_tokens(name):
     # Under a budget on CUDA the loader makes the draft publish its counts (one launch per
-    # layer, inside the draft's graphs): a layer-wise prefetcher then plans every final
+    # layer, inside the draft's graphs): its layer-wise prefetcher then plans every final
     # boundary from the rows as they arrive, with no fallback, and the tokens stay plain
     # decoding's.
     kwargs = {
@@ -616,10 +616,12 @@ def test_cuda_layerwise_final_plans_come_from_the_graphed_draft_and_keep_tokens(
     prompt = torch.randint(0, 96, (120,), device="cuda").tolist()
     lm = load(name, **kwargs)
     assert lm.counter.publishing
+    assert lm.prefetcher.layerwise  # the default where the counter publishes
     plain = SpecController(None, lm.target, depth=0).generate(prompt, 24)
     lm.reset()
-    lm.prefetcher.layerwise = True
-    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=3).generate(prompt, 24)
+    # Depth 1: the draft's one token is its last, so every draft plans layer by layer (at
+    # deeper drafts an earlier boundary may fill the free slots and end the predicting).
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=1).generate(prompt, 24)
     assert spec.tokens == plain.tokens
     stats = lm.prefetcher.stats()
     assert stats["layerwise_boundaries"] > 0

@@ -54,6 +54,7 @@ SYSTEM_NAMES = (
     "specter-held",
     "specter-held0",
     "specter-layerwise",
+    "specter-snapshot",
     "specter-plain",
     "specter-plain-fill",
     "specter-plain-pipe",
@@ -63,7 +64,8 @@ configuration, accelerate offload), the engine without speculation, speculation 
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft
 kernel, with row truncation, with streamed fills, with staged streaming, with held copies
-(lead 4 and 0), and with layer-wise final plans; then the
+(lead 4 and 0), with layer-wise final plans (``specter-layerwise``, measured before they
+became ``specter``'s default) and with a final snapshot instead; then the
 engine decoding plainly on the streamed path without a draft, without and with fills, and
 with fills and pipelined records."""
 

@@ -20,7 +20,7 @@ specter-fill           yes          yes       expert-wise   INT4 + hot  predicti
 specter-staged         yes          yes       expert-wise   INT4 + hot  predictive   stream+
 specter-held           yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-held0          yes          yes       expert-wise   INT4 + hot  predictive   stream
-specter-layerwise      yes          yes       expert-wise   INT4 + hot  predictive   stream
+specter-snapshot       yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-plain          no           no        (one row)     none        LRU          stream
 specter-plain-fill     no           no        (one row)     none        LRU          stream*
 specter-plain-pipe     no           no        (one row)     none        LRU          stream*
@@ -48,11 +48,12 @@ before it, the rest right after (specter-cache's ``verify_lead``), so the host's
 overlap the verification instead of delaying it; a held expert that has not landed when its
 layer runs is streamed.
 
-``specter-layerwise`` is ``specter`` whose final plan of a draft is made layer by layer as
-the draft's last forward publishes its routing counts (specter-cache's
-``SpeculativePrefetcher(layerwise=True)``; specter-models' loader makes the counter publish
-on CUDA under a budget): its prefetches go out while the draft still runs, instead of after
-it (not yet measured on a GPU).
+``specter`` plans each draft's final prefetch layer by layer as the draft's last forward
+publishes its routing counts (specter-cache's ``SpeculativePrefetcher(layerwise=True)``;
+specter-models' loader makes the counter publish on CUDA under a budget), so its prefetches
+go out while the draft still runs; ``specter-snapshot`` is ``specter`` planning from one
+snapshot after the draft instead (``specter`` before the thirtieth session; measured as
+``specter`` against ``specter-layerwise`` then).
 
 ``specter-plain-pipe`` is ``specter-plain-fill`` with pipelined records (specter-models'
 ``StreamRecord.pipelined``): a step's fill candidates are chosen before the step before it
@@ -130,7 +131,8 @@ class EngineSystem:
             candidates before the step before it is counted (specter-models'
             ``StreamRecord.pipelined``; deferred records only, the default on CUDA).
         layerwise: plan each draft's final prefetch layer by layer as the draft publishes
-            its routing (``SpeculativePrefetcher(layerwise=)``; needs a publishing counter).
+            its routing (``SpeculativePrefetcher(layerwise=)``; needs a publishing counter,
+            else the final plan is a snapshot).
     """
 
     name: str
@@ -156,7 +158,15 @@ layers' experts, so they land before the verification reaches them)."""
 
 
 _SPECTER = EngineSystem(
-    "specter", True, True, "expert", True, "predictive", hot_experts=True, miss_path="stream"
+    "specter",
+    True,
+    True,
+    "expert",
+    True,
+    "predictive",
+    hot_experts=True,
+    miss_path="stream",
+    layerwise=True,
 )
 
 
@@ -193,7 +203,7 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-staged", stream_staging=STAGING_SLOTS),
         _variant("specter-held", verify_lead=HELD_LEAD),
         _variant("specter-held0", verify_lead=0),
-        _variant("specter-layerwise", layerwise=True),
+        _variant("specter-snapshot", layerwise=False),
         EngineSystem("specter-plain", False, False, "expert", False, "lru", miss_path="stream"),
         _PLAIN_FILL,
         dataclasses.replace(_PLAIN_FILL, name="specter-plain-pipe", pipelined_records=True),
