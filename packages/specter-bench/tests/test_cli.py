@@ -146,7 +146,10 @@ def test_generate_streams_under_a_budget_by_default_and_fills_when_decoding_plai
     assert default["miss_path"] == "stream"
     assert default["stream_fills"] == FILL_CANDIDATES
     assert default["streamed_fills"] > 0
-    assert json.loads(runs[("--miss-path", "load")][-1])["miss_path"] == "load"
+    assert default["pipelined_records"] is True  # plain streamed steps pipeline their records
+    loaded = json.loads(runs[("--miss-path", "load")][-1])
+    assert loaded["miss_path"] == "load"
+    assert loaded["pipelined_records"] is False
 
 
 def test_generate_demo_defaults_apply_to_the_built_in_model_only():
