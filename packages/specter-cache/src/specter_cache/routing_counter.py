@@ -90,7 +90,6 @@ class RoutingCounter:
             shape = (self.num_layers, self.num_experts)
             pinned = self.device.type == "cuda"
             self._host = torch.zeros(shape, dtype=torch.int32, pin_memory=pinned)
-            self._stamped = torch.zeros(shape, dtype=torch.int32, device=self.device)
             self._stamp = torch.zeros((), dtype=torch.int32, device=self.device)
             row_bytes = self.num_experts * 4
             self._host_addresses = torch.tensor(
@@ -128,7 +127,8 @@ class RoutingCounter:
             return None
         return [v & mask for v in row]
 
-    def rank(self, counts: Sequence[int], top_m: int) -> list[int]:
+    @staticmethod
+    def rank(counts: Sequence[int], top_m: int) -> list[int]:
         """The ``top_m`` most-counted experts of a counts row, most first (ties: lower id
         first), zero counts left out: a snapshot's plan for one layer from host counts."""
         order = sorted((e for e, c in enumerate(counts) if c > 0), key=lambda e: (-counts[e], e))
@@ -179,8 +179,7 @@ class RoutingCounter:
         else:
             self.counts[layer].index_add_(0, ids, self._ones[:n])
             if self._host is not None:
-                torch.add(self.counts[layer], self._stamp, out=self._stamped[layer])
-                self._host[layer].copy_(self._stamped[layer], non_blocking=True)
+                self._host[layer].copy_(self.counts[layer] + self._stamp, non_blocking=True)
         self.observations += 1
 
     def snapshot(self, top_m: int | Sequence[int]) -> dict[int, list[int]]:

@@ -123,7 +123,6 @@ class SpeculativePrefetcher:
             )
         self.verify_lead = verify_lead
         self.layerwise = bool(layerwise)
-        self._depth = 0
         self._generation = 0  # the publishing counter's stamp of the draft's last forward
         self.reset_stats()
 
@@ -136,7 +135,6 @@ class SpeculativePrefetcher:
         """
         self.planner.begin_draft(depth)
         self.counter.clear()
-        self._depth = depth
         self._stamp_last_forward(0)
         self._tokens_done = 0
         self._drafting = True
@@ -168,7 +166,7 @@ class SpeculativePrefetcher:
             self._finish_boundary(drafting_done=False)
         if (
             self._layerwise_now()
-            and self._tokens_done == self._depth
+            and self._tokens_done == self.planner.depth
             and self.planner.predicting
             and not self.cache.every_layer_resident()
         ):
@@ -306,7 +304,7 @@ class SpeculativePrefetcher:
 
     def _stamp_last_forward(self, tokens_done: int) -> None:
         """Before the draft's last forward is queued, stamp the rows it will publish."""
-        if self._layerwise_now() and tokens_done == self._depth - 1:
+        if self._layerwise_now() and tokens_done == self.planner.depth - 1:
             self._generation = self.counter.begin_forward()
 
     def _layerwise_final(self) -> None:

@@ -51,7 +51,8 @@ def observe_and_publish(
         host_row: ``[E]`` int32 pinned host memory (a CPU tensor for the reference).
 
     Raises:
-        ValueError: mismatched shapes or dtypes, or a host address that is not the row's.
+        ValueError: mismatched shapes or dtypes (the address is not checked: reading it
+            would sync the host).
 
     Example:
         >>> import torch, specter_kernels as sk
