@@ -241,3 +241,39 @@ def test_published_counts_reach_the_host_from_a_captured_graph_while_it_runs():
     assert row0 == counter.counts[0].tolist()  # (this read waits for the replay)
     assert counter.published(1, gen) == counter.counts[1].tolist()
     assert sorted(e for e, c in enumerate(row0) if c) == [3, 5, 9]
+
+
+def test_a_captured_wait_for_landing_waits_at_each_replay_for_the_loads_before_its_launch():
+    # wait_for_landing inside a CUDA graph is a wait on the layer's external event: each
+    # replay waits for the loads issued before it was launched (the copy stream sleeps first,
+    # so they land late); a graph without the wait reads the map before they land.
+    store, ref = build_store(2, 6, LAYOUT, seed=8)
+    cache = ExpertCache(store, slots_per_layer=3, device="cuda")
+    cache.streaming = True
+    waited = torch.full((6,), -2, dtype=torch.int32, device="cuda")
+    unwaited = torch.full_like(waited, -2)
+    data = torch.zeros(256, 256, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        with_wait, without_wait = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(with_wait, stream=side):
+            cache.wait_for_landing(0)
+            waited.copy_(cache.expert_to_slot(0))
+            data.copy_(cache.slot_tensors(0)["w"].sum(dim=0))
+        with torch.cuda.graph(without_wait, stream=side):
+            unwaited.copy_(cache.expert_to_slot(0))
+    torch.cuda.current_stream().wait_stream(side)
+    for experts in ([4], [1, 2]):
+        with torch.cuda.stream(cache.copy_engine.stream):
+            torch.cuda._sleep(SLEEP_CYCLES)  # the loads below land late
+        cache.prefetch({0: experts, 1: [5]})
+        without_wait.replay()
+        with_wait.replay()
+        torch.cuda.synchronize()
+        landed = cache.expert_to_slot(0).tolist()
+        assert waited.tolist() == landed
+        assert all(landed[e] >= 0 for e in experts)
+        assert all(unwaited.tolist()[e] == -1 for e in experts)  # read before they landed
+    expect = sum(ref[(0, e)]["w"] for e in (4, 1, 2))
+    torch.testing.assert_close(data.cpu(), expect, rtol=1e-4, atol=1e-4)

@@ -310,3 +310,57 @@ def test_prefetch_rejects_a_bad_lead(make_store, lead):
     _, _, _, cache = _streaming_cache_with_victims(make_store)
     with pytest.raises(ValueError, match=rf"lead must be None .* got {lead!r}"):
         cache.prefetch({0: [4]}, lead=lead)
+
+
+def test_wait_for_landing_runs_the_layers_loads_and_no_later_ones(make_store):
+    # Deferred copies stand still until waited for: waiting for layer 0 lands its loads
+    # (data and map entries) and leaves layer 1's queued; a layer with no new loads waits
+    # for nothing.
+    store, ref = make_store(2, 6)
+    engine = DeferredCopyEngine("cpu")
+    cache = ExpertCache(store, slots_per_layer=3, device="cpu", copy_engine=engine)
+    cache.streaming = True
+    cache.prefetch({0: [4, 5], 1: [2]})
+    assert engine.pending > 0
+    assert cache.expert_to_slot(0)[4] == -1  # still crossing
+    cache.wait_for_landing(0)
+    for e in (4, 5):
+        slot = int(cache.expert_to_slot(0)[e])
+        assert slot >= 0
+        assert torch.equal(cache.slot_tensors(0)["down"][slot], ref[(0, e)]["down"])
+    assert cache.expert_to_slot(1)[2] == -1  # layer 1's load was issued after: still queued
+    left = engine.pending
+    assert left > 0
+    cache.wait_for_landing(0)  # nothing new for layer 0
+    assert engine.pending == left
+    cache.wait_for_landing(1)
+    assert engine.pending == 0
+    assert cache.expert_to_slot(1)[2] >= 0
+
+
+def test_wait_for_landing_covers_later_batches_and_not_held_copies(make_store):
+    store, _ = make_store(1, 8)
+    engine = DeferredCopyEngine("cpu")
+    cache = ExpertCache(store, slots_per_layer=4, device="cpu", copy_engine=engine)
+    cache.streaming = True
+    cache.prefetch({0: [1]})
+    cache.prefetch({0: [2, 3]}, lead=1)  # expert 3's data copy is held
+    cache.wait_for_landing(0)
+    assert cache.expert_to_slot(0)[1] >= 0
+    assert cache.expert_to_slot(0)[2] >= 0
+    assert cache.expert_to_slot(0)[3] == -1  # held: not issued, so not waited for
+    assert cache.copies_held == 1
+    cache.release_copies()
+    cache.wait_for_landing(0)
+    assert cache.expert_to_slot(0)[3] >= 0
+    with pytest.raises(ValueError, match=r"layer must be an int in \[0, 1\), got 1"):
+        cache.wait_for_landing(1)
+
+
+def test_wait_for_landing_is_free_where_copies_complete_at_once(make_store):
+    store, _ = make_store(1, 4)
+    cache = ExpertCache(store, slots_per_layer=2, device="cpu")  # immediate copies
+    cache.streaming = True
+    cache.prefetch({0: [3]})
+    cache.wait_for_landing(0)
+    assert cache.expert_to_slot(0)[3] >= 0

@@ -628,3 +628,30 @@ def test_cuda_layerwise_final_plans_come_from_the_graphed_draft_and_keep_tokens(
     assert stats["layerwise_fallbacks"] == 0
     assert stats["prefetch_issued"] > 0
     assert lm.graph_stats()["draft"]["replays"] > 0
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_cuda_stream_waits_are_graphed_and_keep_tokens(name):
+    # With stream_waits each streamed verification's graph waits per layer on the cache's
+    # landing events (captured once, re-recorded by every prefetch): the tokens stay plain
+    # decoding's, the target stays graphed whole, and both switch values get their graphs.
+    kwargs = {
+        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
+        "max_seq_len": 320, "miss_path": "stream",
+    }  # fmt: skip
+    prompt = torch.randint(0, 96, (120,), device="cuda").tolist()
+    lm = load(name, stream_waits=True, **kwargs)
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 24)
+    runs = {}
+    for waits in (True, False, True):
+        lm.stream_waits = waits
+        lm.reset()
+        spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=2)
+        runs.setdefault(waits, []).append(spec.generate(prompt, 24).tokens)
+        assert lm.cache.stats()["total"]["prefetch_loads"] > 0
+    assert runs[True][0] == runs[True][1] == runs[False][0] == plain.tokens
+    stats = lm.graph_stats()["target"]
+    assert stats["disabled_reason"] is None
+    assert stats["piecewise_graphs"] == 0
+    assert {key[5] for key in lm.target.graphs.stats.keys} == {False, True}
+    assert {key[5] for key in lm.draft.graphs.stats.keys} == {False}  # the draft never waits

@@ -110,6 +110,66 @@ def test_experts_still_in_flight_are_streamed(checkpoints):
     assert cache.every_layer_resident()
 
 
+def test_with_waits_experts_in_flight_land_and_are_read_from_their_slots(checkpoints):
+    # stream_waits: each layer first waits for its loads in flight (the deferred engine
+    # runs its queue up to them), so nothing planned is streamed and the bits are the same.
+    folder = checkpoints["tiny-qwen2-moe"]
+    lm = load(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=8, miss_path="stream",
+        stream_waits=True,
+    )  # fmt: skip
+    assert lm.stream_waits
+    assert lm.runtime.stream_waits
+    engine = DeferredCopyEngine()
+    cache = ExpertCache(lm.cache.store, slots_per_layer=8, device="cpu", copy_engine=engine)
+    lm.runtime.cache = lm.cache = cache
+    lm.miss_path = "stream"
+    cache.prefetch({layer: list(range(8)) for layer in range(cache.num_layers)})
+    queued = engine.pending
+    assert queued > 0
+    ids = random_prompt(5, lm.config.vocab_size, seed=8)
+    got = lm.target.forward(ids, 0)
+    torch.testing.assert_close(
+        got, _logits(reference_from_checkpoint(folder), ids), rtol=0, atol=1e-10
+    )
+    total = cache.stats()["total"]
+    assert total["streamed_reads"] == total["misses"] == 0
+    assert total["hits"] > 0
+    assert engine.pending == 0  # the last layer waited for the last load
+
+
+def test_waits_cover_the_planned_experts_only(checkpoints):
+    # Half of each layer's experts are planned: the waits land those, the rest stream.
+    folder = checkpoints["tiny-deepseek-v2"]
+    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream")
+    lm.stream_waits = True
+    engine = DeferredCopyEngine()
+    cache = ExpertCache(lm.cache.store, slots_per_layer=4, device="cpu", copy_engine=engine)
+    lm.runtime.cache = lm.cache = cache
+    lm.miss_path = "stream"
+    cache.prefetch({layer: [0, 1, 2, 3] for layer in range(cache.num_layers)})
+    ids = random_prompt(6, lm.config.vocab_size, seed=4)
+    got = lm.target.forward(ids, 0)
+    torch.testing.assert_close(
+        got, _logits(reference_from_checkpoint(folder), ids), rtol=0, atol=1e-10
+    )
+    routed = _routed_per_layer(lm, folder, ids)
+    total = cache.stats()["total"]
+    expect_streamed = sum(len([e for e in set(r) if e >= 4]) for r in routed)
+    assert total["streamed_reads"] == expect_streamed > 0
+    assert total["hits"] == sum(len([e for e in set(r) if e < 4]) for r in routed) > 0
+
+
+def test_bad_stream_waits_are_refused(checkpoints):
+    folder = checkpoints["tiny-phimoe"]
+    with pytest.raises(ValueError, match=r"stream_waits must be True .* or False .*got 1"):
+        load(folder, device="cpu", dtype=torch.float32, stream_waits=1)
+    lm = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=2, miss_path="stream")
+    assert lm.stream_waits is False  # the default
+    with pytest.raises(ValueError, match="stream_waits must be True"):
+        lm.stream_waits = "yes"
+
+
 def test_a_long_prefill_acquires_instead(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
     lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream")

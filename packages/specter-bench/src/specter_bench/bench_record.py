@@ -55,6 +55,7 @@ SYSTEM_NAMES = (
     "specter-held0",
     "specter-layerwise",
     "specter-snapshot",
+    "specter-wait",
     "specter-plain",
     "specter-plain-fill",
     "specter-plain-pipe",
@@ -65,7 +66,8 @@ Specter, Specter acquiring its missing experts instead of streaming them, and Sp
 its hot set / prefetch / expert-wise verification / the fused draft
 kernel, with row truncation, with streamed fills, with staged streaming, with held copies
 (lead 4 and 0), with layer-wise final plans (``specter-layerwise``, measured before they
-became ``specter``'s default) and with a final snapshot instead; then the
+became ``specter``'s default), with a final snapshot instead and with verifications that
+wait for each layer's prefetches in flight instead of streaming them; then the
 engine decoding plainly on the streamed path without a draft, without and with fills, and
 with fills and pipelined records."""
 

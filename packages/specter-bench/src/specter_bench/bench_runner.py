@@ -413,16 +413,23 @@ class BenchRunner:
             started = time.perf_counter()
             captured = {}
             variants = {
-                (ENGINE_SYSTEMS[s].miss_path, ENGINE_SYSTEMS[s].stream_staging)
+                (
+                    ENGINE_SYSTEMS[s].miss_path,
+                    ENGINE_SYSTEMS[s].stream_staging,
+                    ENGINE_SYSTEMS[s].stream_waits,
+                )
                 for s in stage.systems
             }
-            for path, staging in sorted(variants):
+            for path, staging, waits in sorted(variants):
                 if hasattr(loaded, "miss_path"):
                     loaded.miss_path = path
                 name = path
                 if path == "stream" and hasattr(loaded, "stream_staging"):
                     width = use_staging(loaded, staging)
                     name = f"{path}+staging{width}" if staging else path
+                if path == "stream" and hasattr(loaded, "stream_waits"):
+                    loaded.stream_waits = waits
+                    name = f"{name}+waits" if waits else name
                 captured[name] = loaded.capture_step_graphs(self.max_seq_len)
             self.log(f"captured CUDA graphs {captured} in {time.perf_counter() - started:.1f} s")
         runs: list[tuple[EncodedPrompt, SystemRun]] = []

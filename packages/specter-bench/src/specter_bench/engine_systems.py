@@ -21,6 +21,7 @@ specter-staged         yes          yes       expert-wise   INT4 + hot  predicti
 specter-held           yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-held0          yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-snapshot       yes          yes       expert-wise   INT4 + hot  predictive   stream
+specter-wait           yes          yes       expert-wise   INT4 + hot  predictive   stream^
 specter-plain          no           no        (one row)     none        LRU          stream
 specter-plain-fill     no           no        (one row)     none        LRU          stream*
 specter-plain-pipe     no           no        (one row)     none        LRU          stream*
@@ -54,6 +55,10 @@ specter-models' loader makes the counter publish on CUDA under a budget), so its
 go out while the draft still runs; ``specter-snapshot`` is ``specter`` planning from one
 snapshot after the draft instead (``specter`` before the thirtieth session; measured as
 ``specter`` against ``specter-layerwise`` then).
+
+``specter-wait`` (stream^) is ``specter`` whose verifications wait, layer by layer, for the
+prefetches of that layer still in flight and read them from their slots (specter-models'
+``stream_waits``), where ``specter`` streams them meanwhile and so moves them twice.
 
 ``specter-plain-pipe`` is ``specter-plain-fill`` with pipelined records (specter-models'
 ``StreamRecord.pipelined``): a step's fill candidates are chosen before the step before it
@@ -134,6 +139,9 @@ class EngineSystem:
         layerwise: plan each draft's final prefetch layer by layer as the draft publishes
             its routing (``SpeculativePrefetcher(layerwise=)``; needs a publishing counter,
             else the final plan is a snapshot).
+        stream_waits: on the streamed path, a verification waits at each layer for that
+            layer's prefetches in flight instead of streaming them (specter-models'
+            ``stream_waits``).
     """
 
     name: str
@@ -151,6 +159,7 @@ class EngineSystem:
     verify_lead: int | None = None
     pipelined_records: bool = False
     layerwise: bool = False
+    stream_waits: bool = False
 
 
 HELD_LEAD = 4
@@ -205,6 +214,7 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-held", verify_lead=HELD_LEAD),
         _variant("specter-held0", verify_lead=0),
         _variant("specter-snapshot", layerwise=False),
+        _variant("specter-wait", stream_waits=True),
         EngineSystem("specter-plain", False, False, "expert", False, "lru", miss_path="stream"),
         _PLAIN_FILL,
         dataclasses.replace(_PLAIN_FILL, name="specter-plain-pipe", pipelined_records=True),
@@ -402,6 +412,8 @@ class EngineSystemRunner:
             loaded.stream_fills = system.stream_fills
         if hasattr(loaded, "stream_staging"):
             use_staging(loaded, system.stream_staging)
+        if hasattr(loaded, "stream_waits"):
+            loaded.stream_waits = system.stream_waits
         prefetcher = getattr(loaded, "prefetcher", None)
         if prefetcher is not None and hasattr(prefetcher, "verify_lead"):
             prefetcher.verify_lead = system.verify_lead
@@ -464,6 +476,9 @@ class EngineSystemRunner:
                 if self.system.miss_path == "stream"
                 else None,
                 "stream_staging": getattr(self.loaded, "stream_staging", None)
+                if self.system.miss_path == "stream"
+                else None,
+                "stream_waits": getattr(self.loaded, "stream_waits", None)
                 if self.system.miss_path == "stream"
                 else None,
                 "pipelined_records": _pipelined_records(self.loaded),

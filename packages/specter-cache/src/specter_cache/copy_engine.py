@@ -95,6 +95,25 @@ class CopyEngine(ABC):
     def record(self, timing: bool = False) -> TransferEvent:
         """An event after the copies enqueued so far (a load's readiness)."""
 
+    def landing_marker(self) -> object | None:
+        """A reusable marker of a point in the copy stream (None: copies complete as they
+        are issued, so there is never anything to wait for).
+
+        ``mark_landing`` moves it to after the copies enqueued so far; ``wait_landing``
+        makes the compute stream wait for its latest position. Unlike a ``TransferEvent``
+        (one per point), the marker is one object for good, so a CUDA graph can capture a
+        wait on it once and each replay waits for wherever it was last moved to."""
+        return None
+
+    def mark_landing(self, marker: object | None) -> None:
+        """Move ``marker`` (from :meth:`landing_marker`) to after the copies enqueued so far."""
+        return None
+
+    def wait_landing(self, marker: object | None) -> None:
+        """Make the consumer's current compute stream wait for ``marker``'s latest position
+        (the host does not block on CUDA; inside a graph capture this is a wait node)."""
+        return None
+
     @abstractmethod
     def record_compute(self, timing: bool = False) -> TransferEvent:
         """An event on the consumer's current compute stream (a last use, a time marker)."""
@@ -185,6 +204,15 @@ class DeferredEvent(TransferEvent):
         return end.time - self.time
 
 
+class _DeferredMarker:
+    """A deferred engine's landing marker: the number of copies enqueued when last moved."""
+
+    __slots__ = ("seq",)
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+
 class DeferredCopyEngine(CopyEngine):
     """CPU copies queued in order and run only on ``step``, ``wait`` or ``synchronize``.
 
@@ -227,6 +255,17 @@ class DeferredCopyEngine(CopyEngine):
 
     def record_compute(self, timing: bool = False) -> TransferEvent:
         return HostEvent()
+
+    def landing_marker(self) -> object | None:
+        return _DeferredMarker()
+
+    def mark_landing(self, marker: object | None) -> None:
+        if isinstance(marker, _DeferredMarker):
+            marker.seq = self.enqueued
+
+    def wait_landing(self, marker: object | None) -> None:
+        if isinstance(marker, _DeferredMarker):
+            self.run_until(marker.seq)
 
     def step(self, copies: int = 1) -> int:
         """Run up to ``copies`` queued copies in order; returns how many ran."""
@@ -377,6 +416,19 @@ class CudaCopyEngine(CopyEngine):
         ev = torch.cuda.Event(enable_timing=timing)
         ev.record(torch.cuda.current_stream(self.device))
         return CudaEvent(ev)
+
+    def landing_marker(self) -> object | None:
+        # external: a wait captured in a graph is a wait node on this event (each replay
+        # waits for its latest record), not a dependency inside the capture.
+        return torch.cuda.Event(external=True)
+
+    def mark_landing(self, marker: object | None) -> None:
+        if isinstance(marker, torch.cuda.Event):
+            marker.record(self.stream)
+
+    def wait_landing(self, marker: object | None) -> None:
+        if isinstance(marker, torch.cuda.Event):
+            torch.cuda.current_stream(self.device).wait_event(marker)
 
     def synchronize(self) -> None:
         self.stream.synchronize()

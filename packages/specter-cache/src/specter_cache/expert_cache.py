@@ -462,6 +462,9 @@ class ExpertCache:
         self._map_columns: torch.Tensor | None = None  # [L, E] column ids (commit_fills)
         self._pending_counts: list[Callable[[], None]] = []  # count_later's, oldest first
         self._held: list[tuple[int, int, int, int]] = []  # prefetch(lead=)'s data copies
+        # One reusable marker per layer, moved after each batch of its loads on the streamed
+        # path (``wait_for_landing``); None entries where copies complete as issued.
+        self._landing = [engine.landing_marker() for _ in range(L)]
 
     @staticmethod
     def _resolve_slots(
@@ -854,6 +857,25 @@ class ExpertCache:
         event = self._engine.invalidations_done()
         if event is not None:
             event.wait()
+
+    def wait_for_landing(self, layer: int) -> None:
+        """Make the current (compute) stream wait until every load of ``layer`` issued so
+        far on the streamed path has landed, its map entry included, so that a streamed
+        verification reads those experts from their slots instead of streaming them while
+        their copies still cross the link (each would cross twice).
+
+        The host does not block. Each batch of a layer's loads moves one reusable marker
+        (``CopyEngine.landing_marker``), so a CUDA graph captures this wait once, as a wait
+        on an external event, and every replay waits for the loads issued before it was
+        launched; a layer with no loads since waits for nothing new. Copies that
+        ``prefetch(lead=)`` holds are not issued yet and are not waited for. On the CPU the
+        deferred engine runs its queue up to the layer's last load; the immediate engine has
+        nothing to wait for.
+
+        Raises:
+            ValueError: a layer outside ``[0, num_layers)``.
+        """
+        self._engine.wait_landing(self._landing[self._check_layer(layer)])
 
     def mark_streamed_use(self) -> None:
         """A streamed verification has been enqueued on the current stream: later loads
@@ -1304,6 +1326,8 @@ class ExpertCache:
                 for s in group:
                     pool.ready[s] = ready
                 group = []
+                if self._streaming:
+                    engine.mark_landing(self._landing[layer])
         if start is not None:
             self._transfers.append((nbytes, start, engine.record(timing=True)))
 

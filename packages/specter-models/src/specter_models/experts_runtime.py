@@ -19,11 +19,13 @@ from specter_models.row_truncation import RowTruncation
 from specter_models.streamed_misses import (
     DEFAULT_STREAM_FILLS,
     DEFAULT_STREAM_STAGING,
+    DEFAULT_STREAM_WAITS,
     STREAM_MAX_ROWS,
     StreamRecord,
     check_miss_path,
     check_stream_fills,
     check_stream_staging,
+    check_stream_waits,
 )
 
 VERIFICATION_KINDS = ("expert", "token")
@@ -93,6 +95,7 @@ class ExpertsRuntime:
         self.staging: StagingBuffer | None = None
         self._stream_staging = DEFAULT_STREAM_STAGING
         self._staging_views: dict[int, StagingBuffer] = {}
+        self._stream_waits = DEFAULT_STREAM_WAITS
 
     @property
     def miss_path(self) -> str:
@@ -166,6 +169,21 @@ class ExpertsRuntime:
                 f"experts: load with stream_staging={count} (or more) to stage that many"
             )
         self._stream_staging = count
+
+    @property
+    def stream_waits(self) -> bool:
+        """Whether a streamed verification waits at each layer for the layer's loads in
+        flight (``ExpertCache.wait_for_landing``) instead of streaming those experts
+        (``streamed_misses``). Set it between forwards; graphs are captured per value.
+
+        Raises:
+            ValueError: not a bool.
+        """
+        return self._stream_waits
+
+    @stream_waits.setter
+    def stream_waits(self, enabled: bool) -> None:
+        self._stream_waits = check_stream_waits(enabled)
 
     def staging_buffer(self) -> StagingBuffer | None:
         """The staging buffer narrowed to ``stream_staging`` slots (None when 0): views of

@@ -65,9 +65,11 @@ from specter_models.specter_model import MemoryReport, SpecterModel
 from specter_models.streamed_misses import (
     DEFAULT_STREAM_FILLS,
     DEFAULT_STREAM_STAGING,
+    DEFAULT_STREAM_WAITS,
     check_miss_path,
     check_stream_fills,
     check_stream_staging,
+    check_stream_waits,
 )
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -106,6 +108,7 @@ def load(
     miss_path: str = "load",
     stream_fills: int = DEFAULT_STREAM_FILLS,
     stream_staging: int = DEFAULT_STREAM_STAGING,
+    stream_waits: bool = DEFAULT_STREAM_WAITS,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -189,6 +192,10 @@ def load(
             into it with a wide kernel before the expert kernel reads them
             (``streamed_misses``). Fixed state in the memory plan. 0 (default): none;
             ``SpecterModel.stream_staging`` can lower it later, not raise it. float16 only.
+        stream_waits: on the streamed path, a verification waits at each layer for that
+            layer's prefetches still in flight and reads them from their slots, instead of
+            streaming them meanwhile (``streamed_misses``). Default False;
+            ``SpecterModel.stream_waits`` switches it later.
 
     Returns:
         A ``SpecterModel`` with ``.target``, ``.draft``, ``.cache``, ``.prefetcher``,
@@ -223,6 +230,7 @@ def load(
     check_miss_path(miss_path)  # before the load, which takes a while
     check_stream_fills(stream_fills)
     check_stream_staging(stream_staging)
+    check_stream_waits(stream_waits)
     if stream_staging and dtype != torch.float16:
         raise ValueError(
             f"stream_staging={stream_staging} needs dtype=torch.float16 (the grouped FP16 "
@@ -400,6 +408,7 @@ def load(
     loaded.runtime.fill_width = stream_fills
     loaded.stream_fills = stream_fills
     loaded.stream_staging = stream_staging
+    loaded.stream_waits = stream_waits
     if miss_path != "load":
         loaded.miss_path = miss_path
     if cuda_graphs:

@@ -322,6 +322,8 @@ class SpecterExperts(nn.Module):
         cache = self.runtime.cache
         slots = cache.slot_tensors(layer)
         mapping = cache.expert_to_slot(layer)
+        if self.runtime.stream_waits:  # this layer's prefetches land before the map is read
+            cache.wait_for_landing(layer)
         if fills is not None:
             # Missing routed experts the host has no slot for (loads in flight keep theirs),
             # ranked onto this layer's candidate slots (their experts leave the map here).

@@ -177,6 +177,23 @@ class SpecterModel:
         self.runtime.stream_staging = count
 
     @property
+    def stream_waits(self) -> bool:
+        """On the streamed miss path, whether a verification waits at each layer for that
+        layer's prefetches still crossing the link (``ExpertCache.wait_for_landing``) and
+        reads them from their slots, instead of streaming them meanwhile, which moves each
+        such expert twice (``streamed_misses``). Set it between forwards; graphs are captured
+        per value.
+
+        Raises:
+            ValueError: not a bool.
+        """
+        return self.runtime.stream_waits
+
+    @stream_waits.setter
+    def stream_waits(self, enabled: bool) -> None:
+        self.runtime.stream_waits = enabled
+
+    @property
     def batch_invariant(self) -> bool:
         """Whether target forwards are batch-invariant (see ``load(batch_invariant=)``)."""
         return self.runtime.batch_invariant

@@ -69,7 +69,7 @@ MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 @dataclass
 class _Step:
     """The static tensors and the capture of one ``(rows bucket, window, batch_invariant,
-    whole, stream_staging)`` key."""
+    whole, stream_staging, stream_waits)`` key."""
 
     input_ids: torch.Tensor  # [1, T] int64
     positions: torch.Tensor  # [1, T] int64
@@ -156,14 +156,14 @@ class StepGraphStats:
         window_eager: forwards run eagerly in window mode (first uses of a key, or every
             use where capture is off).
         disabled_reason: why graphs were switched off, or None.
-        keys: the captured ``(rows bucket, window, batch_invariant, whole, stream_staging)``
-            keys (whole: one graph; else piecewise).
+        keys: the captured ``(rows bucket, window, batch_invariant, whole, stream_staging,
+            stream_waits)`` keys (whole: one graph; else piecewise).
     """
 
     replays: int = 0
     window_eager: int = 0
     disabled_reason: str | None = None
-    keys: list[tuple[int, int, bool, bool, int]] = field(default_factory=list)
+    keys: list[tuple[int, int, bool, bool, int, bool]] = field(default_factory=list)
 
     @property
     def captures(self) -> int:
@@ -274,7 +274,7 @@ class StepGraphs:
         self._dtype = next(model.parameters()).dtype
         self._device = device
         self._key_positions = torch.arange(cache.max_seq_len, device=device)
-        self._steps: dict[tuple[int, int, bool, bool], _Step] = {}
+        self._steps: dict[tuple[int, int, bool, bool, int, bool], _Step] = {}
         self._pool = None
         self.stats = StepGraphStats()
 
@@ -322,11 +322,13 @@ class StepGraphs:
         end = start_pos + padded
         window = self.window_for(end)
         whole = self.whole()
-        # Staging adds launches to the target's streamed forward: a graph per staging width
-        # (the draft, and a target with nothing to stream, never stage).
+        # Staging and waits add launches and wait nodes to the target's streamed forward: a
+        # graph per staging width and wait switch (the draft, and a target with nothing to
+        # stream, never stage or wait).
         streams = self.mode is ExpertsMode.TARGET and self.runtime.streams(padded)
         staging = self.runtime.stream_staging if streams else 0
-        key = (padded, window, self.runtime.batch_invariant, whole, staging)
+        waits = self.runtime.stream_waits and streams  # a wait node per layer
+        key = (padded, window, self.runtime.batch_invariant, whole, staging, waits)
         step = self._steps.get(key)
         if step is None:
             step = _Step(
@@ -433,7 +435,7 @@ class StepGraphs:
         return output.logits
 
     def _capture(
-        self, key: tuple[int, int, bool, bool, int], step: _Step, window: int, end: int
+        self, key: tuple[int, int, bool, bool, int, bool], step: _Step, window: int, end: int
     ) -> None:
         """Record ``step``'s window forward, whole or piecewise (nothing runs: the KV rows
         and routing counts of this use came from the eager forward just before)."""

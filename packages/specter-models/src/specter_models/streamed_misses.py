@@ -45,6 +45,14 @@ plain streaming; the buffer is fixed state in the memory plan. Off by default: o
 it saved 5% with the 64-column per-pair tile, and nothing once that tile became 32 columns
 wide (which spreads the in-place reads over twice the programs; docs/benchmarks.md).
 
+*Waits* (``load(stream_waits=)``, specter-cache's ``ExpertCache.wait_for_landing``) change
+what a verification does with a prefetched expert whose copy has not landed when its layer
+runs: by default the map still says ``-1`` and the kernel streams it, so its bytes cross the
+link twice (once by the copy engine, once read in place, at about 30 GB/s against the copy
+engine's 50 on the H200). With waits on, each layer's expert kernel first waits for the
+loads of that layer issued before the verification launched (one event wait per layer,
+inside the graph) and reads them from their slots; the other missing experts still stream.
+
 Forwards of more than ``STREAM_MAX_ROWS`` rows (a prefill) and token-wise verification
 keep the acquire path.
 """
@@ -113,6 +121,22 @@ def check_stream_staging(count: object) -> int:
         "into before its expert kernel; 0 turns staging off",
         count,
     )
+
+
+DEFAULT_STREAM_WAITS = False
+"""Whether a streamed verification waits for each layer's loads in flight by default (see
+the module docstring)."""
+
+
+def check_stream_waits(enabled: object) -> bool:
+    """``enabled`` unless it is not a bool: then ``ValueError`` naming the value."""
+    if not isinstance(enabled, bool):
+        raise ValueError(
+            "stream_waits must be True (a streamed verification waits at each layer for that "
+            "layer's loads in flight) or False (it streams them meanwhile), got "
+            f"{enabled!r}"
+        )
+    return enabled
 
 
 class StreamRecord:
