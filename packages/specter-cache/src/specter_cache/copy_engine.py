@@ -419,8 +419,12 @@ class CudaCopyEngine(CopyEngine):
 
     def landing_marker(self) -> object | None:
         # external: a wait captured in a graph is a wait node on this event (each replay
-        # waits for its latest record), not a dependency inside the capture.
-        return torch.cuda.Event(external=True)
+        # waits for its latest record), not a dependency inside the capture. Recorded once
+        # now: torch creates an event at its first record, and a wait on one never created
+        # is skipped, in a capture too (no wait node at all).
+        marker = torch.cuda.Event(external=True)
+        marker.record(self.stream)
+        return marker
 
     def mark_landing(self, marker: object | None) -> None:
         if isinstance(marker, torch.cuda.Event):
