@@ -343,7 +343,7 @@ def test_specter_plans_from_published_counts_and_specter_snapshot_keeps_its_toke
     assert layered.prefetcher["prefetch_issued"] > 0
 
 
-def test_specter_wait_switches_the_waits_on_for_itself_only_and_keeps_tokens():
+def test_specter_no_wait_switches_the_waits_off_for_itself_only_and_keeps_tokens():
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
     loaded = specter_models.load(
         "tiny-qwen2-moe", slots_per_layer=3, policy="predictive", miss_path="stream", **kwargs
@@ -351,13 +351,13 @@ def test_specter_wait_switches_the_waits_on_for_itself_only_and_keeps_tokens():
     prompt = _prompt(5, loaded.config.vocab_size)
     runs = [
         EngineSystemRunner(loaded, ENGINE_SYSTEMS[name], depth=2).generate(prompt, 10)
-        for name in ("specter-wait", "specter")
+        for name in ("specter-no-wait", "specter")
     ]
-    wait, plain = runs
-    assert wait.tokens == plain.tokens
+    no_wait, wait = runs
+    assert wait.tokens == no_wait.tokens
     assert wait.settings["stream_waits"] is True
-    assert plain.settings["stream_waits"] is False
-    assert loaded.stream_waits is False  # specter ran last and switched them off
+    assert no_wait.settings["stream_waits"] is False
+    assert loaded.stream_waits is True  # specter ran last and switched them back on
     assert wait.cache["prefetch_loads"] > 0
     lru = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"]).generate(prompt, 4)
     assert lru.settings["stream_waits"] is None  # not on the streamed path

@@ -89,9 +89,12 @@ def test_greedy_speculation_on_the_streamed_path_equals_transformers(checkpoints
         assert lm.cache.expert_to_slot(layer).tolist() == expected_map
 
 
-def test_experts_still_in_flight_are_streamed(checkpoints):
+def test_without_waits_experts_still_in_flight_are_streamed(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=8, miss_path="stream")
+    lm = load(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=8, miss_path="stream",
+        stream_waits=False,
+    )  # fmt: skip
     engine = DeferredCopyEngine()
     cache = ExpertCache(lm.cache.store, slots_per_layer=8, device="cpu", copy_engine=engine)
     lm.runtime.cache = lm.cache = cache
@@ -142,7 +145,7 @@ def test_waits_cover_the_planned_experts_only(checkpoints):
     # Half of each layer's experts are planned: the waits land those, the rest stream.
     folder = checkpoints["tiny-deepseek-v2"]
     lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream")
-    lm.stream_waits = True
+    assert lm.stream_waits  # the default
     engine = DeferredCopyEngine()
     cache = ExpertCache(lm.cache.store, slots_per_layer=4, device="cpu", copy_engine=engine)
     lm.runtime.cache = lm.cache = cache
@@ -165,7 +168,7 @@ def test_bad_stream_waits_are_refused(checkpoints):
     with pytest.raises(ValueError, match=r"stream_waits must be True .* or False .*got 1"):
         load(folder, device="cpu", dtype=torch.float32, stream_waits=1)
     lm = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=2, miss_path="stream")
-    assert lm.stream_waits is False  # the default
+    assert lm.stream_waits is True  # the default
     with pytest.raises(ValueError, match="stream_waits must be True"):
         lm.stream_waits = "yes"
 

@@ -56,6 +56,7 @@ SYSTEM_NAMES = (
     "specter-layerwise",
     "specter-snapshot",
     "specter-wait",
+    "specter-no-wait",
     "specter-plain",
     "specter-plain-fill",
     "specter-plain-pipe",
@@ -66,8 +67,9 @@ Specter, Specter acquiring its missing experts instead of streaming them, and Sp
 its hot set / prefetch / expert-wise verification / the fused draft
 kernel, with row truncation, with streamed fills, with staged streaming, with held copies
 (lead 4 and 0), with layer-wise final plans (``specter-layerwise``, measured before they
-became ``specter``'s default), with a final snapshot instead and with verifications that
-wait for each layer's prefetches in flight instead of streaming them; then the
+became ``specter``'s default), with a final snapshot instead, with verifications that wait
+for each layer's prefetches in flight (``specter-wait``, measured before it became
+``specter``'s default) and streaming them instead (``specter-no-wait``); then the
 engine decoding plainly on the streamed path without a draft, without and with fills, and
 with fills and pipelined records."""
 

@@ -21,7 +21,7 @@ specter-staged         yes          yes       expert-wise   INT4 + hot  predicti
 specter-held           yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-held0          yes          yes       expert-wise   INT4 + hot  predictive   stream
 specter-snapshot       yes          yes       expert-wise   INT4 + hot  predictive   stream
-specter-wait           yes          yes       expert-wise   INT4 + hot  predictive   stream^
+specter-no-wait        yes          yes       expert-wise   INT4 + hot  predictive   stream^
 specter-plain          no           no        (one row)     none        LRU          stream
 specter-plain-fill     no           no        (one row)     none        LRU          stream*
 specter-plain-pipe     no           no        (one row)     none        LRU          stream*
@@ -56,9 +56,10 @@ go out while the draft still runs; ``specter-snapshot`` is ``specter`` planning 
 snapshot after the draft instead (``specter`` before the thirtieth session; measured as
 ``specter`` against ``specter-layerwise`` then).
 
-``specter-wait`` (stream^) is ``specter`` whose verifications wait, layer by layer, for the
-prefetches of that layer still in flight and read them from their slots (specter-models'
-``stream_waits``), where ``specter`` streams them meanwhile and so moves them twice.
+``specter``'s verifications wait, layer by layer, for the prefetches of that layer still in
+flight and read them from their slots (specter-models' ``stream_waits``, the default since
+the thirty-first session, measured then as ``specter-wait``); ``specter-no-wait`` (stream^)
+streams them meanwhile, so each such expert crosses the link twice (``specter`` before).
 
 ``specter-plain-pipe`` is ``specter-plain-fill`` with pipelined records (specter-models'
 ``StreamRecord.pipelined``): a step's fill candidates are chosen before the step before it
@@ -141,7 +142,7 @@ class EngineSystem:
             else the final plan is a snapshot).
         stream_waits: on the streamed path, a verification waits at each layer for that
             layer's prefetches in flight instead of streaming them (specter-models'
-            ``stream_waits``).
+            ``stream_waits``; its default, True, here too).
     """
 
     name: str
@@ -159,7 +160,7 @@ class EngineSystem:
     verify_lead: int | None = None
     pipelined_records: bool = False
     layerwise: bool = False
-    stream_waits: bool = False
+    stream_waits: bool = True
 
 
 HELD_LEAD = 4
@@ -214,7 +215,7 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-held", verify_lead=HELD_LEAD),
         _variant("specter-held0", verify_lead=0),
         _variant("specter-snapshot", layerwise=False),
-        _variant("specter-wait", stream_waits=True),
+        _variant("specter-no-wait", stream_waits=False),
         EngineSystem("specter-plain", False, False, "expert", False, "lru", miss_path="stream"),
         _PLAIN_FILL,
         dataclasses.replace(_PLAIN_FILL, name="specter-plain-pipe", pipelined_records=True),

@@ -194,7 +194,7 @@ def load(
             ``SpecterModel.stream_staging`` can lower it later, not raise it. float16 only.
         stream_waits: on the streamed path, a verification waits at each layer for that
             layer's prefetches still in flight and reads them from their slots, instead of
-            streaming them meanwhile (``streamed_misses``). Default False;
+            streaming them meanwhile (``streamed_misses``). Default True;
             ``SpecterModel.stream_waits`` switches it later.
 
     Returns:

@@ -45,13 +45,16 @@ plain streaming; the buffer is fixed state in the memory plan. Off by default: o
 it saved 5% with the 64-column per-pair tile, and nothing once that tile became 32 columns
 wide (which spreads the in-place reads over twice the programs; docs/benchmarks.md).
 
-*Waits* (``load(stream_waits=)``, specter-cache's ``ExpertCache.wait_for_landing``) change
-what a verification does with a prefetched expert whose copy has not landed when its layer
-runs: by default the map still says ``-1`` and the kernel streams it, so its bytes cross the
-link twice (once by the copy engine, once read in place, at about 30 GB/s against the copy
-engine's 50 on the H200). With waits on, each layer's expert kernel first waits for the
-loads of that layer issued before the verification launched (one event wait per layer,
-inside the graph) and reads them from their slots; the other missing experts still stream.
+*Waits* (``load(stream_waits=)``, on by default; specter-cache's
+``ExpertCache.wait_for_landing``) decide what a verification does with a prefetched expert
+whose copy has not landed when its layer runs. Without them the map still says ``-1`` and
+the kernel streams it, so its bytes cross the link twice (once by the copy engine, once read
+in place, at about 30 GB/s against the copy engine's 50 on the H200). With them, each
+layer's expert kernel first waits for the loads of that layer issued before the
+verification launched (one event wait per layer, inside the graph) and reads them from their
+slots; the other missing experts still stream. On DeepSeek-V2-Lite at 24 GB (H200, both
+orders in one process each) 9.23 and 9.00 ms a token against 9.41 and 9.75 without
+(docs/benchmarks.md).
 
 Forwards of more than ``STREAM_MAX_ROWS`` rows (a prefill) and token-wise verification
 keep the acquire path.
@@ -123,9 +126,9 @@ def check_stream_staging(count: object) -> int:
     )
 
 
-DEFAULT_STREAM_WAITS = False
-"""Whether a streamed verification waits for each layer's loads in flight by default (see
-the module docstring)."""
+DEFAULT_STREAM_WAITS = True
+"""A streamed verification waits for each layer's loads in flight by default (see the module
+docstring)."""
 
 
 def check_stream_waits(enabled: object) -> bool:
