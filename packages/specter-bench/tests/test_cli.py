@@ -656,3 +656,65 @@ def test_a_budget_only_plain_decoding_fits_says_so(capsys):
     assert "too small" in err
     assert "Without the INT4 draft it fits" not in err  # plain decoding does not fit either
     assert "Without the INT4 draft (--depth 0, plain decoding) it does not fit either" in err
+
+
+def test_generate_auto_decodes_plainly_where_the_prompts_routing_moves_fewer_experts(
+    capsys, monkeypatch
+):
+    # --depth auto under a budget replays the prompt's routing through the hot set's slots
+    # and through the draftless ones, and decodes without the draft where that moves fewer
+    # experts; the real comparison first, then each branch forced, then --keep-draft.
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    plan = specter_models.plan_memory(
+        config, slots_per_layer=4, dtype=torch.float32, max_seq_len=64
+    )
+    budget = str((plan.expected_peak_bytes + plan.expert_bytes) / 1e9)
+    prompt = "def f(x):\n    return x"
+    argv = ("generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "6", "--json",
+            "--no-stream", "--gpu-memory-gb", budget, prompt)  # fmt: skip
+
+    def stats(*extra):
+        code, out, err = _run(capsys, *argv, *extra)
+        assert code == 0, err
+        lines = out.strip().splitlines()
+        return lines[:-1], json.loads(lines[-1]), err
+
+    text, real, err = stats()
+    auto = real["auto_choice"]
+    plain_wins = auto["plain_loads"] < auto["draft_loads"]
+    assert auto["decoded"] == ("plain" if plain_wins else "speculative")
+    assert f"moves {auto['draft_loads']} experts with the draft" in err
+    plain_slots = auto["plain_slots_per_layer"]
+    assert plain_slots > auto["draft_slots_per_layer"] - auto["draft_hot_experts_per_layer"]
+    replay = specter_models.replay_plain_decoding
+
+    def forced(loads):
+        def fake(*args, **kwargs):
+            return specter_models.PlainReplay(replay(*args, **kwargs).slots_per_layer, loads)
+
+        monkeypatch.setattr(specter_models, "replay_plain_decoding", fake)
+
+    forced(0)  # plain decoding moves nothing: no draft
+    plain_text, plain, err = stats()
+    assert plain["auto_choice"]["decoded"] == "plain"
+    assert "decoding plainly, without the INT4 draft (--keep-draft speculates anyway)" in err
+    assert plain["mean_depth"] == 0
+    assert plain["hot_experts_per_layer"] == 0
+    assert plain["slots_per_layer"] == plain_slots
+    assert plain["stream_fills"] > 0  # plain streamed decoding's fills, as --depth 0 gets
+    depth0_text, depth0, _ = stats("--depth", "0")
+    assert plain_text == text == depth0_text  # greedy: the same text either way
+    assert depth0["slots_per_layer"] == plain_slots
+    forced(10**9)  # plain decoding would move far more: speculate with the hot set
+    spec_text, spec, err = stats()
+    assert spec["auto_choice"]["decoded"] == "speculative"
+    assert spec["hot_experts_per_layer"] == spec["auto_choice"]["draft_hot_experts_per_layer"]
+    assert spec["slots_per_layer"] == spec["auto_choice"]["draft_slots_per_layer"]
+    assert spec_text == text
+    forced(0)
+    _, kept, err = stats("--keep-draft")
+    assert kept["auto_choice"] is None  # not compared: the draft stays
+    assert kept["hot_experts_per_layer"] == spec["hot_experts_per_layer"]
+    assert "auto:" not in err
+    _, fixed, _ = stats("--depth", "2")
+    assert fixed["auto_choice"] is None  # a fixed depth speculates as asked

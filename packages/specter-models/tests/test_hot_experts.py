@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from model_helpers import random_prompt, reference_from_checkpoint, speculate_beside_transformers
+from specter_cache import simulate_policy, windowed_trace
 from specter_kernels import dequantize_int4
 from specter_models import (
     MemoryBudgetError,
@@ -15,6 +16,7 @@ from specter_models import (
     hottest_experts,
     load,
     plan_memory,
+    replay_plain_decoding,
     routing_counts,
 )
 from specter_models.architecture import find_moe_layers
@@ -249,3 +251,40 @@ def test_a_hot_set_is_scored_on_other_folds_than_it_was_counted_on():
         choose_hot_experts(config, 24, [])
     with pytest.raises(MemoryBudgetError, match=r"none of the pinned counts \[50\] fits"):
         choose_hot_experts(config, 24, [a, b], candidates=[50])
+
+
+def test_plain_decodings_replay_uses_the_draftless_slots_and_compares_with_the_hot_sets():
+    # DeepSeek-V2-Lite at 24 GB: without the draft the budget holds more slots. Routing that
+    # stays on the same 42 experts a layer fits them and not the draft's: plain decoding
+    # starts warm with the other fold's experts and loads nothing, fewer than any hot set.
+    # Uniform routing is replayed token by token through LRU after the warm start.
+    config = get_preset("deepseek-v2-lite").make_config()
+    draftless = plan_memory(config, 24, with_draft=False).slots_per_layer
+    local = [_local_routing(64, 26, list(range(42)), seed=s) for s in (3, 4)]
+    plain = replay_plain_decoding(config, 24, local)
+    assert plain.slots_per_layer == draftless > 42
+    assert plain.loads == 0
+    choice = choose_hot_experts(config, 24, local, candidates=[0, 16, 32])
+    assert choice.slots_per_layer < 42
+    assert plain.loads < min(choice.loads.values())
+    g = torch.Generator().manual_seed(5)
+    uniform = torch.randint(0, 64, (40, 26, 6), generator=g)
+    halves = [uniform[:20], uniform[20:]]
+    expect = 0
+    for i, half in enumerate(halves):
+        warm = hottest_experts(routing_counts([halves[1 - i]], 64), draftless)
+        trace = [
+            [frozenset(w), *steps] for w, steps in zip(warm, windowed_trace(half, 1), strict=False)
+        ]
+        replay = simulate_policy(trace, "lru", draftless, num_experts=64)
+        expect += replay.loads - draftless * 26
+    got = replay_plain_decoding(config, 24, [uniform]).loads
+    assert got == expect
+    cold = sum(simulate_policy(windowed_trace(h, 1), "lru", draftless).loads for h in halves)
+    assert 0 < got < cold
+    assert replay_plain_decoding(config, 60, local).loads == 0  # every expert resident
+    assert replay_plain_decoding(config, 60, local).as_dict()["slots_per_layer"] == 64
+    with pytest.raises(MemoryBudgetError):
+        replay_plain_decoding(config, 2, local)
+    with pytest.raises(ValueError, match="at least one calibration routing"):
+        replay_plain_decoding(config, 24, [])

@@ -245,7 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="depth K or auto (default: auto; the built-in demo model without memory options: "
         "4); 0 decodes plainly and loads no INT4 draft, so a budget's draft memory becomes "
-        "FP16 expert slots",
+        "FP16 expert slots. auto adapts K as it decodes and, under --gpu-memory-gb, decodes "
+        "plainly where the prompt's routing replayed through the draftless slots moves fewer "
+        "experts than through the draft's (see --keep-draft)",
+    )
+    gen.add_argument(
+        "--keep-draft",
+        action="store_true",
+        help="with --depth auto under a budget, always load the INT4 draft and speculate, "
+        "even where plain decoding would move fewer experts",
     )
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128)
     gen.add_argument(

@@ -6,19 +6,22 @@ budget, or its only one), a JSON object ``{"hot_experts": [[ids of layer 0], ...
 bare list of lists. ``--hot-experts auto`` chooses one on the prompt itself
 (:func:`choose_prompt_hot_set`): the target's routing of the prompt, from a target-only load
 at the budget, goes through ``specter_models.choose_hot_experts`` as the benchmark's
-calibration routing does.
+calibration routing does. With ``compare_plain`` (:func:`choose_prompt_engine`, ``generate``'s
+``--depth auto`` under a budget) the same routing is replayed through plain decoding's
+draftless slots too, and the decode goes without the draft where that moves fewer experts.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["choose_prompt_hot_set", "read_hot_experts"]
+__all__ = ["PromptChoice", "choose_prompt_engine", "choose_prompt_hot_set", "read_hot_experts"]
 
 
 def _as_hot_set(value: Any, path: Path) -> list[list[int]]:
@@ -91,6 +94,42 @@ def read_hot_experts(path: str | Path, budget_gb: float | None = None) -> list[l
     return _as_hot_set(records[-1]["data"]["hot_experts"], path)
 
 
+@dataclass(frozen=True)
+class PromptChoice:
+    """What the prompt's routing chose at a budget.
+
+    Attributes:
+        hot: ``specter_models.HotExpertChoice``: the hot set for speculative decoding.
+        plain: ``specter_models.PlainReplay`` of plain decoding (no INT4 draft), or None
+            when not compared.
+    """
+
+    hot: Any
+    plain: Any | None = None
+
+    @property
+    def draft_loads(self) -> int | None:
+        """The chosen hot set's replayed loads (None: nothing was replayed)."""
+        return self.hot.loads.get(self.hot.per_layer)
+
+    @property
+    def decode_plainly(self) -> bool:
+        """Plain decoding's replay loads strictly fewer experts than the hot set's."""
+        loads = self.draft_loads
+        return self.plain is not None and loads is not None and self.plain.loads < loads
+
+    def as_dict(self) -> dict[str, object]:
+        """The comparison for ``generate``'s statistics."""
+        return {
+            "decoded": "plain" if self.decode_plainly else "speculative",
+            "draft_loads": self.draft_loads,
+            "draft_slots_per_layer": self.hot.slots_per_layer,
+            "draft_hot_experts_per_layer": self.hot.per_layer,
+            "plain_loads": None if self.plain is None else self.plain.loads,
+            "plain_slots_per_layer": None if self.plain is None else self.plain.slots_per_layer,
+        }
+
+
 def choose_prompt_hot_set(
     load_target: Callable[[], Any],
     gpu_memory_gb: float,
@@ -116,9 +155,33 @@ def choose_prompt_hot_set(
         ValueError: a prompt of fewer than two tokens.
         MemoryBudgetError: the budget cannot hold the model.
     """
+    return choose_prompt_engine(
+        load_target, gpu_memory_gb, prompt_ids, dtype=dtype, max_seq_len=max_seq_len
+    ).hot
+
+
+def choose_prompt_engine(
+    load_target: Callable[[], Any],
+    gpu_memory_gb: float,
+    prompt_ids: list[int],
+    *,
+    dtype: torch.dtype,
+    max_seq_len: int,
+    compare_plain: bool = False,
+    staging_slots: int = 0,
+) -> PromptChoice:
+    """:func:`choose_prompt_hot_set`, and with ``compare_plain`` plain decoding's replay of
+    the same routing through the budget's draftless slots (``specter_models.
+    replay_plain_decoding``; ``staging_slots`` sizes that plan), so the caller can decode
+    without the draft where it moves fewer experts.
+
+    Raises:
+        ValueError: a prompt of fewer than two tokens.
+        MemoryBudgetError: the budget cannot hold the model.
+    """
     from specter_bench.model_loading import release_memory
     from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_pass
-    from specter_models import choose_hot_experts
+    from specter_models import choose_hot_experts, replay_plain_decoding
 
     if len(prompt_ids) < 2:
         raise ValueError(
@@ -134,6 +197,11 @@ def choose_prompt_hot_set(
         recorder.remove()
         del loaded, recorder
         release_memory()
-    return choose_hot_experts(
-        config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len
-    )
+    hot = choose_hot_experts(config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len)
+    plain = None
+    if compare_plain:
+        plain = replay_plain_decoding(
+            config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len,
+            staging_slots=staging_slots,
+        )  # fmt: skip
+    return PromptChoice(hot, plain)

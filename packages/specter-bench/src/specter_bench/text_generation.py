@@ -18,7 +18,7 @@ import torch
 
 from specter_bench.bench_command import parse_dtype
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
-from specter_bench.hot_sets import choose_prompt_hot_set, read_hot_experts
+from specter_bench.hot_sets import choose_prompt_engine, read_hot_experts
 from specter_bench.memory_info import budget_plan, neither_fits, plain_plan
 from specter_bench.model_loading import (
     FILL_CANDIDATES,
@@ -144,6 +144,15 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         ("graph capture s (not in TPOT)", summary.get("graph_capture_s")),
         ("device", summary["device"]),
     ]
+    auto = summary.get("auto_choice")
+    if auto:
+        rows.insert(
+            -1,
+            (
+                "auto: replayed loads draft / plain",
+                f"{auto['draft_loads']} / {auto['plain_loads']} -> {auto['decoded']}",
+            ),
+        )
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         if isinstance(value, tuple):
@@ -346,11 +355,10 @@ def run_generate(args: argparse.Namespace) -> int:
 
     # Plain decoding (--depth 0) loads no INT4 draft: its memory goes to FP16 expert slots.
     speculate = args.depth != 0
+    asked_path, asked_fills = args.miss_path, args.stream_fills
+    budgeted = args.gpu_memory_gb is not None or args.slots_per_layer is not None
     args.miss_path, args.stream_fills = generate_engine_choices(
-        args.miss_path,
-        args.stream_fills,
-        budgeted=args.gpu_memory_gb is not None or args.slots_per_layer is not None,
-        speculate=speculate,
+        asked_path, asked_fills, budgeted=budgeted, speculate=speculate
     )
     if not speculate and args.hot_experts not in (None, "none"):
         raise CommandError(
@@ -371,6 +379,7 @@ def run_generate(args: argparse.Namespace) -> int:
         ),
     )  # fmt: skip
     hot = None
+    auto_choice = None
     if args.hot_experts == "auto":
         if args.gpu_memory_gb is None:
             raise CommandError(
@@ -386,15 +395,39 @@ def run_generate(args: argparse.Namespace) -> int:
             + ") ...",
             file=sys.stderr,
         )
+        # --depth auto may decode without the draft: where the prompt's routing, replayed
+        # through the draftless slots, moves fewer experts than through the hot set's.
+        compare_plain = args.depth == "auto" and not getattr(args, "keep_draft", False)
         try:
-            choice = choose_prompt_hot_set(
+            prompt_choice = choose_prompt_engine(
                 lambda: load(with_draft=False), args.gpu_memory_gb, ids, dtype=dtype,
-                max_seq_len=max_seq_len,
+                max_seq_len=max_seq_len, compare_plain=compare_plain,
+                staging_slots=args.stream_staging,
             )  # fmt: skip
+            choice = prompt_choice.hot
         except MemoryBudgetError:
             if not chosen_by_default:
                 raise
-            choice = None  # the load below says what does not fit, and what would
+            prompt_choice = choice = None  # the load below says what does not fit, and what would
+        if prompt_choice is not None and prompt_choice.plain is not None:
+            auto_choice = prompt_choice.as_dict()
+            print(
+                f"auto: the prompt's routing moves {prompt_choice.draft_loads} experts with the "
+                f"draft ({choice.slots_per_layer} slots a layer, {choice.per_layer} pinned) and "
+                f"{prompt_choice.plain.loads} without it ({prompt_choice.plain.slots_per_layer} "
+                "slots a layer): "
+                + (
+                    "decoding plainly, without the INT4 draft (--keep-draft speculates anyway)"
+                    if prompt_choice.decode_plainly
+                    else "speculating"
+                ),
+                file=sys.stderr,
+            )
+            if prompt_choice.decode_plainly:
+                speculate, args.depth, choice = False, 0, None
+                args.miss_path, args.stream_fills = generate_engine_choices(
+                    asked_path, asked_fills, budgeted=budgeted, speculate=False
+                )
         if choice is not None:
             print(
                 f"hot set: {choice.per_layer} experts per layer pinned, "
@@ -483,6 +516,7 @@ def run_generate(args: argparse.Namespace) -> int:
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
     summary = generation_summary(loaded, stream.stats, peak)
     summary["stop_reason"] = stream.stop_reason
+    summary["auto_choice"] = auto_choice
     summary.update(capture)
     if args.json:
         print(json.dumps(summary))

@@ -9,8 +9,10 @@ from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, arc
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.hot_experts import (
     HotExpertChoice,
+    PlainReplay,
     choose_hot_experts,
     hottest_experts,
+    replay_plain_decoding,
     routing_counts,
 )
 from specter_models.kv_cache import StaticKVCache
@@ -54,6 +56,7 @@ __all__ = [
     "MemoryPeaks",
     "MemoryPlan",
     "MemoryReport",
+    "PlainReplay",
     "Preset",
     "RowTruncation",
     "SharedExpertOverlap",
@@ -74,5 +77,6 @@ __all__ = [
     "plan_memory",
     "preset_config",
     "reference_model_from",
+    "replay_plain_decoding",
     "routing_counts",
 ]

@@ -34,7 +34,14 @@ from specter_models.memory_plan import (
     plan_memory,
 )
 
-__all__ = ["HotExpertChoice", "choose_hot_experts", "hottest_experts", "routing_counts"]
+__all__ = [
+    "HotExpertChoice",
+    "PlainReplay",
+    "choose_hot_experts",
+    "hottest_experts",
+    "replay_plain_decoding",
+    "routing_counts",
+]
 
 
 def routing_counts(routes: Sequence[torch.Tensor], num_experts: int) -> torch.Tensor:
@@ -194,6 +201,75 @@ def choose_hot_experts(
     best = min(loads, key=lambda h: (loads[h], h))
     hot_sets = hottest_experts(sum(counts), best) if best else [[] for _ in range(L)]
     return HotExpertChoice(best, hot_sets, slots_of[best], loads, window)
+
+
+@dataclass(frozen=True)
+class PlainReplay:
+    """Plain decoding's side of the draft's memory trade at one budget.
+
+    Attributes:
+        slots_per_layer: the FP16 slots per layer the budget gives without the INT4 draft.
+        loads: expert loads of the calibration routing replayed token by token through an
+            LRU cache of those slots (0 when they hold every expert), over the same folds as
+            ``choose_hot_experts``, so the two counts compare; each fold starts with the
+            slots holding the other folds' most routed experts (warm, as after a prefill,
+            and as a hot set starts pinned), whose loads are not counted.
+    """
+
+    slots_per_layer: int
+    loads: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {"slots_per_layer": self.slots_per_layer, "loads": self.loads}
+
+
+def replay_plain_decoding(
+    config: PretrainedConfig,
+    gpu_memory_gb: float,
+    calibration_routes: Sequence[torch.Tensor],
+    *,
+    dtype: torch.dtype = torch.float16,
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+    max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
+    staging_slots: int = 0,
+) -> PlainReplay:
+    """Replay the calibration routing through plain decoding's cache at a budget.
+
+    Without the INT4 draft a budget holds more FP16 slots; plain decoding steps one token
+    at a time through them (LRU, nothing pinned). Set beside ``choose_hot_experts``' loads
+    (the draft's slots, its hot set pinned, a verification's window per step), this says
+    which of the two moves fewer experts on this routing.
+
+    Args:
+        config: the model's transformers config.
+        gpu_memory_gb: the budget.
+        calibration_routes: ``[T, L, k]`` routings, as for ``choose_hot_experts``.
+        dtype, max_seq_len, max_verify_rows, staging_slots: as ``plan_memory``.
+
+    Raises:
+        ValueError: no calibration routing, or one of fewer than two tokens alone.
+        MemoryBudgetError: the budget cannot hold the model even without the draft.
+    """
+    if not calibration_routes:
+        raise ValueError("replay_plain_decoding needs at least one calibration routing [T, L, k]")
+    plan = plan_memory(
+        config, gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
+        max_verify_rows=max_verify_rows, with_draft=False, staging_slots=staging_slots,
+    )  # fmt: skip
+    slots, E = plan.slots_per_layer, plan.num_experts
+    if slots >= E:
+        return PlainReplay(slots, 0)
+    folds = _folds(calibration_routes)
+    counts = [routing_counts([f], E) for f in folds]
+    loads = 0
+    for i, fold in enumerate(folds):
+        # Warm, as after a prefill (and as a hot set's pins start loaded): the slots first
+        # hold the other folds' most routed experts; loading them is not counted.
+        warm = hottest_experts(sum(c for j, c in enumerate(counts) if j != i), slots)
+        trace = windowed_trace(fold.to("cpu", torch.long), 1)
+        first = [[frozenset(experts), *steps] for experts, steps in zip(warm, trace, strict=True)]
+        loads += simulate_policy(first, "lru", slots, num_experts=E).loads - slots * len(warm)
+    return PlainReplay(slots, loads)
 
 
 def _folds(routes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
