@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One device call (thirty-first session): the CUDA tests of captured landing waits (the
-# cache's external-event wait inside a graph, the models' graphed verifications with
-# stream_waits), then `specter-wait` against `specter` at DeepSeek-V2-Lite 24 GB in both
-# orders (one process each, `lru` beside the first), 3 HumanEval prompts x 64 tokens.
+# One device call (thirty-first session, run at 6fc8c17 and 665e6ac, where `specter-wait`
+# was the waiting variant: since 6fef803 `specter` waits and `specter-no-wait` does not, so
+# at today's code this compares `specter` with itself): the CUDA tests of captured landing
+# waits (the cache's external-event wait inside a graph, the models' graphed verifications
+# with stream_waits), then `specter-wait` against `specter` at DeepSeek-V2-Lite 24 GB in
+# both orders (one process each, `lru` beside the first), 3 HumanEval prompts x 64 tokens.
 #
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_waits.sh   (carry .whl)
 # shellcheck source=scripts/gpu-call.sh
