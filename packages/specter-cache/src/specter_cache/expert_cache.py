@@ -872,6 +872,14 @@ class ExpertCache:
         deferred engine runs its queue up to the layer's last load; the immediate engine has
         nothing to wait for.
 
+        Issue no load that must wait for a streamed forward (every load after its
+        ``mark_streamed_use``) while that forward may still be waiting here: the wait
+        covers the loads issued before its launch (tested on the H200), and should CUDA
+        resolve it to a later batch instead, the two would wait on each other. A decode
+        loop that reads each verification's tokens before planning the next prefetch never
+        does; the held copies ``release_copies`` issues after a launch wait for the forward
+        before it only.
+
         Raises:
             ValueError: a layer outside ``[0, num_layers)``.
         """
