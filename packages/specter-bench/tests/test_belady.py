@@ -82,6 +82,23 @@ def test_policies_never_beat_belady_and_a_perfect_draft_prefetches_everything():
         policy_hit_rates(target, 5, draft_routing=target[:10])
 
 
+def test_pinned_entries_sit_beside_belady_at_the_pinned_slots():
+    # With a pinned configuration (its own slots), the replay adds Belady at those slots,
+    # warm-started as the bound is: never more loads than the pinned LRU, and the bound's
+    # own count at window 1.
+    target = _routing(3, T=60, L=2, k=2, E=12)
+    hot = [[0, 1, 2], [3, 4, 5]]
+    rates = policy_hit_rates(target, 4, window=1, pinned=hot, pinned_slots=6)
+    at_pins = rates["belady_pinned_slots"]
+    assert at_pins["loads"] <= rates["pinned"]["loads"]
+    assert at_pins["accesses"] == rates["pinned"]["accesses"] == rates["belady"]["accesses"]
+    assert at_pins["loads"] == belady_bound(target, 6, expert_transfer_s=1.0).loads
+    assert at_pins["warm_start"] is True
+    assert "belady_pinned_slots" not in policy_hit_rates(target, 4)
+    with pytest.raises(ValueError, match="one per MoE layer"):
+        policy_hit_rates(target, 4, pinned=hot, pinned_slots=[6, 6, 6])
+
+
 def test_measure_expert_transfer_time_on_cpu():
     layout = ExpertLayout({"w": ((64, 32), torch.float32), "b": ((64,), torch.float32)})
     store = ExpertStore(1, 3, layout, pin_memory=False)

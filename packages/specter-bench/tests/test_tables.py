@@ -118,6 +118,19 @@ def test_experiment_tables_hold_every_point():
     assert pol.count("\n") == 2 + 2 * 2 * 2
     first = next(r for r in records if r["kind"] == "policy_hit_rate")
     assert f"{first['data']['policies']['lfu']['hit_rate']:.2f}" in pol
+    assert "pinned" not in pol
+    # A record with the pinned configuration and Belady at its slots gets both columns.
+    first["data"]["policies"]["pinned"] = {"hit_rate": 0.8625, "loads": 4091}
+    first["data"]["policies"]["belady_pinned_slots"] = {"hit_rate": 0.9573, "loads": 1280}
+    first["data"]["pinned"] = {"experts_per_layer": 36, "slots_per_layer": 39}
+    pol = policy_table(records)
+    header = pol.splitlines()[0]
+    assert "pinned hit rate" in header
+    assert "belady at the pinned slots (warm) hit rate" in header
+    row = next(line for line in pol.splitlines() if "0.86" in line)
+    assert "0.96" in row
+    assert "/ 4091 / 1280 |" in row
+    assert "36 / 39" in row
 
 
 def test_models_without_targets_get_the_same_ratios_for_information():

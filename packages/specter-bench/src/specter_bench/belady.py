@@ -170,7 +170,10 @@ def policy_hit_rates(
     Returns:
         ``policy -> {"hit_rate", "loads", "accesses", ...}`` for ``lru``, ``lfu``,
         ``predictive`` (with a draft), ``pinned`` (with ``pinned``) and ``belady`` (cold
-        start, as the policies).
+        start, as the policies); with ``pinned`` also ``belady_pinned_slots``: Belady at the
+        pinned configuration's slots, each layer starting with its first needed experts
+        resident (as the bound does, and as the pinned experts start loaded), so the online
+        policy a system runs and the fewest loads at its own slots sit side by side.
 
     Raises:
         ValueError: shapes or slots that do not fit.
@@ -189,13 +192,19 @@ def policy_hit_rates(
         policies = (*policies, "predictive")
     out = compare_policies(trace, slots, policies=policies, plans=plans, num_experts=num_experts)
     if pinned is not None:
+        pinned_plan = slots if pinned_slots is None else _slots_list(pinned_slots, len(trace))
         out["pinned"] = simulate_policy(
-            trace,
-            "lru",
-            slots if pinned_slots is None else pinned_slots,
-            num_experts=num_experts,
-            pinned=pinned,
+            trace, "lru", pinned_plan, num_experts=num_experts, pinned=pinned
         ).as_dict()
+        accesses = sum(len(set(s)) for steps in trace for s in steps)
+        loads = warm_belady_loads(trace, pinned_plan)
+        out["belady_pinned_slots"] = {
+            "policy": "belady",
+            "accesses": accesses,
+            "loads": loads,
+            "hit_rate": (accesses - loads) / accesses if accesses else None,
+            "warm_start": True,
+        }
     return out
 
 

@@ -574,6 +574,10 @@ def agreement_table(records: Iterable[dict[str, Any]]) -> str:
 def policy_table(records: Iterable[dict[str, Any]]) -> str:
     """Cache hit rate and expert loads per policy (LRU, LFU, predictive, Belady).
 
+    With a pinned hot set: ``pinned`` (the hot set pinned, LRU over its plan's other slots)
+    and Belady at that plan's slots, warm-started as the bound is (records since the
+    thirty-first session).
+
     A step is ``window`` tokens (1: plain decoding; K + 1: one verification). Hit rates count
     what the cache found resident when a step asked for it, so the predictive policy's
     prefetches (the draft's routing of the step, loaded before it) count as hits; Belady's is
@@ -585,7 +589,12 @@ def policy_table(records: Iterable[dict[str, Any]]) -> str:
         key=lambda r: (r["model"], _budget_key(r["budget_gb"]), r["data"].get("window", 1)),
     )
     pinned = any("pinned" in r["data"]["policies"] for r in recs)
-    policies = ("lru", "lfu", "predictive", "belady", *(("pinned",) if pinned else ()))
+    at_pins = any("belady_pinned_slots" in r["data"]["policies"] for r in recs)
+    policies = (
+        "lru", "lfu", "predictive", "belady", *(("pinned",) if pinned else ()),
+        *(("belady_pinned_slots",) if at_pins else ()),
+    )  # fmt: skip
+    names = {"belady_pinned_slots": "belady at the pinned slots (warm)"}
     rows = []
     for r in recs:
         d = r["data"]
@@ -606,8 +615,8 @@ def policy_table(records: Iterable[dict[str, Any]]) -> str:
         "budget",
         "window",
         "slots",
-        *[f"{p} hit rate" for p in policies],
-        "loads (" + " / ".join(policies) + ")",
+        *[f"{names.get(p, p)} hit rate" for p in policies],
+        "loads (" + " / ".join(names.get(p, p) for p in policies) + ")",
         *(["pinned experts / slots"] if pinned else []),
     ]
     return markdown_table(headers, rows)
