@@ -192,7 +192,7 @@ def test_routing_experiments(default_run):
         rates = r["data"]["policies"]
         choice = runner.hot_choices[r["budget_gb"]]
         assert set(rates) == {"lru", "lfu", "predictive", "belady"} | (
-            {"pinned"} if choice.per_layer else set()
+            {"pinned", "belady_pinned_slots"} if choice.per_layer else set()
         )
         for name in ("lru", "lfu", "predictive"):
             assert rates[name]["loads"] >= rates["belady"]["loads"]
@@ -207,6 +207,9 @@ def test_routing_experiments(default_run):
             "experts_per_layer": choice.per_layer, "slots_per_layer": choice.slots_per_layer
         }  # fmt: skip
         assert conf["slots_per_layer"] >= r["data"]["slots_per_layer"]
+        # Belady at the pinned plan's slots, warm-started: no more loads than the pinned LRU.
+        assert rates["belady_pinned_slots"]["loads"] <= rates["pinned"]["loads"]
+        assert rates["belady_pinned_slots"]["accesses"] == rates["pinned"]["accesses"]
     (sweep,) = by_kind["depth_sweep"]
     points = sweep["data"]["points"]
     assert [p["depth"] for p in points] == list(SWEEP)
