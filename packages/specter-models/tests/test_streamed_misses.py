@@ -47,6 +47,17 @@ def test_a_streamed_forward_is_exact_and_loads_nothing(checkpoints, arch_name, s
     )
 
 
+def _deferred_cache(lm, slots: int):
+    """Give ``lm`` a streaming cache of ``slots`` per layer whose copies run only when waited
+    for (``DeferredCopyEngine``): loads stay in flight until something waits. Returns
+    ``(cache, engine)``."""
+    engine = DeferredCopyEngine()
+    cache = ExpertCache(lm.cache.store, slots_per_layer=slots, device="cpu", copy_engine=engine)
+    lm.runtime.cache = lm.cache = cache
+    lm.miss_path = "stream"  # the new cache streams too
+    return cache, engine
+
+
 def _routed_per_layer(lm, folder, ids):
     """The experts each MoE layer routed ``ids`` to, from a load-path forward's trace."""
     reference = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=8)
@@ -95,10 +106,7 @@ def test_without_waits_experts_still_in_flight_are_streamed(checkpoints):
         folder, device="cpu", dtype=torch.float64, slots_per_layer=8, miss_path="stream",
         stream_waits=False,
     )  # fmt: skip
-    engine = DeferredCopyEngine()
-    cache = ExpertCache(lm.cache.store, slots_per_layer=8, device="cpu", copy_engine=engine)
-    lm.runtime.cache = lm.cache = cache
-    lm.miss_path = "stream"  # the new cache streams too
+    cache, engine = _deferred_cache(lm, 8)
     cache.prefetch({layer: list(range(8)) for layer in range(cache.num_layers)})
     assert engine.pending > 0  # every load queued, none landed
     ids = random_prompt(5, lm.config.vocab_size, seed=8)
@@ -123,10 +131,7 @@ def test_with_waits_experts_in_flight_land_and_are_read_from_their_slots(checkpo
     )  # fmt: skip
     assert lm.stream_waits
     assert lm.runtime.stream_waits
-    engine = DeferredCopyEngine()
-    cache = ExpertCache(lm.cache.store, slots_per_layer=8, device="cpu", copy_engine=engine)
-    lm.runtime.cache = lm.cache = cache
-    lm.miss_path = "stream"
+    cache, engine = _deferred_cache(lm, 8)
     cache.prefetch({layer: list(range(8)) for layer in range(cache.num_layers)})
     queued = engine.pending
     assert queued > 0
@@ -146,10 +151,7 @@ def test_waits_cover_the_planned_experts_only(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
     lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream")
     assert lm.stream_waits  # the default
-    engine = DeferredCopyEngine()
-    cache = ExpertCache(lm.cache.store, slots_per_layer=4, device="cpu", copy_engine=engine)
-    lm.runtime.cache = lm.cache = cache
-    lm.miss_path = "stream"
+    cache, _ = _deferred_cache(lm, 4)
     cache.prefetch({layer: [0, 1, 2, 3] for layer in range(cache.num_layers)})
     ids = random_prompt(6, lm.config.vocab_size, seed=4)
     got = lm.target.forward(ids, 0)

@@ -196,11 +196,10 @@ def policy_hit_rates(
         out["pinned"] = simulate_policy(
             trace, "lru", pinned_plan, num_experts=num_experts, pinned=pinned
         ).as_dict()
-        accesses = sum(len(set(s)) for steps in trace for s in steps)
+        accesses = out["belady"]["accesses"]  # the same trace's needs
         loads = warm_belady_loads(trace, pinned_plan)
         out["belady_pinned_slots"] = {
-            "policy": "belady",
-            "accesses": accesses,
+            **out["belady"],
             "loads": loads,
             "hit_rate": (accesses - loads) / accesses if accesses else None,
             "warm_start": True,

@@ -188,8 +188,7 @@ def choose_hot_experts(
             continue  # this many pins do not fit (or are no valid count)
         total = 0
         for i, trace in enumerate(traces):
-            others = sum(c for j, c in enumerate(counts) if j != i)
-            hot = hottest_experts(others, h) if h else None
+            hot = hottest_experts(_other_folds(counts, i), h) if h else None
             total += simulate_policy(trace, "lru", slots, num_experts=E, pinned=hot).loads
         loads[h], slots_of[h] = total, slots
     if not loads:
@@ -265,11 +264,16 @@ def replay_plain_decoding(
     for i, fold in enumerate(folds):
         # Warm, as after a prefill (and as a hot set's pins start loaded): the slots first
         # hold the other folds' most routed experts; loading them is not counted.
-        warm = hottest_experts(sum(c for j, c in enumerate(counts) if j != i), slots)
+        warm = hottest_experts(_other_folds(counts, i), slots)
         trace = windowed_trace(fold.to("cpu", torch.long), 1)
         first = [[frozenset(experts), *steps] for experts, steps in zip(warm, trace, strict=True)]
         loads += simulate_policy(first, "lru", slots, num_experts=E).loads - slots * len(warm)
     return PlainReplay(slots, loads)
+
+
+def _other_folds(counts: Sequence[torch.Tensor], fold: int) -> torch.Tensor:
+    """``[L, E]`` routing counts of every fold but ``fold``: what a fold is scored against."""
+    return sum(c for j, c in enumerate(counts) if j != fold)
 
 
 def _folds(routes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
