@@ -200,6 +200,42 @@ def test_cuda_graphs_captured_ahead_serve_every_decode_step(name):
         assert stats[role]["replays"] > 0
 
 
+def test_cuda_captures_run_with_the_collector_paused_and_survive_a_collection_of_old_graphs():
+    # An earlier model's graphs and events left in a reference cycle: a collection during
+    # a capture would tear them down on the capturing thread. Every capture sees the
+    # collector off, and all of them succeed.
+    import gc
+
+    class Cycle:
+        def __init__(self, payload):
+            self.payload, self.me = payload, self
+
+    old = load("tiny-qwen2-moe", device="cuda", dtype=torch.float16, seed=8, max_seq_len=256)
+    old.capture_step_graphs()
+    Cycle(old)
+    del old
+    lm = load("tiny-qwen2-moe", device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
+    seen = []
+
+    def observe(module, args):
+        if torch.cuda.is_current_stream_capturing():
+            seen.append(gc.isenabled())
+
+    handle = lm.model.register_forward_pre_hook(observe)
+    try:
+        captured = lm.capture_step_graphs()
+    finally:
+        handle.remove()
+    assert seen
+    assert not any(seen)
+    assert gc.isenabled()
+    stats = lm.graph_stats()
+    assert stats["target"]["disabled_reason"] is None
+    assert stats["draft"]["disabled_reason"] is None
+    assert captured["target"] > captured["draft"] == 2
+    gc.collect()  # the old cycle goes now, outside any capture
+
+
 @pytest.mark.parametrize("name", TINY)
 def test_cuda_plain_streamed_decode_replays_the_one_row_graphs_captured_past_the_prompt(name):
     # What `specter generate --depth 0` captures under a budget: one-row target graphs of

@@ -223,3 +223,56 @@ def test_piecewise_graphs_need_cuda_graphs(checkpoints):
     lm.enable_step_graphs(capture=False, piecewise=True)
     assert lm.target.graphs.applies(1)
     assert not lm.target.graphs.whole()
+
+
+def test_paused_collection_turns_the_collector_off_inside_and_restores_it():
+    import gc
+
+    from specter_models.step_graphs import paused_collection
+
+    assert gc.isenabled()
+    with paused_collection():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="inside"), paused_collection():
+        raise RuntimeError("an error inside")
+    assert gc.isenabled()  # restored on the error path too
+    gc.disable()
+    try:
+        with paused_collection():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a caller's own pause is left as it was
+    finally:
+        gc.enable()
+
+
+def test_a_capture_records_with_the_collector_paused_and_a_failed_one_restores_it(
+    checkpoints, monkeypatch
+):
+    # The recording itself needs CUDA; what _capture wraps around it does not.
+    import gc
+
+    lm = _load(checkpoints["tiny-deepseek-v2"])
+    lm.enable_step_graphs(capture=False, window_step=4)
+    graphs = lm.target.graphs
+    graphs._pool = object()  # skip the CUDA pool handle
+    seen = []
+
+    def record(key, step, window, end):
+        seen.append(gc.isenabled())
+        if len(seen) == 2:
+            raise RuntimeError("operation failed due to a previous error during capture")
+        return torch.zeros(1)
+
+    monkeypatch.setattr(graphs, "_record", record)
+    step = type("Step", (), {"logits": None})()
+    key = (1, 4, False, True, 0, False)
+    graphs._capture(key, step, 4, 1)
+    assert seen == [False]
+    assert gc.isenabled()
+    assert graphs.stats.keys == [key]
+    with pytest.warns(RuntimeWarning, match="previous error during capture"):
+        graphs._capture((2, 4, False, True, 0, False), step, 4, 2)
+    assert seen == [False, False]
+    assert gc.isenabled()
+    assert "previous error" in graphs.stats.disabled_reason

@@ -41,14 +41,22 @@ A capture that fails (an operation CUDA graphs cannot record, such as a host syn
 model's code) switches graphs off for that role with the reason kept in ``stats()`` and a
 warning; the step's eager result is still returned.
 
+Python's cyclic garbage collector is paused while a graph is captured
+(:func:`paused_collection`): torch 2.11 no longer collects before a capture, so a collection
+that the forward's own allocations trigger could free a caller's old cycle (graphs, events,
+pinned memory) and run its CUDA teardown on the capturing thread, which invalidates the
+capture. Garbage left then is collected after the capture, as usual.
+
 ``specter_models.load`` turns piecewise graphs on with CUDA graphs (``piecewise_graphs``);
 a ``StepGraphs`` built directly leaves them off unless asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -99,6 +107,23 @@ class _Pieces:
 
     graphs: list[torch.cuda.CUDAGraph] = field(default_factory=list)
     calls: list[_ExpertCall] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def paused_collection() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside the block, as it was after it.
+
+    Wraps each capture: no collection can then run a finalizer's CUDA call (a graph's or an
+    event's teardown, a pinned block's release) on the thread whose stream is capturing.
+    Reference-count frees still happen; only cycles wait for the next collection.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _PieceRecorder:
@@ -442,14 +467,8 @@ class StepGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()  # one pool: graphs never overlap
         try:
-            if key[3]:
-                graph = torch.cuda.CUDAGraph()
-                # thread_local: CUDA calls of other threads (a user's) stay legal meanwhile.
-                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                    logits = self._window_forward(step, window, end, None)
-                step.graph = graph
-            else:
-                step.pieces, logits = self._capture_pieces(step, window, end)
+            with paused_collection():
+                logits = self._record(key, step, window, end)
         except Exception as error:  # a model op CUDA graphs cannot record
             reason = f"capture of {self.mode.value} rows={key[0]} window={key[1]} failed: {error}"
             self.stats.disabled_reason = reason
@@ -457,6 +476,21 @@ class StepGraphs:
             return
         step.logits = logits
         self.stats.keys.append(key)
+
+    def _record(
+        self, key: tuple[int, int, bool, bool, int, bool], step: _Step, window: int, end: int
+    ) -> torch.Tensor:
+        """``_capture``'s recording, whole (``key[3]``) or piecewise; returns the static
+        logits and sets ``step.graph`` or ``step.pieces``."""
+        if key[3]:
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: CUDA calls of other threads (a user's) stay legal meanwhile.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                logits = self._window_forward(step, window, end, None)
+            step.graph = graph
+        else:
+            step.pieces, logits = self._capture_pieces(step, window, end)
+        return logits
 
     def _capture_pieces(self, step: _Step, window: int, end: int) -> tuple[_Pieces, torch.Tensor]:
         """Capture the forward as graphs split at its routed-expert calls."""
