@@ -288,23 +288,3 @@ def test_plain_decodings_replay_uses_the_draftless_slots_and_compares_with_the_h
         replay_plain_decoding(config, 2, local)
     with pytest.raises(ValueError, match="at least one calibration routing"):
         replay_plain_decoding(config, 24, [])
-
-
-def test_the_default_search_refines_around_the_best_coarse_count():
-    # DeepSeek-V2-Lite at 24 GB: the coarse counts step by E // 16 = 4 and 40 pins do not
-    # fit, so the search then tries every count within a step of the coarse best.
-    config = get_preset("deepseek-v2-lite").make_config()
-    g = torch.Generator().manual_seed(7)
-    uniform = [torch.randint(0, 64, (48, 26, 6), generator=g) for _ in range(2)]
-    choice = choose_hot_experts(config, 24, uniform, window=5)
-    coarse = {h for h in range(0, 64, 4) if h in choice.loads}
-    assert coarse == set(range(0, 40, 4))
-    best_coarse = min(coarse, key=lambda h: (choice.loads[h], h))
-    fine = set(choice.loads) - coarse
-    assert fine == set(range(best_coarse - 3, best_coarse + 4)) - coarse - {40, 41, 42, 43}
-    assert choice.per_layer == min(choice.loads, key=lambda h: (choice.loads[h], h))
-    assert choice.loads[choice.per_layer] <= choice.loads[best_coarse]
-    assert (
-        choice.slots_per_layer
-        == plan_memory(config, 24, hot_experts_per_layer=choice.per_layer).slots_per_layer
-    )

@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -152,8 +152,7 @@ def choose_hot_experts(
             that will be measured).
         window: tokens per replayed step.
         candidates: the ``h`` to try (default: 0 and every ``E // 16``-th count, all counts
-            for ``E < 32``, then every count within ``E // 16`` of the best of those; counts
-            the budget cannot hold are skipped).
+            for ``E < 32``; those the budget cannot hold are skipped).
         dtype, max_seq_len, max_verify_rows, draft_group_size: as ``plan_memory``.
 
     Raises:
@@ -178,42 +177,27 @@ def choose_hot_experts(
     folds = _folds(calibration_routes)
     counts = [routing_counts([f], E) for f in folds]
     traces = [windowed_trace(f.to("cpu", torch.long), window) for f in folds]
+    if candidates is None:
+        candidates = range(0, E, max(1, E // 16))  # at most 16 replays per fold
     loads: dict[int, int] = {}
     slots_of: dict[int, int] = {}
-
-    def replay(counts_to_try: Iterable[int]) -> None:
-        for h in sorted(set(counts_to_try) - loads.keys() - unfit):
-            try:
-                slots = plan(h).slots_per_layer
-            except (MemoryBudgetError, ValueError):
-                unfit.add(h)  # this many pins do not fit (or are no valid count)
-                continue
-            total = 0
-            for i, trace in enumerate(traces):
-                hot = hottest_experts(_other_folds(counts, i), h) if h else None
-                total += simulate_policy(trace, "lru", slots, num_experts=E, pinned=hot).loads
-            loads[h], slots_of[h] = total, slots
-
-    def fewest() -> int:
-        return min(loads, key=lambda h: (loads[h], h))
-
-    unfit: set[int] = set()
-    if candidates is None:
-        step = max(1, E // 16)
-        replay(range(0, E, step))  # coarse: at most 16 replays per fold
-        if loads:  # then every count within a step of the coarse best
-            best = fewest()
-            replay(range(max(0, best - step + 1), min(E, best + step)))
-        candidates = sorted(loads.keys() | unfit)
-    else:
-        replay(candidates)
+    for h in sorted(set(candidates)):
+        try:
+            slots = plan(h).slots_per_layer
+        except (MemoryBudgetError, ValueError):
+            continue  # this many pins do not fit (or are no valid count)
+        total = 0
+        for i, trace in enumerate(traces):
+            hot = hottest_experts(_other_folds(counts, i), h) if h else None
+            total += simulate_policy(trace, "lru", slots, num_experts=E, pinned=hot).loads
+        loads[h], slots_of[h] = total, slots
     if not loads:
         raise MemoryBudgetError(
             f"none of the pinned counts {sorted(set(candidates))} fits gpu_memory_gb="
             f"{gpu_memory_gb} (each needs its hot experts plus one evictable slot per layer); "
             "give fewer pinned experts or a larger budget"
         )
-    best = fewest()
+    best = min(loads, key=lambda h: (loads[h], h))
     hot_sets = hottest_experts(sum(counts), best) if best else [[] for _ in range(L)]
     return HotExpertChoice(best, hot_sets, slots_of[best], loads, window)
 
