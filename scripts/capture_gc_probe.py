@@ -4,9 +4,10 @@ torch 2.11's ``torch.cuda.graph`` no longer runs ``gc.collect()`` before a captu
 with ``TORCH_CUDAGRAPH_GC=1``), so a collection that the capture's own Python allocations
 trigger can free a cycle an earlier caller left behind, and run its CUDA teardown on the
 capturing thread. This probe makes one kind of cyclic garbage at a time, drops it, starts a
-``thread_local`` capture of a small computation and calls ``gc.collect()`` inside it, then
-reports whether the capture survived; and the same with the collector paused
-(``specter_models.step_graphs.paused_collection``), as the step graphs capture now.
+``thread_local`` capture of a small computation and allocates enough inside it that the
+collector runs on its own, then reports whether the capture survived; and the same with the
+collector paused (``specter_models.step_graphs.paused_collection``), as the step graphs
+capture now.
 
 Run on a CUDA machine (repo root)::
 
@@ -73,23 +74,38 @@ def _garbage(kind: str) -> object:
 KINDS = ("nothing", "graph", "event", "external-event", "pinned", "side-stream-tensor")
 
 
+def _churn(n: int = 20000) -> None:
+    """Allocate ``n`` cyclic lists: with the collector on, automatic collections run (the
+    garbage made just before is young, so the first generation-0 collection frees it)."""
+    for _ in range(n):
+        a: list[object] = []
+        a.append(a)
+
+
 def _trial(kind: str, paused: bool) -> dict[str, object]:
+    """One capture with ``kind``'s garbage pending. The collector is off while the garbage
+    is made and the capture starts (so nothing frees it earlier); inside the capture, the
+    unpaused arm turns it back on before allocating, as a forward's allocations would
+    trigger a collection; the paused arm turns it on before ``paused_collection``."""
     gc.collect()
     torch.cuda.synchronize()
+    gc.disable()
     _Cycle(_garbage(kind))  # dropped at once: only the collector can free it
     y = torch.zeros(1024, device="cuda")
     graph = torch.cuda.CUDAGraph()
     error = None
     try:
         if paused:
+            gc.enable()
             with paused_collection(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 y.add_(1.0)
-                gc.collect()  # what a threshold-triggered collection would do here
+                _churn()
                 y.add_(1.0)
         else:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 y.add_(1.0)
-                gc.collect()
+                gc.enable()
+                _churn()
                 y.add_(1.0)
         graph.replay()
         torch.cuda.synchronize()
@@ -98,6 +114,8 @@ def _trial(kind: str, paused: bool) -> dict[str, object]:
         ok, error = False, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
         with contextlib.suppress(Exception):
             torch.cuda.synchronize()
+    finally:
+        gc.enable()
     gc.collect()
     return {"kind": kind, "paused": paused, "captured": ok, "error": error}
 
