@@ -5,7 +5,9 @@ bench's ``specter-plain-fill``), captures its one-row graphs, decodes a HumanEva
 plainly once to warm and once timed (TPOT), then ``--profiled`` tokens under torch.profiler.
 From the device events it prints per step: the wall time, the time some kernel ran (the
 union of kernel intervals, so side-stream overlap counts once), the copy engine's time, and
-the kernels with the most device time. Where busy time is far below the wall time, the
+the kernels with the most device time; each kind of copy's device time and count, and the
+host's CUDA runtime calls with the most time (where it waits: event and stream syncs, copies
+from pageable memory). Where busy time is far below the wall time, the
 host bounds the step; where it is near, the kernels do. ``--budget-gb 0`` loads every
 expert resident (the same decode, nothing streamed), for comparison.
 
@@ -44,6 +46,18 @@ def main() -> int:
     p.add_argument("--profiled", type=int, default=16)
     p.add_argument("--fills", type=int, default=8)
     p.add_argument("--top", type=int, default=14)
+    p.add_argument(
+        "--pageable-uploads",
+        action="store_true",
+        help="copy each step's fill candidates from pageable memory in three copies (the "
+        "old path; default: one packed copy from a pinned buffer)",
+    )
+    p.add_argument(
+        "--no-pipelined",
+        action="store_true",
+        help="count each step before the next launches (default: pipelined records, as "
+        "`specter generate` and `specter-plain-pipe` decode)",
+    )
     p.add_argument("--out", default=None, help="append one JSON line here")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no graphs, no device)")
     args = p.parse_args()
@@ -73,6 +87,11 @@ def main() -> int:
         lm.prefetch_all()
     if cuda:
         lm.capture_step_graphs(min_length=len(prompt), max_rows=1)
+    record = lm.runtime.stream_record
+    if budget and record is not None:
+        record.pinned_uploads = not args.pageable_uploads
+        if record.deferred:
+            record.pipelined = not args.no_pipelined
     window = DecodeWindow(lm.cache, None, streamed_plain=bool(budget))
 
     def sync() -> None:
@@ -98,12 +117,21 @@ def main() -> int:
     kernels, copies = [], []
     per_name: dict[str, float] = collections.defaultdict(float)
     calls: dict[str, int] = collections.Counter()
+    copy_ms: dict[str, float] = collections.defaultdict(float)
+    copy_calls: dict[str, int] = collections.Counter()
+    runtime_ms: dict[str, float] = collections.defaultdict(float)
+    runtime_calls: dict[str, int] = collections.Counter()
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA:
+            if ev.name.startswith("cuda"):  # runtime calls: where the host waits or copies
+                runtime_ms[ev.name] += (ev.time_range.end - ev.time_range.start) / 1e3
+                runtime_calls[ev.name] += 1
             continue
         span = (ev.time_range.start, ev.time_range.end)
         if "Memcpy" in ev.name or "memcpy" in ev.name:
             copies.append(span)
+            copy_ms[ev.name] += (span[1] - span[0]) / 1e3
+            copy_calls[ev.name] += 1
         else:
             kernels.append(span)
             per_name[ev.name] += (span[1] - span[0]) / 1e3
@@ -119,6 +147,8 @@ def main() -> int:
         "tpot_ms": tpot_ms,
         "decode_wall_s": wall_s,
         "slots_per_layer": lm.memory.plan.slots_per_layer,
+        "pipelined_records": bool(getattr(record, "pipelined", False)),
+        "pinned_uploads": bool(getattr(record, "pinned_uploads", False)),
         "hit_rate": cache["hit_rate"],
         "profiled_tokens": steps,
         "profiled_wall_ms_per_token": prof_wall_ms / steps,
@@ -129,6 +159,16 @@ def main() -> int:
         "top_kernels_ms_per_token": {
             n[:80]: round(v / steps, 4)
             for n, v in sorted(per_name.items(), key=lambda kv: -kv[1])[: args.top]
+        },
+        "copies_ms_per_token": {n[:80]: round(v / steps, 4) for n, v in copy_ms.items()},
+        "copies_per_token": {n[:80]: c / steps for n, c in copy_calls.items()},
+        "runtime_ms_per_token": {
+            n[:60]: round(v / steps, 4)
+            for n, v in sorted(runtime_ms.items(), key=lambda kv: -kv[1])[: args.top]
+        },
+        "runtime_calls_per_token": {
+            n[:60]: runtime_calls[n] / steps
+            for n, _ in sorted(runtime_ms.items(), key=lambda kv: -kv[1])[: args.top]
         },
         "top_kernel_calls_per_token": {
             n[:80]: calls[n] / steps

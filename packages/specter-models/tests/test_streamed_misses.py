@@ -636,3 +636,49 @@ def test_a_pipelined_step_fills_no_expert_the_uncounted_step_before_it_filled(ch
         assert device == [-1 if s is None else s for s in host]
     with pytest.raises(ValueError, match="exclude needs one collection of slots per layer"):
         lm.cache.prepare_fills(2, exclude=[()])
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["counted-first", "pipelined"])
+def test_packed_fill_uploads_put_the_candidate_tables_where_the_graphs_read_them(
+    checkpoints, pipelined
+):
+    # The candidates go to the device packed through a reused host buffer: after each
+    # upload the record's tensors hold prepare_fills' tables (slots and holders padded with
+    # -1 past the step's count), as the three separate copies left them, and a plain
+    # streamed decode keeps its tokens and fills either way.
+    from specter_spec import SpecController
+
+    folder = checkpoints["tiny-qwen2-moe"]
+    prompt = random_prompt(7, 96, seed=37)
+    runs = {}
+    for packed in (False, True):
+        lm = load(
+            folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
+            stream_fills=3, draft=None,
+        )  # fmt: skip
+        record = lm.runtime.stream_record
+        record.deferred = True
+        record.pipelined = pipelined
+        record.pinned_uploads = packed
+        record.set_spares_per_layer(2)  # fewer than the width: the rest must stay -1
+        uploads = []
+        upload = record._upload_fill_tables
+
+        def watched(slots, experts, claimed, record=record, upload=upload, uploads=uploads):
+            upload(slots, experts, claimed)
+            F = slots.shape[1]
+            assert torch.equal(record.spare_slots[:, :F].cpu(), slots)
+            assert torch.equal(record.spare_experts[:, :F].cpu(), experts)
+            assert torch.equal(record.claimed.cpu(), claimed)
+            assert bool((record.spare_slots[:, F:] == -1).all())
+            uploads.append(slots.clone())
+
+        record._upload_fill_tables = watched
+        controller = SpecController(None, lm.target, cache=_QueuedPlainSteps(), depth=0)
+        tokens = controller.generate(prompt[0].tolist(), max_new_tokens=16).tokens
+        lm.cache.settle()
+        runs[packed] = (tokens, uploads, lm.cache.stats()["total"]["streamed_fills"])
+    assert runs[True][0] == runs[False][0]
+    assert len(runs[True][1]) == len(runs[False][1]) > 10
+    assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1], strict=True))
+    assert runs[True][2] == runs[False][2] > 0
