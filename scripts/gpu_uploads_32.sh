@@ -6,7 +6,10 @@
 # copy kind's device time and the host's CUDA runtime calls), arms alternated, one process
 # each; then the models' CUDA tests of streamed fills and pipelined records.
 #
-#   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_uploads_32.sh   (carry .whl)
+#   SPECTER_GIT_COMMIT=b6d6997 bash scripts/gpu_uploads_32.sh   (carry .whl)
+# Runs at b6d6997 only: the packed uploads measured no faster (3.55 against 3.53 ms a token)
+# and were removed with --pageable-uploads; the probe's profiled numbers there still held the
+# prompt's prefill (its loads were the "copy-engine time" per token), subtracted since.
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)

@@ -3,9 +3,11 @@
 Loads a preset without a draft at ``--budget-gb`` on the streamed miss path with fills (the
 bench's ``specter-plain-fill``), captures its one-row graphs, decodes a HumanEval prompt
 plainly once to warm and once timed (TPOT), then ``--profiled`` tokens under torch.profiler.
-From the device events it prints per step: the wall time, the time some kernel ran (the
-union of kernel intervals, so side-stream overlap counts once), the copy engine's time, and
-the kernels with the most device time; each kind of copy's device time and count, and the
+Each profiled number is the difference between a profiled decode of ``1 + --profiled``
+tokens and one of 1 token, per token, so the prompt's prefill (and its expert loads) is in
+neither: the wall time, the time some kernel ran (the union of kernel intervals, so
+side-stream overlap counts once), the copy engine's time, and the kernels with the most
+device time; each kind of copy's device time and count, and the
 host's CUDA runtime calls with the most time (where it waits: event and stream syncs, copies
 from pageable memory). Where busy time is far below the wall time, the
 host bounds the step; where it is near, the kernels do. ``--budget-gb 0`` loads every
@@ -47,12 +49,6 @@ def main() -> int:
     p.add_argument("--fills", type=int, default=8)
     p.add_argument("--top", type=int, default=14)
     p.add_argument(
-        "--pageable-uploads",
-        action="store_true",
-        help="copy each step's fill candidates from pageable memory in three copies (the "
-        "old path; default: one packed copy from a pinned buffer)",
-    )
-    p.add_argument(
         "--no-pipelined",
         action="store_true",
         help="count each step before the next launches (default: pipelined records, as "
@@ -88,10 +84,8 @@ def main() -> int:
     if cuda:
         lm.capture_step_graphs(min_length=len(prompt), max_rows=1)
     record = lm.runtime.stream_record
-    if budget and record is not None:
-        record.pinned_uploads = not args.pageable_uploads
-        if record.deferred:
-            record.pipelined = not args.no_pipelined
+    if budget and record is not None and record.deferred:
+        record.pipelined = not args.no_pipelined
     window = DecodeWindow(lm.cache, None, streamed_plain=bool(budget))
 
     def sync() -> None:
@@ -109,37 +103,53 @@ def main() -> int:
     tpot_ms = 1e3 * out.stats.tpot_s
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        decode(args.profiled)
+
+    def profiled(tokens: int) -> dict[str, object]:
+        """Totals of one profiled decode of ``tokens`` new tokens (its prefill included)."""
         sync()
-        prof_wall_ms = 1e3 * (time.perf_counter() - t0)
-    kernels, copies = [], []
-    per_name: dict[str, float] = collections.defaultdict(float)
-    calls: dict[str, int] = collections.Counter()
-    copy_ms: dict[str, float] = collections.defaultdict(float)
-    copy_calls: dict[str, int] = collections.Counter()
-    runtime_ms: dict[str, float] = collections.defaultdict(float)
-    runtime_calls: dict[str, int] = collections.Counter()
-    for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA:
-            if ev.name.startswith("cuda"):  # runtime calls: where the host waits or copies
-                runtime_ms[ev.name] += (ev.time_range.end - ev.time_range.start) / 1e3
-                runtime_calls[ev.name] += 1
-            continue
-        span = (ev.time_range.start, ev.time_range.end)
-        if "Memcpy" in ev.name or "memcpy" in ev.name:
-            copies.append(span)
-            copy_ms[ev.name] += (span[1] - span[0]) / 1e3
-            copy_calls[ev.name] += 1
-        else:
-            kernels.append(span)
-            per_name[ev.name] += (span[1] - span[0]) / 1e3
-            calls[ev.name] += 1
+        with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            decode(tokens)
+            sync()
+            wall_ms = 1e3 * (time.perf_counter() - t0)
+        kernels, copies = [], []
+        sums: dict[str, collections.Counter] = {
+            k: collections.Counter() for k in ("kernel_ms", "kernel_calls", "copy_ms",
+                                               "copy_calls", "runtime_ms", "runtime_calls")
+        }  # fmt: skip
+        for ev in prof.events():
+            span = (ev.time_range.start, ev.time_range.end)
+            ms = (span[1] - span[0]) / 1e3
+            if ev.device_type != torch.autograd.DeviceType.CUDA:
+                if ev.name.startswith("cuda"):  # runtime calls: where the host waits
+                    sums["runtime_ms"][ev.name[:60]] += ms
+                    sums["runtime_calls"][ev.name[:60]] += 1
+                continue
+            if "Memcpy" in ev.name or "memcpy" in ev.name:
+                copies.append(span)
+                sums["copy_ms"][ev.name[:80]] += ms
+                sums["copy_calls"][ev.name[:80]] += 1
+            else:
+                kernels.append(span)
+                sums["kernel_ms"][ev.name[:80]] += ms
+                sums["kernel_calls"][ev.name[:80]] += 1
+        return {
+            "wall_ms": wall_ms,
+            "kernel_busy_ms": _union_ms(kernels),
+            "copy_busy_ms": _union_ms(copies),
+            "kernels": len(kernels),
+            **sums,
+        }
+
+    # The prefill (and its loads) is in both runs; their difference is decode steps alone.
+    base, full = profiled(1), profiled(1 + args.profiled)
     steps = args.profiled
-    device_span_ms = (
-        (max(b for _, b in kernels) - min(a for a, _ in kernels)) / 1e3 if kernels else 0.0
-    )
+
+    def per_token(key: str, top: int | None = None) -> dict[str, float]:
+        diff = {n: (full[key][n] - base[key].get(n, 0)) / steps for n in full[key]}
+        ranked = sorted(diff.items(), key=lambda kv: -kv[1])
+        return {n: round(v, 4) for n, v in ranked[:top]}
+
     cache = lm.cache.stats()["total"]
     result = {
         "model": args.model,
@@ -148,32 +158,18 @@ def main() -> int:
         "decode_wall_s": wall_s,
         "slots_per_layer": lm.memory.plan.slots_per_layer,
         "pipelined_records": bool(getattr(record, "pipelined", False)),
-        "pinned_uploads": bool(getattr(record, "pinned_uploads", False)),
         "hit_rate": cache["hit_rate"],
         "profiled_tokens": steps,
-        "profiled_wall_ms_per_token": prof_wall_ms / steps,
-        "device_span_ms_per_token": device_span_ms / steps,
-        "kernel_busy_ms_per_token": _union_ms(kernels) / steps,
-        "copy_busy_ms_per_token": _union_ms(copies) / steps,
-        "kernels_per_token": len(kernels) / steps,
-        "top_kernels_ms_per_token": {
-            n[:80]: round(v / steps, 4)
-            for n, v in sorted(per_name.items(), key=lambda kv: -kv[1])[: args.top]
-        },
-        "copies_ms_per_token": {n[:80]: round(v / steps, 4) for n, v in copy_ms.items()},
-        "copies_per_token": {n[:80]: c / steps for n, c in copy_calls.items()},
-        "runtime_ms_per_token": {
-            n[:60]: round(v / steps, 4)
-            for n, v in sorted(runtime_ms.items(), key=lambda kv: -kv[1])[: args.top]
-        },
-        "runtime_calls_per_token": {
-            n[:60]: runtime_calls[n] / steps
-            for n, _ in sorted(runtime_ms.items(), key=lambda kv: -kv[1])[: args.top]
-        },
-        "top_kernel_calls_per_token": {
-            n[:80]: calls[n] / steps
-            for n, _ in sorted(per_name.items(), key=lambda kv: -kv[1])[: args.top]
-        },
+        "profiled_wall_ms_per_token": (full["wall_ms"] - base["wall_ms"]) / steps,
+        "kernel_busy_ms_per_token": (full["kernel_busy_ms"] - base["kernel_busy_ms"]) / steps,
+        "copy_busy_ms_per_token": (full["copy_busy_ms"] - base["copy_busy_ms"]) / steps,
+        "kernels_per_token": (full["kernels"] - base["kernels"]) / steps,
+        "top_kernels_ms_per_token": per_token("kernel_ms", args.top),
+        "top_kernel_calls_per_token": per_token("kernel_calls", args.top),
+        "copies_ms_per_token": per_token("copy_ms"),
+        "copies_per_token": per_token("copy_calls"),
+        "runtime_ms_per_token": per_token("runtime_ms", args.top),
+        "runtime_calls_per_token": per_token("runtime_calls", args.top),
     }
     print(json.dumps(result, indent=1))
     if args.out:

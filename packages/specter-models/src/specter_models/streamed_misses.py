@@ -159,10 +159,6 @@ class StreamRecord:
             one copy that nothing waits for, so the host can launch the next forward (the
             draft's) before it counts, and the device does not idle behind the count.
 
-    ``pinned_uploads`` (an attribute, default True): a forward's fill candidates go to the
-    device packed, in one copy from a reused host buffer (pinned on CUDA), instead of three
-    copies from pageable memory.
-
     ``pipelined`` (an attribute, default False; deferred records only): plain decoding's
     streamed steps, which load nothing between them, launch without counting the forward
     before (whose record needs that forward done): a step's fill candidates are chosen
@@ -210,14 +206,6 @@ class StreamRecord:
         self.pipelined = False
         self._host_counts: torch.Tensor | None = None  # pinned, for deferred counts
         self._offers: collections.deque[list[dict[int, int]]] = collections.deque()
-        self.pinned_uploads = True
-        # Room for the widest packed candidates [L, 2 * width + E] on the device, and the
-        # host buffers they are packed into (pinned on CUDA), each with its copy's event.
-        self._upload_table = torch.empty(
-            num_layers * (2 * width + num_experts), dtype=torch.int32, device=device
-        )
-        self._upload_buffers: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
-        self._upload_turn = 0
 
     def set_spares_per_layer(self, count: int) -> None:
         """Candidate slots per layer from the next forward on (0: no fills). More than the
@@ -262,7 +250,9 @@ class StreamRecord:
                 offer = cache.fill_candidates()
             else:
                 slots, experts, claimed = cache.prepare_fills(self.spares_per_layer)
-            self._upload_fill_tables(slots, experts, claimed)
+            self.spare_slots[:, : slots.shape[1]].copy_(slots, non_blocking=True)
+            self.spare_experts[:, : experts.shape[1]].copy_(experts, non_blocking=True)
+            self.claimed.copy_(claimed, non_blocking=True)
             if pipelined:
                 # An expert a forward still to count filled is on the device map, not yet in
                 # the host's claims: claim it from the map (in stream order, after that
@@ -285,44 +275,6 @@ class StreamRecord:
             cache.mark_streamed_use()
         if count:
             self._count(cache, rows, offer)
-
-    def _upload_fill_tables(
-        self, slots: torch.Tensor, experts: torch.Tensor, claimed: torch.Tensor
-    ) -> None:
-        """Put ``prepare_fills``' CPU tables (``[L, F]``, ``[L, F]``, ``[L, E]`` int32) into
-        the tensors the graphs read.
-
-        With ``pinned_uploads`` (the default) the three go packed side by side through one
-        host buffer of a ring of two (pinned on CUDA; before a buffer is packed again, its
-        last copy is waited for, long done by then) in one host-to-device copy, then are
-        split on the device. Otherwise each is copied from its pageable CPU tensor, three
-        copies a step that CUDA stages through a driver buffer.
-        """
-        F = slots.shape[1]
-        if not self.pinned_uploads:
-            self.spare_slots[:, :F].copy_(slots, non_blocking=True)
-            self.spare_experts[:, :F].copy_(experts, non_blocking=True)
-            self.claimed.copy_(claimed, non_blocking=True)
-            return
-        on_cuda = self._upload_table.device.type == "cuda"
-        if not self._upload_buffers:
-            for _ in range(2):
-                host = torch.empty(self._upload_table.shape, dtype=torch.int32, pin_memory=on_cuda)
-                self._upload_buffers.append((host, torch.cuda.Event() if on_cuda else None))
-        host, copied = self._upload_buffers[self._upload_turn]
-        self._upload_turn = (self._upload_turn + 1) % len(self._upload_buffers)
-        if copied is not None:
-            copied.synchronize()  # its copy ran two steps ago; a no-op wait in practice
-        shape = (slots.shape[0], 2 * F + claimed.shape[1])
-        packed = host[: shape[0] * shape[1]].view(shape)
-        torch.cat([slots, experts, claimed], dim=1, out=packed)
-        table = self._upload_table[: packed.numel()].view(shape)
-        table.copy_(packed, non_blocking=on_cuda)
-        if copied is not None:
-            copied.record(torch.cuda.current_stream(table.device))
-        self.spare_slots[:, :F].copy_(table[:, :F])
-        self.spare_experts[:, :F].copy_(table[:, F : 2 * F])
-        self.claimed.copy_(table[:, 2 * F :])
 
     def real_pairs(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [T, k]`` with the pairs of padding rows (past ``rows``) routed nowhere (-1).
