@@ -304,3 +304,44 @@ def test_targets_quote_the_last_runs_and_count_them_when_they_disagree():
     row = next(line for line in targets_table(agreeing).splitlines() if "<= 1/2" in line)
     assert "| met |" in row
     assert "0.48, 0.40" in row
+
+
+def test_experiment_tables_name_the_run_of_each_row_when_runs_repeat_them():
+    # The same experiment from two runs: every experiment table says which row came from
+    # which run; from one run, no run column.
+    from specter_bench.tables import (
+        depth_sweep_table,
+        hot_experts_table,
+        hot_sweep_table,
+        memory_table,
+    )
+
+    early, late = "2026-12-03T10:00:00+00:00", "2026-12-04T06:00:00+00:00"
+    base = experiment_records(seed=21)
+    extra = [
+        {"kind": "hot_experts", "model": "deepseek-v2-lite", "budget_gb": 24.0,
+         "data": {"per_layer": 36, "slots_per_layer": 39, "window": 5, "loads": {"0": 9, "36": 5}}},
+        {"kind": "hot_sweep", "model": "deepseek-v2-lite", "budget_gb": 24.0,
+         "data": {"chosen": 36, "points": [{"hot_experts_per_layer": 36, "slots_per_layer": 39,
+                                            "tpot_ms": 9.1}]}},
+        {"kind": "memory", "model": "deepseek-v2-lite", "budget_gb": 24.0,
+         "data": {"with_draft": False, "slots_per_layer": 46, "measured_peak_gb": 24.8}},
+        {"kind": "depth_sweep", "model": "deepseek-v2-lite", "budget_gb": 24.0,
+         "data": {"best_depth": 2, "points": [{"depth": 2, "tpot_ms": 9.0}]}},
+        {"kind": "routing_agreement", "model": "deepseek-v2-lite", "budget_gb": 24.0,
+         "data": {"mean": 0.9, "per_layer": [0.8, 1.0], "per_request": [0.9]}},
+    ]  # fmt: skip
+    one_run = [_in_run(r, early) for r in [*base, *extra]]
+    two_runs = [*one_run, *(_in_run(r, late, "bfb22bc") for r in [*base, *extra])]
+    tables = (policy_table, working_set_table, agreement_table, hot_experts_table,
+              hot_sweep_table, memory_table, depth_sweep_table)  # fmt: skip
+    for table in tables:
+        alone = table(one_run)
+        assert len(alone.splitlines()) > 2, table.__name__  # rows to label
+        assert "| run |" not in alone, table.__name__
+        both = table(two_runs)
+        lines = both.splitlines()
+        assert lines[0].endswith("| run |"), table.__name__
+        assert len(lines) == 2 + 2 * (len(alone.splitlines()) - 2), table.__name__
+        assert sum("2026-12-04T06:00 bfb22bc" in line for line in lines[2:]) * 2 == len(lines) - 2
+        assert sum("2026-12-03T10:00 abc1234" in line for line in lines[2:]) * 2 == len(lines) - 2

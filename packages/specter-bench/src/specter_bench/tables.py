@@ -258,6 +258,19 @@ def _with_runs(
     return [*headers, "run"], [[*row, s.run or "-"] for row, s in zip(rows, summaries, strict=True)]
 
 
+def _with_record_runs(
+    headers: list[str], rows: list[list[Any]], row_records: Sequence[dict[str, Any]]
+) -> tuple[list[str], list[list[Any]]]:
+    """Append a ``run`` column (each row's record's :func:`run_label`) when the rows come
+    from more than one run, as :func:`tpot_table` does: an experiment repeated over runs
+    then reads as repetitions, not as one result printed several times."""
+    labels = [run_label(r) for r in row_records]
+    if len(set(labels)) < 2:
+        return headers, rows
+    labelled = [[*row, label or "-"] for row, label in zip(rows, labels, strict=True)]
+    return [*headers, "run"], labelled
+
+
 def phase_table(records: Iterable[dict[str, Any]]) -> str:
     """Latency per phase: prefill, draft and verify time per token, TPOT."""
     summaries = summarize_tpot(records)
@@ -512,9 +525,10 @@ def _by_model_and_budget(records: Iterable[dict[str, Any]], kind: str) -> list[d
 
 def working_set_table(records: Iterable[dict[str, Any]]) -> str:
     """Distinct experts per layer against depth K, per model (mean [p10, p90])."""
-    rows = []
+    rows, row_records = [], []
     for r in _experiments(records, "working_set"):
         for point in r["data"]["curve"]:
+            row_records.append(r)
             rows.append(
                 [
                     r["model"],
@@ -529,14 +543,15 @@ def working_set_table(records: Iterable[dict[str, Any]]) -> str:
                 ]
             )
     headers = ["model", "routing", "K", "mean", "p10", "p90", "min", "max", "prompts"]
-    return markdown_table(headers, rows)
+    return markdown_table(*_with_record_runs(headers, rows, row_records))
 
 
 def agreement_table(records: Iterable[dict[str, Any]]) -> str:
     """Draft/target agreement per model: routing match (mean, worst/best layer, per request),
     greedy agreement and the sampled acceptance of speculative sampling at T = 1 and 0.7."""
     rows = []
-    for r in _experiments(records, "routing_agreement"):
+    recs = _experiments(records, "routing_agreement")
+    for r in recs:
         d = r["data"]
         per_layer = d["per_layer"]
         per_request = d.get("per_request", [])
@@ -568,7 +583,7 @@ def agreement_table(records: Iterable[dict[str, Any]]) -> str:
         "sampled acceptance T=1",
         "sampled acceptance T=0.7",
     ]
-    return markdown_table(headers, rows)
+    return markdown_table(*_with_record_runs(headers, rows, recs))
 
 
 def policy_table(records: Iterable[dict[str, Any]]) -> str:
@@ -619,17 +634,18 @@ def policy_table(records: Iterable[dict[str, Any]]) -> str:
         "loads (" + " / ".join(names.get(p, p) for p in policies) + ")",
         *(["pinned experts / slots"] if pinned else []),
     ]
-    return markdown_table(headers, rows)
+    return markdown_table(*_with_record_runs(headers, rows, recs))
 
 
 def depth_sweep_table(records: Iterable[dict[str, Any]]) -> str:
     """TPOT and acceptance against depth K, per model and budget (best depth marked)."""
-    rows = []
+    rows, row_records = [], []
     recs = _by_model_and_budget(records, "depth_sweep")
     for r in recs:
         d = r["data"]
         best = d.get("best_depth")
         for point in d["points"]:
+            row_records.append(r)
             rows.append(
                 [
                     r["model"],
@@ -642,7 +658,7 @@ def depth_sweep_table(records: Iterable[dict[str, Any]]) -> str:
                 ]
             )
     headers = ["model", "budget", "K", "TPOT ms", "acceptance", "accepted/iter", ""]
-    return markdown_table(headers, rows)
+    return markdown_table(*_with_record_runs(headers, rows, row_records))
 
 
 def memory_table(records: Iterable[dict[str, Any]]) -> str:
@@ -667,7 +683,8 @@ def memory_table(records: Iterable[dict[str, Any]]) -> str:
         ]
         for r in recs
     ]
-    return markdown_table(["model", "budget", "draft", *[name for name, _ in columns]], rows)
+    headers = ["model", "budget", "draft", *[name for name, _ in columns]]
+    return markdown_table(*_with_record_runs(headers, rows, recs))
 
 
 def _draft_label(data: dict[str, Any]) -> str:
@@ -699,18 +716,19 @@ def hot_experts_table(records: Iterable[dict[str, Any]]) -> str:
         )
     headers = ["model", "budget", "pinned/layer", "slots/layer", "window", "calibration",
                "replayed loads (pinned: loads)"]  # fmt: skip
-    return markdown_table(headers, rows)
+    return markdown_table(*_with_record_runs(headers, rows, recs))
 
 
 def hot_sweep_table(records: Iterable[dict[str, Any]]) -> str:
     """specter's TPOT against the pinned hot count, per model and budget (the chosen count
     marked)."""
-    rows = []
+    rows, row_records = [], []
     recs = _by_model_and_budget(records, "hot_sweep")
     for r in recs:
         d = r["data"]
         for point in d["points"]:
             matches = [m for m in point.get("matches_engine", []) if m is not None]
+            row_records.append(r)
             rows.append(
                 [
                     r["model"],
@@ -728,7 +746,7 @@ def hot_sweep_table(records: Iterable[dict[str, Any]]) -> str:
             )
     headers = ["model", "budget", "pinned/layer", "slots/layer", "TPOT ms", "acceptance",
                "hit rate", "H2D MB/tok", "replayed loads", "= engine", ""]  # fmt: skip
-    return markdown_table(headers, rows)
+    return markdown_table(*_with_record_runs(headers, rows, row_records))
 
 
 def kernel_table(records: Iterable[dict[str, Any]]) -> str:
