@@ -9,8 +9,10 @@ the same launch with every expert resident, and prints the streamed bytes' rate 
 bytes over the time the launch takes beyond the resident one; median of ``--repeats``):
 
 * ``per-pair``: the verification's batch-invariant mode (``out [T, k, H]``), with its own
-  tiles and with each ``--per-pair-configs`` shape swapped in (``block_n / stages /
-  warps``; block_k stays 128, which fixes a pair's summation order, so these keep the bits);
+  tiles and with each ``--per-pair-configs`` shape swapped in (``block_n / stages / warps``
+  and optionally ``/ block_k``, default 128: block_k fixes a pair's summation order, the same
+  for every row count, so another one keeps batch invariance but not today's bits; wider
+  K steps read longer contiguous runs of each weight row from the host);
 * ``accumulate`` with each ``--configs`` tile shape (``block_n x block_k / stages``, given to
   ``launch_grouped`` for both projections);
 * ``staged``: ``stage_streamed`` into a ``--staging``-expert buffer, then the per-pair launch
@@ -131,8 +133,9 @@ def main() -> int:
                 shapes.append(("staged", None))
             for mode, shape in shapes:
                 if shape is not None and shape.startswith("pp:"):
-                    bn, stages, warps = (int(v) for v in shape[3:].split("/"))
-                    tile = GroupedConfig(16, bn, 128, num_warps=warps, num_stages=stages)
+                    bn, stages, warps, *rest = (int(v) for v in shape[3:].split("/"))
+                    bk = rest[0] if rest else 128
+                    tile = GroupedConfig(16, bn, bk, num_warps=warps, num_stages=stages)
                     grouped_fp16_triton.per_pair_configs = lambda device, t=tile: (t, t)
                     shape_arg = None
                 else:
