@@ -231,6 +231,10 @@ def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_pa
             ["generate", "--model", "tiny-qwen2-moe", "--depth", "0", "--hot-experts", "auto"],
             "--depth 0 decodes without a draft",
         ),
+        (
+            ["generate", "--model", "tiny-qwen2-moe", "--depth", "0", "--keep-draft", "x"],
+            "--depth 0 decodes plainly without one: leave --keep-draft out",
+        ),
         (["bench"], "--model is required"),
         (["bench", "--model", "tiny-qwen2-moe", "--experiment", "fast"], "unknown experiment"),
         (["bench", "--model", "tiny-qwen2-moe", "--systems", "vllm"], "unknown system 'vllm'"),

@@ -360,6 +360,11 @@ def run_generate(args: argparse.Namespace) -> int:
     args.miss_path, args.stream_fills = generate_engine_choices(
         asked_path, asked_fills, budgeted=budgeted, speculate=speculate
     )
+    if not speculate and getattr(args, "keep_draft", False):
+        raise CommandError(
+            "--keep-draft keeps the INT4 draft to speculate with, but --depth 0 decodes plainly "
+            "without one: leave --keep-draft out, or give --depth auto (or a depth >= 1)."
+        )
     if not speculate and args.hot_experts not in (None, "none"):
         raise CommandError(
             f"--hot-experts {args.hot_experts} pins experts in place of their INT4 draft copies, "
