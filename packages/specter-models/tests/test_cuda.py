@@ -16,6 +16,10 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 TINY = ("tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe")
+BUDGETED = {
+    "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9, "max_seq_len": 320
+}  # fmt: skip
+"""A tiny model's fp16 load on the GPU with 2 slots a layer (the tests add their options)."""
 
 
 @contextlib.contextmanager
@@ -240,10 +244,7 @@ def test_cuda_captures_run_with_the_collector_paused_and_survive_a_collection_of
 def test_cuda_plain_streamed_decode_replays_the_one_row_graphs_captured_past_the_prompt(name):
     # What `specter generate --depth 0` captures under a budget: one-row target graphs of
     # the windows from the prompt on (256 and 320), enough for the whole decode.
-    kwargs = {
-        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
-        "max_seq_len": 320, "miss_path": "stream", "stream_fills": 8,
-    }  # fmt: skip
+    kwargs = {**BUDGETED, "miss_path": "stream", "stream_fills": 8}
     lm = load(name, draft=None, **kwargs)
     prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
     assert lm.capture_step_graphs(min_length=len(prompt), max_rows=1) == {"target": 2}
@@ -263,10 +264,7 @@ def test_cuda_pipelined_stream_records_keep_plain_tokens_and_fill_no_expert_twic
     # StreamRecord.pipelined: each plain streamed step chooses its fill candidates before
     # the step before it is counted; the graphs replay, the tokens are the ones counting
     # first gives, and the device maps end equal to the host's.
-    kwargs = {
-        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
-        "max_seq_len": 320, "miss_path": "stream", "stream_fills": 8, "draft": None,
-    }  # fmt: skip
+    kwargs = {**BUDGETED, "miss_path": "stream", "stream_fills": 8, "draft": None}
     prompt = torch.randint(0, 96, (200,), device="cuda").tolist()
     runs = []
     for pipelined in (False, True):
@@ -290,10 +288,7 @@ def test_cuda_pipelined_stream_records_keep_plain_tokens_and_fill_no_expert_twic
 @pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("verification", ["expert", "token"])
 def test_cuda_piecewise_graphs_under_a_budget_decode_like_eager(name, verification):
-    kwargs = {
-        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
-        "max_seq_len": 320, "verification": verification,
-    }  # fmt: skip
+    kwargs = {**BUDGETED, "verification": verification}
     lm = load(name, **kwargs)  # piecewise graphs come with CUDA graphs by default
     captured = lm.capture_step_graphs()
     assert captured["target"] > 0
@@ -391,10 +386,7 @@ def test_cuda_streamed_misses_graph_the_budgeted_target_whole_and_keep_greedy_to
     # miss_path="stream": a budgeted verification reads missing experts in place from the
     # pinned store, so it is one graph (no pieces), replayed with no host sync, and its
     # greedy tokens are the acquire path's.
-    kwargs = {
-        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
-        "max_seq_len": 320,
-    }  # fmt: skip
+    kwargs = dict(BUDGETED)
     prompt = torch.randint(0, 96, (200,), device="cuda").tolist()
     acquired = SpecController(None, load(name, **kwargs).target, depth=0).generate(prompt, 32)
     lm = load(name, miss_path="stream", stream_fills=8, **kwargs)
@@ -434,10 +426,7 @@ def test_cuda_staged_streaming_keeps_greedy_tokens_and_the_whole_graph(name):
     # stream_staging: each layer's first missing experts are copied into the staging buffer
     # inside the verification's graph, then read there; tokens and bytes are plain
     # streaming's, and both widths are graphed whole in one process.
-    kwargs = {
-        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
-        "max_seq_len": 320, "miss_path": "stream",
-    }  # fmt: skip
+    kwargs = {**BUDGETED, "miss_path": "stream"}
     prompt = torch.randint(0, 96, (200,), device="cuda").tolist()
     lm = load(name, stream_staging=4, **kwargs)
     runs = {}
@@ -645,10 +634,7 @@ def test_cuda_layerwise_final_plans_come_from_the_graphed_draft_and_keep_tokens(
     # layer, inside the draft's graphs): its layer-wise prefetcher then plans every final
     # boundary from the rows as they arrive, with no fallback, and the tokens stay plain
     # decoding's.
-    kwargs = {
-        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
-        "max_seq_len": 320, "miss_path": "stream",
-    }  # fmt: skip
+    kwargs = {**BUDGETED, "miss_path": "stream"}
     prompt = torch.randint(0, 96, (120,), device="cuda").tolist()
     lm = load(name, **kwargs)
     assert lm.counter.publishing
@@ -671,10 +657,7 @@ def test_cuda_stream_waits_are_graphed_and_keep_tokens(name):
     # With stream_waits each streamed verification's graph waits per layer on the cache's
     # landing events (captured once, re-recorded by every prefetch): the tokens stay plain
     # decoding's, the target stays graphed whole, and both switch values get their graphs.
-    kwargs = {
-        "device": "cuda", "dtype": torch.float16, "slots_per_layer": 2, "seed": 9,
-        "max_seq_len": 320, "miss_path": "stream",
-    }  # fmt: skip
+    kwargs = {**BUDGETED, "miss_path": "stream"}
     prompt = torch.randint(0, 96, (120,), device="cuda").tolist()
     lm = load(name, stream_waits=True, **kwargs)
     plain = SpecController(None, lm.target, depth=0).generate(prompt, 24)

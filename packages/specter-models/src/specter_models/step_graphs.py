@@ -66,6 +66,10 @@ from transformers import PreTrainedModel
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.kv_cache import StaticKVCache
 
+StepKey = tuple[int, int, bool, bool, int, bool]
+"""A captured step's key: ``(rows bucket, window, batch_invariant, whole, stream_staging,
+stream_waits)``."""
+
 DEFAULT_WINDOW_STEP = 256
 """KV rows a window grows by: attention visits at most this many masked rows per step."""
 ROW_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
@@ -188,7 +192,7 @@ class StepGraphStats:
     replays: int = 0
     window_eager: int = 0
     disabled_reason: str | None = None
-    keys: list[tuple[int, int, bool, bool, int, bool]] = field(default_factory=list)
+    keys: list[StepKey] = field(default_factory=list)
 
     @property
     def captures(self) -> int:
@@ -299,7 +303,7 @@ class StepGraphs:
         self._dtype = next(model.parameters()).dtype
         self._device = device
         self._key_positions = torch.arange(cache.max_seq_len, device=device)
-        self._steps: dict[tuple[int, int, bool, bool, int, bool], _Step] = {}
+        self._steps: dict[StepKey, _Step] = {}
         self._pool = None
         self.stats = StepGraphStats()
 
@@ -459,9 +463,7 @@ class StepGraphs:
             )
         return output.logits
 
-    def _capture(
-        self, key: tuple[int, int, bool, bool, int, bool], step: _Step, window: int, end: int
-    ) -> None:
+    def _capture(self, key: StepKey, step: _Step, window: int, end: int) -> None:
         """Record ``step``'s window forward, whole or piecewise (nothing runs: the KV rows
         and routing counts of this use came from the eager forward just before)."""
         if self._pool is None:
@@ -477,9 +479,7 @@ class StepGraphs:
         step.logits = logits
         self.stats.keys.append(key)
 
-    def _record(
-        self, key: tuple[int, int, bool, bool, int, bool], step: _Step, window: int, end: int
-    ) -> torch.Tensor:
+    def _record(self, key: StepKey, step: _Step, window: int, end: int) -> torch.Tensor:
         """``_capture``'s recording, whole (``key[3]``) or piecewise; returns the static
         logits and sets ``step.graph`` or ``step.pieces``."""
         if key[3]:
