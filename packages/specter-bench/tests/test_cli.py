@@ -600,13 +600,13 @@ def test_generate_hot_set_auto_needs_a_budget_and_two_tokens(capsys):
     )  # fmt: skip
     assert code == 2
     assert "--hot-experts auto chooses a hot set for a memory budget" in err
-    from specter_bench.hot_sets import choose_prompt_hot_set
+    from specter_bench.hot_sets import choose_prompt_engine
 
     def never():
         raise AssertionError("the prompt is checked before anything loads")
 
     with pytest.raises(ValueError, match="needs at least 2 tokens; this prompt has 1"):
-        choose_prompt_hot_set(never, 1.0, [5], dtype=torch.float32, max_seq_len=64)
+        choose_prompt_engine(never, 1.0, [5], dtype=torch.float32, max_seq_len=64)
 
 
 def _plain_plan(slots, with_draft):

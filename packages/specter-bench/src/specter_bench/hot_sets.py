@@ -4,10 +4,10 @@
 results file of ``specter bench`` (JSON lines; its ``hot_experts`` record at the asked
 budget, or its only one), a JSON object ``{"hot_experts": [[ids of layer 0], ...]}``, or the
 bare list of lists. ``--hot-experts auto`` chooses one on the prompt itself
-(:func:`choose_prompt_hot_set`): the target's routing of the prompt, from a target-only load
+(:func:`choose_prompt_engine`): the target's routing of the prompt, from a target-only load
 at the budget, goes through ``specter_models.choose_hot_experts`` as the benchmark's
-calibration routing does. With ``compare_plain`` (:func:`choose_prompt_engine`, ``generate``'s
-``--depth auto`` under a budget) the same routing is replayed through plain decoding's
+calibration routing does. With ``compare_plain`` (``generate``'s ``--depth auto`` under a
+budget) the same routing is replayed through plain decoding's
 draftless slots too, and the decode goes without the draft where that moves fewer experts.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PromptChoice", "choose_prompt_engine", "choose_prompt_hot_set", "read_hot_experts"]
+__all__ = ["PromptChoice", "choose_prompt_engine", "read_hot_experts"]
 
 
 def _as_hot_set(value: Any, path: Path) -> list[list[int]]:
@@ -130,36 +130,6 @@ class PromptChoice:
         }
 
 
-def choose_prompt_hot_set(
-    load_target: Callable[[], Any],
-    gpu_memory_gb: float,
-    prompt_ids: list[int],
-    *,
-    dtype: torch.dtype,
-    max_seq_len: int,
-) -> Any:
-    """Choose the hot set at ``gpu_memory_gb`` on the target's routing of the prompt.
-
-    Args:
-        load_target: loads the target alone at the budget (a ``SpecterModel``; released
-            before this returns).
-        gpu_memory_gb: the budget the hot set is for.
-        prompt_ids: the prompt's token ids (at least two: the choice scores each half of
-            the routing on the other).
-        dtype, max_seq_len: those of the load the hot set is for (they size its plan).
-
-    Returns:
-        ``specter_models.HotExpertChoice`` (``per_layer`` 0: pinning does not pay here).
-
-    Raises:
-        ValueError: a prompt of fewer than two tokens.
-        MemoryBudgetError: the budget cannot hold the model.
-    """
-    return choose_prompt_engine(
-        load_target, gpu_memory_gb, prompt_ids, dtype=dtype, max_seq_len=max_seq_len
-    ).hot
-
-
 def choose_prompt_engine(
     load_target: Callable[[], Any],
     gpu_memory_gb: float,
@@ -170,10 +140,24 @@ def choose_prompt_engine(
     compare_plain: bool = False,
     staging_slots: int = 0,
 ) -> PromptChoice:
-    """:func:`choose_prompt_hot_set`, and with ``compare_plain`` plain decoding's replay of
-    the same routing through the budget's draftless slots (``specter_models.
-    replay_plain_decoding``; ``staging_slots`` sizes that plan), so the caller can decode
-    without the draft where it moves fewer experts.
+    """Choose the hot set at ``gpu_memory_gb`` on the target's routing of the prompt, and
+    with ``compare_plain`` replay the same routing through the budget's draftless slots
+    (``specter_models.replay_plain_decoding``; ``staging_slots`` sizes that plan), so the
+    caller can decode without the draft where that moves fewer experts.
+
+    Args:
+        load_target: loads the target alone at the budget (a ``SpecterModel``; released
+            before this returns).
+        gpu_memory_gb: the budget the hot set is for.
+        prompt_ids: the prompt's token ids (at least two: the choice scores each half of
+            the routing on the other).
+        dtype, max_seq_len: those of the load the hot set is for (they size its plan).
+        compare_plain: also replay plain decoding's side.
+        staging_slots: the staging buffer plain decoding's plan holds.
+
+    Returns:
+        ``PromptChoice``: ``.hot`` is a ``specter_models.HotExpertChoice`` (``per_layer`` 0:
+        pinning does not pay here), ``.plain`` a ``PlainReplay`` with ``compare_plain``.
 
     Raises:
         ValueError: a prompt of fewer than two tokens.
