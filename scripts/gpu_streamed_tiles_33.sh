@@ -10,9 +10,9 @@
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
-timeout 380 python3 scripts/streamed_gemm_probe.py --rows 1,7 --streamed 1,2,6 --staging 0 \
+timeout "${TILES_TIMEOUT:-380}" python3 scripts/streamed_gemm_probe.py --rows "${TILES_ROWS:-1,7}" --streamed "${TILES_STREAMED:-1,2,6}" --staging 0 \
     --configs "" --per-pair-configs \
-    "32/4/4/128,32/4/4/256,32/3/4/512,16/4/4/256,16/3/4/512,64/4/4/256,64/3/8/512" \
+    "${TILES_CONFIGS:-32/4/4/128,32/4/4/256,32/3/4/512,16/4/4/256,16/3/4/512,64/4/4/256}" \
     --out "$out/streamed-tiles.jsonl" 2>&1 | python3 -c "import json,sys
 for line in sys.stdin:
     try: d = json.loads(line)

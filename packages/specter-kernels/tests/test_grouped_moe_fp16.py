@@ -259,3 +259,28 @@ def test_sum_routed_pairs_adds_in_pair_order_and_refuses_2d(seed):
     mask = torch.ones(4, dtype=torch.bool)
     with pytest.raises(TypeError, match="per-pair"):
         sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, mask, torch.zeros(2, 3, 64))
+
+
+def test_per_pair_tile_parses_and_refuses_bad_values():
+    tile = grouped_fp16_triton.parse_per_pair_tile("16/4/4/256")
+    assert tile == GroupedConfig(16, 16, 256, num_warps=4, num_stages=4)
+    for bad, says in (
+        ("16/4/4", "four integers"),
+        ("a/4/4/128", "four integers"),
+        ("24/4/4/128", "block_n 24"),
+        ("32/4/4/8", "block_k 8"),
+        ("32/0/4/128", "stages 0"),
+        ("32/4/3/128", "warps 3"),
+    ):
+        with pytest.raises(ValueError, match=says) as info:
+            grouped_fp16_triton.parse_per_pair_tile(bad)
+        assert grouped_fp16_triton.PER_PAIR_TILE_ENV in str(info.value)
+
+
+def test_per_pair_tile_override_applies_on_cuda_only(monkeypatch):
+    tile = GroupedConfig(16, 16, 256, num_warps=4, num_stages=4)
+    monkeypatch.setattr(grouped_fp16_triton, "_PER_PAIR_OVERRIDE", tile)
+    assert grouped_fp16_triton.per_pair_configs(torch.device("cuda")) == (tile, tile)
+    cpu = grouped_fp16_triton.per_pair_configs(torch.device("cpu"))
+    assert cpu[0] != tile
+    assert cpu[0].block_k == 64

@@ -29,6 +29,7 @@ launcher allows fills for one row only, whose pairs have distinct experts).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -301,8 +302,48 @@ def per_pair_configs(device: torch.device) -> tuple[GroupedConfig, GroupedConfig
     """
     if device.type != "cuda":
         return GroupedConfig(16, 64, 64), GroupedConfig(16, 64, 64)
-    config = GroupedConfig(16, 32, 128, num_warps=4, num_stages=4)
+    config = _PER_PAIR_OVERRIDE or GroupedConfig(16, 32, 128, num_warps=4, num_stages=4)
     return config, config
+
+
+PER_PAIR_TILE_ENV = "SPECTER_PER_PAIR_TILE"
+"""Environment variable naming the per-pair tile on CUDA as ``block_n/stages/warps/block_k``
+(read once, at import; for measuring other tiles side by side, one process each)."""
+
+
+def parse_per_pair_tile(value: str) -> GroupedConfig:
+    """``"block_n/stages/warps/block_k"`` -> the per-pair ``GroupedConfig`` (block_m 16).
+
+    Raises:
+        ValueError: not four positive integers, or block_n / block_k below 16 or not a
+            power of two (tl.dot's and tl.arange's limits).
+    """
+    parts = value.split("/")
+    try:
+        block_n, stages, warps, block_k = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(
+            f"{PER_PAIR_TILE_ENV}={value!r}: expected four integers "
+            "block_n/stages/warps/block_k such as 32/4/4/128; unset it for the default tile"
+        ) from None
+    for name, v in (("block_n", block_n), ("block_k", block_k)):
+        if v < 16 or v & (v - 1):
+            raise ValueError(
+                f"{PER_PAIR_TILE_ENV}={value!r}: {name} {v} must be a power of two >= 16"
+            )
+    if stages < 1 or warps < 1 or warps & (warps - 1):
+        raise ValueError(
+            f"{PER_PAIR_TILE_ENV}={value!r}: stages {stages} must be >= 1 and warps {warps} "
+            "a power of two"
+        )
+    return GroupedConfig(16, block_n, block_k, num_warps=warps, num_stages=stages)
+
+
+_PER_PAIR_OVERRIDE = (
+    parse_per_pair_tile(os.environ[PER_PAIR_TILE_ENV])
+    if os.environ.get(PER_PAIR_TILE_ENV, "").strip()
+    else None
+)
 
 
 def grouped_configs(
