@@ -67,6 +67,20 @@ def by_site(allocations: Sequence[dict[str, Any]], top: int = 12) -> list[dict[s
     return [{"site": k, "gb": v[0] / GB, "allocations": v[1]} for k, v in ranked]
 
 
+def largest(allocations: Sequence[dict[str, Any]], top: int = 12, depth: int = 8) -> list[str]:
+    """The ``top`` largest live allocations: size in MB and their innermost ``depth`` frames
+    (file:line function), innermost first."""
+    ranked = sorted(allocations, key=lambda a: -a["size"])[:top]
+    return [
+        f"{a['size'] / 1e6:.2f} MB <- "
+        + " <- ".join(
+            f"{f.get('filename', '?').split('/')[-1]}:{f.get('line')} {f.get('name')}"
+            for f in (a.get("frames") or [])[:depth]
+        )
+        for a in ranked
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="deepseek-v2-lite")
@@ -74,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--system", default="lru")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--max-seq-len", type=int, default=640)
+    p.add_argument("--largest", type=int, default=12, help="largest live allocations listed")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -120,7 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         "whole": (0, len(events)),
     }.items():
         peak, at, live = live_at_peak(events[lo:hi])
-        result[name] = {"peak_gb": peak / GB, "event": at, "by_site": by_site(live)}
+        result[name] = {
+            "peak_gb": peak / GB,
+            "event": at,
+            "by_site": by_site(live),
+            "largest": largest(live, args.largest),
+        }
+    result["graphs"] = loaded.graph_stats()
+    target_graphs = getattr(loaded.target, "graphs", None)
+    if target_graphs is not None:  # (rows bucket, window, whole) of each captured target graph
+        result["target_keys"] = sorted({(k[0], k[1], k[3]) for k in target_graphs.stats.keys})
+    result["max_reserved_gb"] = torch.cuda.max_memory_reserved() / GB
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:
