@@ -305,6 +305,7 @@ class StepGraphs:
         self._key_positions = torch.arange(cache.max_seq_len, device=device)
         self._steps: dict[StepKey, _Step] = {}
         self._pool = None
+        self._capture_stream: torch.cuda.Stream | None = None
         self.stats = StepGraphStats()
 
     @property
@@ -492,11 +493,22 @@ class StepGraphs:
             step.pieces, logits = self._capture_pieces(step, window, end)
         return logits
 
+    def capture_stream(self) -> torch.cuda.Stream:
+        """The one side stream every piecewise capture of these graphs records on (captures
+        need a stream other than the default). One, not a new one a capture: cuBLAS keeps a
+        workspace per stream it runs on (32 MiB on the H200) for the process's life, and
+        ``torch.cuda.Stream()`` hands out the pool's 32 streams in turn, so a stream a
+        capture cost DeepSeek-V2-Lite's draftless 24 GB load 1.1 GB of workspaces (33 of
+        them, ``scripts/memory_peak_probe.py``), past its memory plan."""
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(device=self._device)
+        return self._capture_stream
+
     def _capture_pieces(self, step: _Step, window: int, end: int) -> tuple[_Pieces, torch.Tensor]:
         """Capture the forward as graphs split at its routed-expert calls."""
         recorder = _PieceRecorder(self._pool)
         torch.cuda.synchronize()
-        stream = torch.cuda.Stream()  # captures need a stream other than the default
+        stream = self.capture_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             recorder.begin()
