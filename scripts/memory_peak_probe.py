@@ -1,9 +1,9 @@
 """What is allocated on the GPU at a load's or a decode's peak, and where it was allocated.
 
-The bench's memory table shows loads without a draft peaking about 0.85 GB over their plan
-(`lru` at DeepSeek-V2-Lite 24 GB: 24.49 GB at load against 23.64 planned) and `spec-lru`'s
-decode 1.2 GB over its load, where `specter`'s streamed loads stay within the budget. This
-probe loads one system's engine in a fresh process (as the bench's stage would, its CUDA
+Written for the bench's loads without a draft that peaked about 1 GB over their plan
+(`lru` at DeepSeek-V2-Lite 24 GB, `spec-lru`'s decode): it found 33 cuBLAS workspaces of 32
+MiB, one a piecewise capture's stream (fixed in the thirty-third session; docs/benchmarks.md).
+This probe loads one system's engine in a fresh process (as the bench's stage would, its CUDA
 graphs captured ahead), decodes one HumanEval prompt, and with torch's allocator history on
 replays every allocation and free to find each phase's peak; it prints the bytes live then,
 grouped by the innermost frames of this repository that allocated them, beside the memory
