@@ -112,3 +112,30 @@ def test_contract_violations_are_refused(checkpoints):
     target.truncate(0)
     draft.truncate(0)
     assert target.kv_length == draft.kv_length == 0
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_prefill_writes_forwards_kv_with_the_lm_head_on_the_last_row_only(
+    checkpoints, arch_name, role
+):
+    tokens = random_prompt(9, 64, seed=3)[0]
+    runs = []
+    for use_prefill in (False, True):
+        lm = load(checkpoints[arch_name], device="cpu", dtype=torch.float64, slots_per_layer=3)
+        model = getattr(lm, role)
+        head_rows: list[int] = []
+        hook = lm.model.lm_head.register_forward_hook(
+            lambda module, args, out, rows=head_rows: rows.append(args[0].shape[1])
+        )
+        if use_prefill:
+            assert model.prefill(tokens[None, :8], 0) is None
+        else:
+            model.forward(tokens[None, :8], 0)
+        hook.remove()
+        assert model.kv_length == 8
+        runs.append((head_rows, _rows(lm, 8), model.forward(tokens[None, 8:], 8)))
+    (full_rows, full_kv, full_next), (last_rows, kv, next_logits) = runs
+    assert full_rows == [8]
+    assert last_rows == [1]
+    _assert_rows_equal(kv, full_kv, rtol=0, atol=0)
+    torch.testing.assert_close(next_logits, full_next, rtol=0, atol=0)

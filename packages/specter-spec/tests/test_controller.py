@@ -411,3 +411,36 @@ def test_sampling_controllers_never_allow_row_truncation():
     result = controller.generate([2, 7], 12, generator=torch.Generator().manual_seed(0))
     assert not any(allowed for *_, allowed in target.allowed_at)
     assert all(it.verified == it.depth for it in result.stats.iterations)
+
+
+class _PrefillingLM(TableLM):
+    """A TableLM with the optional ``prefill``: the same KV as ``forward``, no logits."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefills: list[tuple[int, list[int]]] = []
+
+    def prefill(self, input_ids, start_pos):
+        self.prefills.append((start_pos, input_ids[0].tolist()))
+        self.forward(input_ids, start_pos)
+        self.calls.pop()  # counted as a prefill, not a forward
+
+
+class _PrefillingDraft(ShiftedDraft, _PrefillingLM):
+    pass
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_prompts_go_through_prefill_where_a_model_has_it(depth):
+    table = random_table(vocab=11, period=5, seed=4)
+    prompt = [1, 2, 3, 4, 5]
+    reference = SpecController(None, TableLM(table), depth=0).generate(prompt, 20).tokens
+    target = _PrefillingLM(table)
+    draft = _PrefillingDraft(target, _wrong) if depth else None
+    result = SpecController(draft, target, depth=depth).generate(prompt, 20)
+    assert result.tokens == reference
+    assert target.prefills == [(0, prompt[:-1])]
+    assert all(start > 0 for start, _ in target.calls)  # every forward came after the prompt
+    if draft is not None:
+        assert draft.prefills == [(0, prompt[:-1])]
+        assert all(start > 0 for start, _ in draft.calls)

@@ -71,6 +71,7 @@ class _Adapter:
         self.kv = kv
         self.graphs: StepGraphs | None = None  # window-mode / CUDA-graph steps, when set
         self._device = next(model.parameters()).device
+        self._last_logits_only = False  # set by prefill: transformers' logits_to_keep=1
 
     @property
     def device(self) -> torch.device:
@@ -86,6 +87,23 @@ class _Adapter:
             yield
         finally:
             self.graphs = graphs
+
+    def prefill(self, input_ids: torch.Tensor, start_pos: int) -> None:
+        """``forward`` for prompt tokens whose logits nobody reads (specter-spec's optional
+        ``SpecModel.prefill``): the same KV, but a forward outside the captured graphs
+        computes the LM head for the last row only (transformers' ``logits_to_keep``),
+        not a ``[T, V]`` tensor as large as the prompt (82 MB for 400 tokens of
+        DeepSeek-V2-Lite's vocabulary, past the memory plan's workspace). The rows' KV does
+        not depend on the logits, so nothing committed changes.
+
+        Raises:
+            ValueError: as ``forward``.
+        """
+        self._last_logits_only = True
+        try:
+            self.forward(input_ids, start_pos)
+        finally:
+            self._last_logits_only = False
 
     def _check_input(self, input_ids: torch.Tensor, start_pos: int) -> None:
         if (
@@ -118,12 +136,14 @@ class _Adapter:
                 if logits is not None:
                     return logits
             positions = self.kv.positions(start_pos, input_ids.shape[1], input_ids.device)
+            keep = {"logits_to_keep": 1} if self._last_logits_only else {}
             with torch.no_grad(), self.runtime.running(self.mode):
                 output = self.model(
                     input_ids=input_ids,
                     position_ids=positions,
                     past_key_values=self.kv.cache,
                     use_cache=True,
+                    **keep,
                 )
         except BaseException:
             # A forward that failed half-way leaves some layers longer than others.

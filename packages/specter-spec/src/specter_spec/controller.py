@@ -248,7 +248,7 @@ class SpecController:
         if draft is not None:
             draft.truncate(0)
         if prompt_len > 1:
-            target.forward(committed[: prompt_len - 1].unsqueeze(0), 0)
+            _prefill(target, committed[: prompt_len - 1].unsqueeze(0), 0)
             # Prefilling the draft here keeps the prompt out of the first
             # iteration's draft time (which the adaptive depth learns from).
             speculates = not (
@@ -257,7 +257,7 @@ class SpecController:
             if draft is not None and speculates and draft.kv_length < prompt_len - 1:
                 cached = draft.kv_length
                 uncached = committed[cached : prompt_len - 1].unsqueeze(0).to(draft_device)
-                draft.forward(uncached, cached)
+                _prefill(draft, uncached, cached)
         n = prompt_len
         self._check_contract(n, where="after prefill")
         stream.stats.prefill_time_s = clock() - start
@@ -634,3 +634,14 @@ class TokenStream:
         return GenerationResult(
             tokens=self.new_tokens, stop_reason=self.stop_reason or "", stats=self.stats
         )
+
+
+def _prefill(model: SpecModel, input_ids: torch.Tensor, start_pos: int) -> None:
+    """Run prompt tokens whose logits nobody reads: the model's optional ``prefill`` (which
+    may skip the rows' logits, a ``[T, V]`` tensor as large as the prompt), else
+    ``forward``."""
+    prefill = getattr(model, "prefill", None)
+    if callable(prefill):
+        prefill(input_ids, start_pos)
+    else:
+        model.forward(input_ids, start_pos)

@@ -31,6 +31,11 @@ class SpecModel(Protocol):
     verifies, its ``kv_length`` must be ``committed_length - 1`` (the controller
     checks this and raises if it is not).
 
+    Optionally, ``prefill(input_ids, start_pos) -> None``: ``forward`` for tokens whose
+    logits nobody reads (the prompt), with the same effect on the KV; an implementation may
+    skip computing their logits (a ``[T, V]`` tensor as large as the prompt). The controller
+    calls it where a model has it, and ``forward`` otherwise.
+
     Attributes:
         kv_length: the number of token positions currently held in the KV
             cache (for a shared-KV draft: committed target KV plus scratch). It
