@@ -76,3 +76,35 @@ def test_bad_calls_name_the_problem(model):
 
 def test_device_is_the_models():
     assert HFCausalLM(tiny_causal_lm(seed=0)).device == torch.device("cpu")
+
+
+class _NoLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward has no ``logits_to_keep`` keyword."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, position_ids, past_key_values, use_cache):
+        return self.inner(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["logits_to_keep", "without-it"])
+def test_prefill_writes_forwards_kv_and_skips_the_prompts_logits(model, wrapped):
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 64, (9,), generator=gen).tolist()
+    head_rows: list[int] = []
+    model.lm_head.register_forward_hook(
+        lambda module, args, out: head_rows.append(args[0].shape[1])
+    )
+    lm = HFCausalLM(_NoLogitsToKeep(model) if wrapped else model)
+    assert lm.prefill(torch.tensor([prompt[:-1]]), 0) is None
+    assert lm.kv_length == len(prompt) - 1
+    assert head_rows == [len(prompt) - 1 if wrapped else 1]
+    last = lm.forward(torch.tensor([prompt[-1:]]), len(prompt) - 1)[0]
+    torch.testing.assert_close(last, _full_logits(model, prompt)[-1:], rtol=1e-9, atol=1e-9)

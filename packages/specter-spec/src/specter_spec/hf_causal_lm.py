@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 __all__ = ["HFCausalLM"]
@@ -50,6 +52,7 @@ class HFCausalLM:
             )
         self.model = model
         self._cache = None
+        self._takes_logits_to_keep = _accepts(model, "logits_to_keep")
 
     @property
     def device(self) -> torch.device:
@@ -75,6 +78,21 @@ class HFCausalLM:
             ValueError: on a bad shape or a ``start_pos`` other than ``kv_length``
                 (call ``truncate`` first to roll back).
         """
+        return self._run(input_ids, start_pos, {})
+
+    def prefill(self, input_ids: torch.Tensor, start_pos: int) -> None:
+        """``forward`` for prompt tokens whose logits nobody reads (the controller's
+        prefill): the same KV; where the model's forward takes transformers'
+        ``logits_to_keep`` the LM head runs on the last row only, not on all ``T`` (a
+        ``[T, V]`` tensor as large as the prompt).
+
+        Raises:
+            ValueError: as ``forward``.
+        """
+        keep = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
+        self._run(input_ids, start_pos, keep)
+
+    def _run(self, input_ids: torch.Tensor, start_pos: int, extra: dict) -> torch.Tensor:
         if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
             raise ValueError(
                 f"input_ids must have shape [1, T] with T >= 1, got {tuple(input_ids.shape)}."
@@ -94,6 +112,7 @@ class HFCausalLM:
                 position_ids=positions,
                 past_key_values=self._cache,
                 use_cache=True,
+                **extra,
             )
         self._cache = output.past_key_values
         return output.logits
@@ -113,3 +132,13 @@ class HFCausalLM:
             self._cache = None  # a fresh cache is cheaper than cropping every layer to empty
             return
         self._cache.crop(-excess)
+
+
+def _accepts(model: torch.nn.Module, name: str) -> bool:
+    """Whether ``model``'s forward takes the keyword ``name`` (False where its signature
+    cannot be read)."""
+    try:
+        parameters = inspect.signature(getattr(model, "forward", model)).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters
