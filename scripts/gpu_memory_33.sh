@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in the thirty-second session, not yet run (its device time was spent): what is
+# Prepared in the thirty-second session, run in the thirty-third (docs/benchmarks.md,
+# "Thirty-third session": the capture, not the load, went over; fixed in bda5854): what is
 # live on the GPU at the peaks of the bench's loads that overshoot their plan. DeepSeek-V2-Lite
 # at 24 GB, one fresh process a system (scripts/memory_peak_probe.py: the allocator's history
 # replayed to each phase's peak, the live bytes grouped by the repository frame that

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in the thirty-second session, not yet run (its device time was spent): how fast
+# Prepared in the thirty-second session, run in the thirty-third (gpu_probes_33.sh and
+# gpu_tiles_ab_33.sh call it; docs/benchmarks.md, "Thirty-third session"): how fast
 # the per-pair (batch-invariant) expert kernels read missing experts in place at wider K
 # steps. A streamed plain step spends 8.9 of its 9.7 ms in those kernels at DeepSeek-V2-Lite
 # 24 GB (about 32 GB/s; a plain zero-copy read reaches 41-45): with block_k 128 each program

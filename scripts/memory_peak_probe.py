@@ -68,14 +68,18 @@ def by_site(allocations: Sequence[dict[str, Any]], top: int = 12) -> list[dict[s
 
 
 def largest(allocations: Sequence[dict[str, Any]], top: int = 12, depth: int = 8) -> list[str]:
-    """The ``top`` largest live allocations: size in MB and their innermost ``depth`` frames
-    (file:line function), innermost first."""
+    """The ``top`` largest live allocations: size in MB and their innermost ``depth`` Python
+    frames (file:line function), innermost first. The allocator's own C++ frames come first in
+    a trace and say nothing of the caller (the thirty-third session's first listing held only
+    those), so frames outside ``.py`` files are left out."""
     ranked = sorted(allocations, key=lambda a: -a["size"])[:top]
     return [
         f"{a['size'] / 1e6:.2f} MB <- "
         + " <- ".join(
-            f"{f.get('filename', '?').split('/')[-1]}:{f.get('line')} {f.get('name')}"
-            for f in (a.get("frames") or [])[:depth]
+            f"{f['filename'].split('/')[-1]}:{f.get('line')} {f.get('name')}"
+            for f in [f for f in a.get("frames") or [] if f.get("filename", "").endswith(".py")][
+                :depth
+            ]
         )
         for a in ranked
     ]
