@@ -405,6 +405,20 @@ def test_bench_sweep_prompts_reach_the_config():
     assert default.sweep_prompts == 2
 
 
+@pytest.mark.parametrize(("argv", "expected"), [([], None), (["--calibration-prompts", "0"], 0)])
+def test_bench_calibration_prompts_reach_the_config(argv, expected):
+    # Unset, the CLI leaves the count to the library's default (BenchConfig's, 8 decodes).
+    from specter_bench.bench_command import bench_config_from_args
+    from specter_bench.cli import build_parser
+    from specter_bench.experiments import DEFAULT_CALIBRATION_PROMPTS, BenchConfig
+
+    args = build_parser().parse_args(["bench", "--model", "tiny-qwen2-moe", *argv])
+    config = bench_config_from_args(args, "cpu")
+    want = DEFAULT_CALIBRATION_PROMPTS if expected is None else expected
+    assert config.calibration_prompts == want
+    assert BenchConfig.calibration_prompts == DEFAULT_CALIBRATION_PROMPTS == 8
+
+
 def test_python_dash_m_runs_the_cli():
     done = subprocess.run(
         [sys.executable, "-m", "specter_bench", "--help"], capture_output=True, text=True,

@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from specter_bench.bench_runner import BenchRunner
-from specter_bench.experiments import EXPERIMENTS, BenchConfig
+from specter_bench.experiments import DEFAULT_CALIBRATION_PROMPTS, EXPERIMENTS, BenchConfig
 from specter_bench.model_loading import EngineOptions
 from specter_bench.prompt_sources import PromptSourceConfig
 from specter_bench.tables import targets_table, tpot_table
@@ -94,7 +94,11 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
         hf_decode_experts=args.hf_decode_experts,
         offload_new_tokens=args.offload_new_tokens,
         offload_prompts=args.offload_prompts,
-        calibration_prompts=args.calibration_prompts,
+        calibration_prompts=(
+            DEFAULT_CALIBRATION_PROMPTS
+            if args.calibration_prompts is None
+            else args.calibration_prompts
+        ),
         hot_experts_per_layer=None if args.hot_experts == "auto" else args.hot_experts,
         engine=EngineOptions.from_args(args),
         command=getattr(args, "invocation", None),

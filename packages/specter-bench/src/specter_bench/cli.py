@@ -379,9 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--calibration-prompts",
         type=_non_negative_int,
-        default=2,
+        default=None,
         help="prompts after the measured ones whose routing picks each budget's pinned hot "
-        "set (default 2; 0: no hot sets)",
+        "set (default 8: a hot set counted on 8 decodes moved fewer experts than one counted "
+        "on 2; 0: no hot sets)",
     )
     bench.add_argument(
         "--hot-counts",
