@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-gb", type=float, default=24.0)
     p.add_argument("--system", default="lru")
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--prompt-index", type=int, default=0, help="which HumanEval prompt")
     p.add_argument("--max-seq-len", type=int, default=640)
     p.add_argument("--largest", type=int, default=12, help="largest live allocations listed")
     p.add_argument("--out", default=None)
@@ -118,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     capture_mark = len(torch.cuda.memory._snapshot()["device_traces"][0])
     vocab = loaded.model.config.vocab_size
     prompt = encode_prompt(
-        load_humaneval(1)[0].text, ByteTokenizer(vocab_size=vocab), vocab_size=vocab
+        load_humaneval(args.prompt_index + 1)[args.prompt_index].text,
+        ByteTokenizer(vocab_size=vocab),
+        vocab_size=vocab,
     )
     runner = EngineSystemRunner(loaded, system, "auto")
     runner.generate(prompt, args.tokens)
