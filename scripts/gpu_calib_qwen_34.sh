@@ -11,10 +11,6 @@ for n in 8 2; do
     model_cells qwen1.5-moe 130 20 specter "calib34-qwen-$n-20gb" 1.9 --calibration-prompts "$n"
     echo "qwen $n done at $(($(date +%s) - begin)) s"
 done
-for n in 8 2; do
-    tpot_cells 150 16 specter "calib34-$n-16gb" 2.2 --calibration-prompts "$n"
-    echo "deepseek 16 GB $n done at $(($(date +%s) - begin)) s"
-done
 for f in "$out"/bench-*.jsonl; do
     python3 - "$f" <<'PY'
 import json, sys
