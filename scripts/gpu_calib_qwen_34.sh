@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (thirty-fourth session): the hot set counted on 8 calibration decodes (the
-# new default) against 2 on Qwen1.5-MoE at its high budget (20 GB) and DeepSeek-V2-Lite at its
-# low one (16 GB), `specter` alone, 3 HumanEval prompts x 64 tokens, one process an arm.
+# new default) against 2 on Qwen1.5-MoE at its high budget (20 GB), `specter` alone, 3
+# HumanEval prompts x 64 tokens, one process an arm.
 #
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_calib_qwen_34.sh   (carry .whl)
 # shellcheck source=scripts/gpu-call.sh
