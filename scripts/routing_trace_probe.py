@@ -8,8 +8,8 @@ forcing (specter-bench's ``teacher_forced_pass``). Greedy decoding is exact, so 
 routing is the one any budget's run of these prompts sees.
 
 Writes ``--out`` (a ``torch.save`` dict): ``model``, ``prompt_ids``, ``prompt_lens``, and
-per prompt ``target`` / ``draft`` ``[T, L, k]`` int16 (position ``prompt_len - 1`` onwards is
-the decode: the input of each decode step).
+per prompt ``target`` / ``draft`` ``[T, L, k]`` expert ids, uint8 (int16 past 256 experts);
+position ``prompt_len - 1`` onwards is the decode (the input of each decode step).
 
     source scripts/gpu-env.sh && python3 scripts/routing_trace_probe.py --out "$OUT/routing.pt"
 """
@@ -20,6 +20,11 @@ import argparse
 import time
 
 import torch
+
+
+def _compact(routing: torch.Tensor) -> torch.Tensor:
+    """Expert ids in uint8 when they fit (every preset's do), else int16."""
+    return routing.to(torch.uint8 if int(routing.max()) < 256 else torch.int16)
 
 
 def main() -> int:
@@ -59,10 +64,10 @@ def main() -> int:
             tokens = runner.generate(ids, args.max_new_tokens).tokens
             sequence = ids + tokens[:-1]
             target = teacher_forced_pass(recorder, lm.target, sequence, 0, lm.reset)
-            targets.append(target.routing.to(torch.int16))
+            targets.append(_compact(target.routing))
             if lm.draft is not None:
                 draft = teacher_forced_pass(recorder, lm.draft, sequence, 0, lm.reset)
-                drafts.append(draft.routing.to(torch.int16))
+                drafts.append(_compact(draft.routing))
                 del draft
             del target
             out["prompt_ids"].append(prompt.id)  # type: ignore[union-attr]
