@@ -544,9 +544,27 @@ def test_generate_chooses_a_hot_set_on_the_prompt(capsys, monkeypatch):
     from specter_bench.model_loading import load_tokenizer
 
     ids = load_tokenizer("tiny-deepseek-v2", int(config.vocab_size)).encode(prompt)
-    assert tuple(routing.shape) == (len(ids), layers, config.num_experts_per_tok)
+    # ... and its greedy continuation's (3 tokens asked, fewer than CONTINUATION_TOKENS): every
+    # position a decode of 3 tokens computes, so the last token's is not among them.
+    assert tuple(routing.shape) == (len(ids) + 2, layers, config.num_experts_per_tok)
+    assert "the routing of the prompt and its first 3 greedy tokens" in err
     assert seen["budget"] == budget
     stats = json.loads(out.strip().splitlines()[-1])
+    assert stats["hot_set_choice_s"] > 0
+    from specter_bench.cli import build_parser
+    from specter_bench.hot_sets import CONTINUATION_TOKENS
+
+    assert build_parser().parse_args(["generate"]).hot_set_tokens == CONTINUATION_TOKENS
+    # --hot-set-tokens 0: the prompt's routing alone, as before the continuation.
+    seen.clear()
+    code, out, err = _run(
+        capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "3", "--depth",
+        "2", "--gpu-memory-gb", str(budget), "--hot-experts", "auto", "--hot-set-tokens", "0",
+        "--json", "--no-stream", prompt,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "choosing the hot set on the prompt's routing" in err
+    assert seen["routes"][0].shape[0] == len(ids)
     assert stats["hot_experts_per_layer"] == seen["choice"].per_layer
     assert stats["slots_per_layer"] == seen["choice"].slots_per_layer
     assert f"hot set: {seen['choice'].per_layer} experts per layer pinned" in err
@@ -621,6 +639,59 @@ def test_generate_hot_set_auto_needs_a_budget_and_two_tokens(capsys):
 
     with pytest.raises(ValueError, match="needs at least 2 tokens; this prompt has 1"):
         choose_prompt_engine(never, 1.0, [5], dtype=torch.float32, max_seq_len=64)
+
+
+def test_prompt_choice_routes_the_greedy_continuation_too():
+    # choose_prompt_engine's continuation: the target-only load decodes it greedily and the
+    # routing covers the prompt, then every generated token but the last.
+    from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
+    from specter_bench.hot_sets import choose_prompt_engine
+    from specter_bench.model_loading import load_engine
+
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    plan = specter_models.plan_memory(
+        config, slots_per_layer=4, dtype=torch.float32, max_seq_len=64
+    )
+    budget = (plan.expected_peak_bytes + plan.expert_bytes) / 1e9
+
+    def load():
+        return load_engine(
+            "tiny-deepseek-v2", budget_gb=budget, with_draft=False, policy="lru", device="cpu",
+            dtype=torch.float32, seed=0, max_seq_len=64,
+        )  # fmt: skip
+
+    prompt = [5, 17, 3, 29, 42, 7]
+    routes = []
+    choose = specter_models.choose_hot_experts
+
+    def recording(config, gpu_memory_gb, given, **kwargs):
+        routes.append(given[0])
+        return choose(config, gpu_memory_gb, given, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(specter_models, "choose_hot_experts", recording)
+        alone = choose_prompt_engine(load, budget, prompt, dtype=torch.float32, max_seq_len=64)
+        longer = choose_prompt_engine(
+            load, budget, prompt, dtype=torch.float32, max_seq_len=64, continuation_tokens=5
+        )
+    assert (alone.routing_tokens, longer.routing_tokens) == (len(prompt), len(prompt) + 4)
+    assert [r.shape[0] for r in routes] == [len(prompt), len(prompt) + 4]
+    # The continuation is the greedy one: routing it forced gives the same experts as
+    # recording a fresh greedy decode of the same sequence would.
+    loaded = load()
+    tokens = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"], 0).generate(prompt, 5).tokens
+    from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_pass
+
+    recorder = RoutingRecorder(loaded.model)
+    expected = teacher_forced_pass(
+        recorder, loaded.target, prompt + tokens[:-1], 0, loaded.reset
+    ).routing
+    recorder.remove()
+    assert torch.equal(routes[1], expected)
+    assert longer.as_dict()["routing_tokens"] == len(prompt) + 4
+    with pytest.raises(ValueError, match="continuation_tokens must be >= 0"):
+        choose_prompt_engine(load, budget, prompt, dtype=torch.float32, max_seq_len=64,
+                             continuation_tokens=-1)  # fmt: skip
 
 
 def _plain_plan(slots, with_draft):

@@ -277,8 +277,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="pin a hot set under the budget: those experts stay in FP16 slots and the draft "
         "computes them in FP16. FILE: a `specter bench` results file with a hot_experts "
         'record at --gpu-memory-gb, or JSON {"hot_experts": [[ids], ...]}; auto: chosen on '
-        "the prompt's routing at --gpu-memory-gb (one extra target-only load); none: no hot "
+        "the routing of the prompt and its first --hot-set-tokens greedy tokens at "
+        "--gpu-memory-gb (one extra target-only load decodes them); none: no hot "
         "set (default: auto when speculating under --gpu-memory-gb, else none)",
+    )
+    gen.add_argument(
+        "--hot-set-tokens",
+        type=_non_negative_int,
+        default=32,
+        help="with --hot-experts auto: greedy tokens decoded after the prompt whose routing "
+        "chooses the hot set too (at most --max-new-tokens; 0: the prompt's routing alone; "
+        "default 32: decoded tokens predict the decode's experts better than the prompt)",
     )
     gen.add_argument(
         "--stream-fills",

@@ -4,9 +4,14 @@
 results file of ``specter bench`` (JSON lines; its ``hot_experts`` record at the asked
 budget, or its only one), a JSON object ``{"hot_experts": [[ids of layer 0], ...]}``, or the
 bare list of lists. ``--hot-experts auto`` chooses one on the prompt itself
-(:func:`choose_prompt_engine`): the target's routing of the prompt, from a target-only load
-at the budget, goes through ``specter_models.choose_hot_experts`` as the benchmark's
-calibration routing does. With ``compare_plain`` (``generate``'s ``--depth auto`` under a
+(:func:`choose_prompt_engine`): a target-only load at the budget decodes the prompt's first
+:data:`CONTINUATION_TOKENS` tokens greedily, and the target's routing of the prompt and that
+continuation goes through ``specter_models.choose_hot_experts`` as the benchmark's
+calibration routing does. A prompt's own routing predicts its decode's experts worse than
+decoded tokens do: on DeepSeek-V2-Lite's recorded routing of 16 HumanEval sequences at
+24 GB (``scripts/policy_replay.py``), a hot set counted on the prompt alone moved 22.6
+experts a token over the decode after the first 32 tokens, one counted on the prompt and
+those 32 tokens 21.4. With ``compare_plain`` (``generate``'s ``--depth auto`` under a
 budget) the same routing is replayed through plain decoding's
 draftless slots too, and the decode goes without the draft where that moves fewer experts.
 """
@@ -21,7 +26,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["PromptChoice", "choose_prompt_engine", "read_hot_experts"]
+__all__ = ["CONTINUATION_TOKENS", "PromptChoice", "choose_prompt_engine", "read_hot_experts"]
+
+CONTINUATION_TOKENS = 32
+"""Greedy tokens ``generate --hot-experts auto`` decodes after the prompt to choose on (the
+default of ``--hot-set-tokens``)."""
 
 
 def _as_hot_set(value: Any, path: Path) -> list[list[int]]:
@@ -102,10 +111,13 @@ class PromptChoice:
         hot: ``specter_models.HotExpertChoice``: the hot set for speculative decoding.
         plain: ``specter_models.PlainReplay`` of plain decoding (no INT4 draft), or None
             when not compared.
+        routing_tokens: positions whose routing chose (the prompt's and its greedy
+            continuation's but the last token's).
     """
 
     hot: Any
     plain: Any | None = None
+    routing_tokens: int = 0
 
     @property
     def draft_loads(self) -> int | None:
@@ -127,6 +139,7 @@ class PromptChoice:
             "draft_hot_experts_per_layer": self.hot.per_layer,
             "plain_loads": None if self.plain is None else self.plain.loads,
             "plain_slots_per_layer": None if self.plain is None else self.plain.slots_per_layer,
+            "routing_tokens": self.routing_tokens,
         }
 
 
@@ -139,8 +152,10 @@ def choose_prompt_engine(
     max_seq_len: int,
     compare_plain: bool = False,
     staging_slots: int = 0,
+    continuation_tokens: int = 0,
 ) -> PromptChoice:
-    """Choose the hot set at ``gpu_memory_gb`` on the target's routing of the prompt, and
+    """Choose the hot set at ``gpu_memory_gb`` on the target's routing of the prompt (and of
+    its first ``continuation_tokens`` greedy tokens, decoded plainly by the same load), and
     with ``compare_plain`` replay the same routing through the budget's draftless slots
     (``specter_models.replay_plain_decoding``; ``staging_slots`` sizes that plan), so the
     caller can decode without the draft where that moves fewer experts.
@@ -154,18 +169,27 @@ def choose_prompt_engine(
         dtype, max_seq_len: those of the load the hot set is for (they size its plan).
         compare_plain: also replay plain decoding's side.
         staging_slots: the staging buffer plain decoding's plan holds.
+        continuation_tokens: greedy tokens to decode after the prompt and route too (0:
+            the prompt alone); the load's KV must hold the prompt and them.
 
     Returns:
         ``PromptChoice``: ``.hot`` is a ``specter_models.HotExpertChoice`` (``per_layer`` 0:
         pinning does not pay here), ``.plain`` a ``PlainReplay`` with ``compare_plain``.
 
     Raises:
-        ValueError: a prompt of fewer than two tokens.
+        ValueError: a prompt of fewer than two tokens, or a negative ``continuation_tokens``.
         MemoryBudgetError: the budget cannot hold the model.
     """
+    from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
     from specter_bench.model_loading import release_memory
     from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_pass
     from specter_models import choose_hot_experts, replay_plain_decoding
+
+    if continuation_tokens < 0:
+        raise ValueError(
+            f"continuation_tokens must be >= 0 (greedy tokens to route after the prompt), got "
+            f"{continuation_tokens}"
+        )
 
     if len(prompt_ids) < 2:
         raise ValueError(
@@ -175,7 +199,13 @@ def choose_prompt_engine(
     loaded = load_target()
     recorder = RoutingRecorder(loaded.model)
     try:
-        routing = teacher_forced_pass(recorder, loaded.target, prompt_ids, 0, loaded.reset).routing
+        sequence = list(prompt_ids)
+        if continuation_tokens:
+            runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"], 0)
+            # The last token's routing would come from a position no decode step computes.
+            sequence += runner.generate(sequence, continuation_tokens).tokens[:-1]
+            del runner
+        routing = teacher_forced_pass(recorder, loaded.target, sequence, 0, loaded.reset).routing
         config = loaded.config
     finally:
         recorder.remove()
@@ -188,4 +218,4 @@ def choose_prompt_engine(
             config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len,
             staging_slots=staging_slots,
         )  # fmt: skip
-    return PromptChoice(hot, plain)
+    return PromptChoice(hot, plain, int(routing.shape[0]))

@@ -18,7 +18,7 @@ import torch
 
 from specter_bench.bench_command import parse_dtype
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
-from specter_bench.hot_sets import choose_prompt_engine, read_hot_experts
+from specter_bench.hot_sets import CONTINUATION_TOKENS, choose_prompt_engine, read_hot_experts
 from specter_bench.memory_info import budget_plan, neither_fits, plain_plan
 from specter_bench.model_loading import (
     FILL_CANDIDATES,
@@ -142,6 +142,7 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         ("peak GPU memory (GB)", summary["peak_gpu_memory_gb"]),
         ("CUDA graphs captured ahead", summary.get("graphs_captured")),
         ("graph capture s (not in TPOT)", summary.get("graph_capture_s")),
+        ("hot-set choice s (not in TPOT)", summary.get("hot_set_choice_s")),
         ("device", summary["device"]),
     ]
     auto = summary.get("auto_choice")
@@ -385,13 +386,21 @@ def run_generate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     hot = None
     auto_choice = None
+    choice_s = None
     if args.hot_experts == "auto":
         if args.gpu_memory_gb is None:
             raise CommandError(
                 "--hot-experts auto chooses a hot set for a memory budget: give --gpu-memory-gb."
             )
+        asked = getattr(args, "hot_set_tokens", CONTINUATION_TOKENS)
+        continuation = min(asked, args.max_new_tokens)
+        routed = (
+            f"the routing of the prompt and its first {continuation} greedy tokens"
+            if continuation
+            else "the prompt's routing"
+        )
         print(
-            "choosing the hot set on the prompt's routing (a target-only load"
+            f"choosing the hot set on {routed} (a target-only load"
             + (
                 "; the default under a budget, --hot-experts none skips it"
                 if chosen_by_default
@@ -403,21 +412,24 @@ def run_generate(args: argparse.Namespace) -> int:
         # --depth auto may decode without the draft: where the prompt's routing, replayed
         # through the draftless slots, moves fewer experts than through the hot set's.
         compare_plain = args.depth == "auto" and not getattr(args, "keep_draft", False)
+        chose_from = time.perf_counter()
         try:
             prompt_choice = choose_prompt_engine(
                 lambda: load(with_draft=False), args.gpu_memory_gb, ids, dtype=dtype,
                 max_seq_len=max_seq_len, compare_plain=compare_plain,
-                staging_slots=args.stream_staging,
+                staging_slots=args.stream_staging, continuation_tokens=continuation,
             )  # fmt: skip
             choice = prompt_choice.hot
         except MemoryBudgetError:
             if not chosen_by_default:
                 raise
             prompt_choice = choice = None  # the load below says what does not fit, and what would
+        choice_s = time.perf_counter() - chose_from
         if prompt_choice is not None and prompt_choice.plain is not None:
             auto_choice = prompt_choice.as_dict()
             print(
-                f"auto: the prompt's routing moves {prompt_choice.draft_loads} experts with the "
+                f"auto: the prompt's routing ({prompt_choice.routing_tokens} positions) moves "
+                f"{prompt_choice.draft_loads} experts with the "
                 f"draft ({choice.slots_per_layer} slots a layer, {choice.per_layer} pinned) and "
                 f"{prompt_choice.plain.loads} without it ({prompt_choice.plain.slots_per_layer} "
                 "slots a layer): "
@@ -522,6 +534,7 @@ def run_generate(args: argparse.Namespace) -> int:
     summary = generation_summary(loaded, stream.stats, peak)
     summary["stop_reason"] = stream.stop_reason
     summary["auto_choice"] = auto_choice
+    summary["hot_set_choice_s"] = choice_s
     summary.update(capture)
     if args.json:
         print(json.dumps(summary))
