@@ -6,12 +6,13 @@
 # process a run. Each run's statistics line goes to generate.jsonl, its stderr to generate.err.
 #
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_hot_tokens_34.sh   (carry .whl)
+#   HOT_SET_TOKENS_ORDER="32 0" ...: the runs in the other order
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
 python3 -c "from specter_bench.prompt_sources import load_humaneval; \
 print(load_humaneval(2)[1].text, end='')" >"$out/prompt.txt"
-for tokens in 0 32; do
+for tokens in ${HOT_SET_TOKENS_ORDER:-0 32}; do
     echo "=== --hot-set-tokens $tokens" >>"$out/generate.err"
     timeout 170 python3 -m specter_bench generate --json --no-stream --model deepseek-v2-lite \
         --gpu-memory-gb 24 --max-new-tokens 64 --prompt-file "$out/prompt.txt" --keep-draft \
