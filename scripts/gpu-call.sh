@@ -40,6 +40,21 @@ model_cells() {
         | cut -c1-200
 }
 
+# memory_records FILE: each memory record of a bench results FILE on one line: the policy,
+# whether a draft was loaded, the plan's expected peak, the load's and the decode's peaks (GB).
+memory_records() {
+    python3 - "$1" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r["kind"] == "memory":
+        d = r["data"]
+        print(d["policy"], "draft" if d["with_draft"] else "no draft", "plan",
+              round(d["expected_peak_gb"], 3), "load", round(d["load_peak_gb"], 3),
+              "decode", round(d["measured_peak_gb"] or 0, 3))
+PY
+}
+
 # tpot_cells SECONDS BUDGET SYSTEMS TAG MINUTES [ARGS...]: DeepSeek-V2-Lite's model_cells.
 tpot_cells() {
     model_cells deepseek-v2-lite "$@"

@@ -9,14 +9,5 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
 tpot_cells 160 24 lru,spec-lru memory33-24gb 2.5
-python3 - "$out/bench-deepseek-v2-lite-memory33-24gb.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r["kind"] == "memory":
-        d = r["data"]
-        print(d["policy"], "draft" if d["with_draft"] else "no draft", "plan",
-              round(d["expected_peak_gb"], 3), "load", round(d["load_peak_gb"], 3),
-              "decode", round(d["measured_peak_gb"] or 0, 3))
-PY
+memory_records "$out/bench-deepseek-v2-lite-memory33-24gb.jsonl"
 echo "done at $(($(date +%s) - begin)) s"

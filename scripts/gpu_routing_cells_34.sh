@@ -15,14 +15,5 @@ echo "routing done at $(($(date +%s) - begin)) s"
 tpot_cells 330 24 specter,lru,spec-lru cells34-24gb 5.0 --experiment routing
 echo "24 GB done at $(($(date +%s) - begin)) s"
 tpot_cells 160 unlimited hf,specter cells34-unlimited 2.3
-python3 - "$out/bench-deepseek-v2-lite-cells34-24gb.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r["kind"] == "memory":
-        d = r["data"]
-        print(d["policy"], "draft" if d["with_draft"] else "no draft", "plan",
-              round(d["expected_peak_gb"], 3), "load", round(d["load_peak_gb"], 3),
-              "decode", round(d["measured_peak_gb"] or 0, 3))
-PY
+memory_records "$out/bench-deepseek-v2-lite-cells34-24gb.jsonl"
 echo "done at $(($(date +%s) - begin)) s"

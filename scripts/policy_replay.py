@@ -82,14 +82,21 @@ def lru_loads(decode: torch.Tensor, pinned: set[int], lru: list[int], free: int)
     return loads
 
 
-def lfu_loads(
-    prefill: torch.Tensor, decode: torch.Tensor, slots: int, decay: float, prior: torch.Tensor
-) -> int:
-    """Loads of the decode under decayed-count LFU (see the module docstring)."""
+def decayed_counts(prefill: torch.Tensor, decay: float, prior: torch.Tensor) -> torch.Tensor:
+    """``[E]`` counts of the prefill's routing ``[T, k]`` on top of ``prior``, each token's
+    older counts multiplied by ``decay``."""
     score = prior.clone()
     for t in range(prefill.shape[0]):
         score *= decay
         score[prefill[t].long()] += 1.0
+    return score
+
+
+def lfu_loads(
+    prefill: torch.Tensor, decode: torch.Tensor, slots: int, decay: float, prior: torch.Tensor
+) -> int:
+    """Loads of the decode under decayed-count LFU (see the module docstring)."""
+    score = decayed_counts(prefill, decay, prior)
     resident = set(top(score, slots))
     loads = 0
     for t in range(decode.shape[0]):
@@ -137,10 +144,7 @@ def horizon_loads(
     the lowest decayed count; with ``bypass`` a missing expert is read without a slot when
     it is not needed within the horizon and counts below every resident."""
     future = decode if predicted is None else predicted
-    score = prior.clone()
-    for t in range(prefill.shape[0]):
-        score *= decay
-        score[prefill[t].long()] += 1.0
+    score = decayed_counts(prefill, decay, prior)
     resident = set(top(score, slots))
     loads = 0
     T = decode.shape[0]
