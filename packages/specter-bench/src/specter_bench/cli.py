@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
         "4); 0 decodes plainly and loads no INT4 draft, so a budget's draft memory becomes "
         "FP16 expert slots. auto adapts K as it decodes and, under --gpu-memory-gb with the "
         "hot set chosen on the prompt (the default --hot-experts), decodes plainly where the "
-        "prompt's routing replayed through the draftless slots moves fewer experts than "
+        "routing it was chosen on, replayed through the draftless slots, moves fewer experts than "
         "through the draft's (see --keep-draft)",
     )
     gen.add_argument(

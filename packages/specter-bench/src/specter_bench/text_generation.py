@@ -274,7 +274,8 @@ def generate_hot_experts(
     """``generate``'s ``--hot-experts`` with its default resolved.
 
     By default a speculative decode under a memory budget pins a hot set chosen on the
-    prompt's routing (``auto``), as the bench's ``specter`` pins one: pinned experts need
+    routing of the prompt and its first greedy tokens (``auto``), as the bench's ``specter``
+    pins one: pinned experts need
     no INT4 draft copy, so the budget holds more FP16 slots, and the draft computes them
     exactly. On DeepSeek-V2-Lite at 24 GB without one, ``generate`` measured 28.3 ms a
     token with 30 slots a layer, where the bench's ``specter`` takes 10-11
@@ -409,7 +410,7 @@ def run_generate(args: argparse.Namespace) -> int:
             + ") ...",
             file=sys.stderr,
         )
-        # --depth auto may decode without the draft: where the prompt's routing, replayed
+        # --depth auto may decode without the draft: where the same routing, replayed
         # through the draftless slots, moves fewer experts than through the hot set's.
         compare_plain = args.depth == "auto" and not getattr(args, "keep_draft", False)
         chose_from = time.perf_counter()
@@ -428,7 +429,7 @@ def run_generate(args: argparse.Namespace) -> int:
         if prompt_choice is not None and prompt_choice.plain is not None:
             auto_choice = prompt_choice.as_dict()
             print(
-                f"auto: the prompt's routing ({prompt_choice.routing_tokens} positions) moves "
+                f"auto: the routing of {prompt_choice.routing_tokens} positions moves "
                 f"{prompt_choice.draft_loads} experts with the "
                 f"draft ({choice.slots_per_layer} slots a layer, {choice.per_layer} pinned) and "
                 f"{prompt_choice.plain.loads} without it ({prompt_choice.plain.slots_per_layer} "
