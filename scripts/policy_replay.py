@@ -176,7 +176,12 @@ def main() -> int:
     p.add_argument("dump")
     p.add_argument("--slots", type=int, default=39)
     p.add_argument("--hot", type=int, default=36)
-    p.add_argument("--calibration", default="3,4", help="prompt indices, or 'loo'")
+    p.add_argument(
+        "--calibration",
+        default="3,4,5,6,7,8,9,10",
+        help="prompt indices whose decodes count the hot set (default: the 8 after the bench's "
+        "3 measured prompts, as its default calibration), or 'loo' (every other prompt)",
+    )
     p.add_argument("--prior", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0])
     p.add_argument("--decay", type=float, nargs="*", default=[1.0, 0.99, 0.95])
     p.add_argument("--horizons", type=int, nargs="*", default=[1, 2, 4, 8])
