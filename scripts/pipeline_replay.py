@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from policy_replay import decayed_counts, layer_counts, prefill_state_lru, top
+from policy_replay import decayed_counts, layer_counts, prefill_state_lru, split_dump, top
 
 
 def schedule(tokens: int, depth: int, acceptance: float, seed: int) -> list[tuple[int, int]]:
@@ -55,6 +55,18 @@ def schedule(tokens: int, depth: int, acceptance: float, seed: int) -> list[tupl
     return out
 
 
+def window_and_plan(
+    target: torch.Tensor, draft: torch.Tensor, p: int, depth: int
+) -> tuple[set[int], set[int]]:
+    """``(need, plan)`` of the iteration at ``p``: the experts the verification of positions
+    ``p .. p+depth`` needs (the target's routing) and those the draft's ``depth`` steps
+    (positions ``p .. p+depth-1``) name."""
+    T = target.shape[0]
+    need = {e for t in range(p, min(T, p + depth + 1)) for e in target[t].tolist()}
+    plan = {e for t in range(p, min(T, p + depth)) for e in draft[t].tolist()}
+    return need, plan
+
+
 def pinned_loads(
     prefill: torch.Tensor,
     target: torch.Tensor,
@@ -67,10 +79,10 @@ def pinned_loads(
     """Loads of one layer under today's engine (see the module docstring)."""
     free = slots - len(pinned)
     lru = collections.OrderedDict((e, None) for e in prefill_state_lru(prefill, pinned, free))
-    T, loads = target.shape[0], 0
+    loads = 0
     for p, _ in iterations:
-        window = range(p, min(T, p + depth + 1))
-        plan = {e for t in range(p, min(T, p + depth)) for e in draft[t].tolist()} - pinned
+        need, plan = window_and_plan(target, draft, p, depth)
+        plan -= pinned
         for e in sorted(plan):
             if e in lru:
                 lru.move_to_end(e)
@@ -83,8 +95,7 @@ def pinned_loads(
             if free:
                 lru[e] = None
                 loads += 1
-        need = {e for t in window for e in target[t].tolist()} - pinned
-        for e in need:
+        for e in need - pinned:
             if e in lru:
                 lru.move_to_end(e)
             else:
@@ -112,8 +123,7 @@ def moving_loads(
         return min(choices, key=lambda r: (float(score[r]), r)) if choices else None
 
     for p, a in iterations:
-        window = range(p, min(T, p + depth + 1))
-        plan = {e for t in range(p, min(T, p + depth)) for e in draft[t].tolist()}
+        need, plan = window_and_plan(target, draft, p, depth)
         for e in sorted(plan, key=lambda e: (-float(score[e]), e)):
             if e in resident:
                 continue
@@ -123,7 +133,6 @@ def moving_loads(
             resident.discard(v)
             resident.add(e)
             loads += 1
-        need = {e for t in window for e in target[t].tolist()}
         for e in sorted(need - resident):
             loads += 1  # streamed
             v = victim(need | plan)
@@ -151,14 +160,9 @@ def main() -> int:
     )
     args = p.parse_args()
     d = torch.load(args.dump)
-    lens = d["prompt_lens"]
-    targets = [t.long() for t in d["target"]]
-    drafts = [t.long() for t in d["draft"]]
-    E = int(max(int(t.max()) for t in targets)) + 1
-    L = targets[0].shape[1]
-    decodes = [t[n - 1 :] for t, n in zip(targets, lens, strict=True)]
-    prefills = [t[: n - 1] for t, n in zip(targets, lens, strict=True)]
-    draft_decodes = [t[n - 1 :] for t, n in zip(drafts, lens, strict=True)]
+    prefills, decodes, draft_decodes = split_dump(d)
+    E = int(max(int(t.max()) for t in prefills + decodes)) + 1
+    L = decodes[0].shape[1]
     cal = layer_counts([decodes[int(i)] for i in args.calibration.split(",")], E)
     totals: dict[str, list[float]] = collections.defaultdict(list)
     for i in (int(x) for x in args.prompts.split(",")):

@@ -43,6 +43,19 @@ def layer_counts(routes: list[torch.Tensor], num_experts: int) -> torch.Tensor:
     return counts
 
 
+def split_dump(d: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """``(prefills, decodes, draft decodes)`` of a ``routing_trace_probe`` dump, per prompt:
+    the target's routing before position ``prompt_len - 1``, the target's and the draft's
+    from it on (each decode step's input), as int64 ``[T, L, k]``."""
+    lens = d["prompt_lens"]
+    targets = [t.long() for t in d["target"]]
+    drafts = [t.long() for t in d["draft"]]
+    prefills = [t[: n - 1] for t, n in zip(targets, lens, strict=True)]
+    decodes = [t[n - 1 :] for t, n in zip(targets, lens, strict=True)]
+    draft_decodes = [t[n - 1 :] for t, n in zip(drafts, lens, strict=True)]
+    return prefills, decodes, draft_decodes
+
+
 def top(counts: torch.Tensor, n: int) -> list[int]:
     """The ``n`` experts with the highest counts (ties: lower id)."""
     order = sorted(range(counts.numel()), key=lambda e: (-float(counts[e]), e))
@@ -95,38 +108,17 @@ def decayed_counts(prefill: torch.Tensor, decay: float, prior: torch.Tensor) -> 
 def lfu_loads(
     prefill: torch.Tensor, decode: torch.Tensor, slots: int, decay: float, prior: torch.Tensor
 ) -> int:
-    """Loads of the decode under decayed-count LFU (see the module docstring)."""
-    score = decayed_counts(prefill, decay, prior)
-    resident = set(top(score, slots))
-    loads = 0
-    for t in range(decode.shape[0]):
-        need = decode[t].tolist()
-        score *= decay
-        score[decode[t].long()] += 1.0
-        for e in need:
-            if e in resident:
-                continue
-            loads += 1
-            victims = [r for r in resident if r not in need]
-            victim = min(victims, key=lambda r: (float(score[r]), r))
-            resident.discard(victim)
-            resident.add(e)
-        # promote: a missing expert whose score beats the weakest resident's is not loaded
-        # here (loads only on demand), so the count stays honest
-    return loads
+    """Loads of the decode under decayed-count LFU (see the module docstring): a missing
+    expert is loaded over the lowest-count resident one the step does not need."""
+    return horizon_loads(prefill, decode, slots, 0, decay, prior, bypass=False)
 
 
-def belady_loads(prefill_last: list[int], decode: torch.Tensor, slots: int) -> int:
-    """Belady's fewest loads of the decode, warm-started with its first needed experts."""
-    from specter_cache import belady_layer_loads
+def belady_loads(decode: torch.Tensor, slots: int) -> int:
+    """Belady's fewest loads of the decode ``[T, k]``, warm-started as the bench's bound
+    (``specter_bench.belady.warm_belady_loads``)."""
+    from specter_bench.belady import warm_belady_loads
 
-    steps = [frozenset(decode[t].tolist()) for t in range(decode.shape[0])]
-    first: list[int] = []
-    for s in steps:
-        for e in sorted(s):
-            if e not in first and len(first) < slots:
-                first.append(e)
-    return belady_layer_loads([frozenset(first), *steps], slots) - len(first)
+    return warm_belady_loads([[frozenset(step.tolist()) for step in decode]], slots)
 
 
 def horizon_loads(
@@ -161,7 +153,6 @@ def horizon_loads(
                 continue
             loads += 1
             victims = [r for r in resident if r not in need]
-
             keys = {r: (-soon.get(r, T + 1), float(score[r]), r) for r in [*victims, e]}
             victim = min(victims, key=keys.__getitem__)
             if bypass and e not in soon and keys[e] < keys[victim]:
@@ -191,9 +182,7 @@ def main() -> int:
     targets, lens = d["target"], d["prompt_lens"]
     E = int(max(int(t.max()) for t in targets)) + 1
     L = targets[0].shape[1]
-    decodes = [t[n - 1 :] for t, n in zip(targets, lens, strict=True)]
-    draft_decodes = [t[n - 1 :] for t, n in zip(d["draft"], lens, strict=True)]
-    prefills = [t[: n - 1] for t, n in zip(targets, lens, strict=True)]
+    prefills, decodes, draft_decodes = split_dump(d)
     calib = None if args.calibration == "loo" else [int(i) for i in args.calibration.split(",")]
     measured = (
         [i for i in range(len(targets)) if calib is None or i not in calib]
@@ -231,7 +220,7 @@ def main() -> int:
                 row[f"draft-lookahead h={h}"] += horizon_loads(
                     pf, dec, S, h, 0.98, norm * cal[layer], True, draft_decodes[i][:, layer]
                 )
-            row["belady"] += belady_loads([], dec, S)
+            row["belady"] += belady_loads(dec, S)
         for k, v in row.items():
             totals[k].append(v / tokens)
         print(
