@@ -40,6 +40,31 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1e3  # profiler times are in microseconds
 
 
+def _sequence(spans: list[tuple[float, float, str]], calls: dict[str, float]) -> list[list]:
+    """One token's kernels in launch order as ``[name, median us, median gap us]``.
+
+    Tokens are cut at a kernel launched once a token (``calls``: per-token call counts); of
+    the last 5 whole tokens before the final one, those of the most common length are
+    aligned by position; each position's median duration and idle gap before it.
+    """
+    once = [n for n, c in calls.items() if abs(c - 1.0) < 1e-9]
+    if not once:
+        return []
+    starts = [i for i, s in enumerate(spans) if s[2] == once[0][:48]]
+    tokens = [spans[max(i - 1, 0) : j] for i, j in zip(starts[-7:-2], starts[-6:-1], strict=True)]
+    if not tokens:
+        return []
+    common = max({len(t) for t in tokens}, key=[len(t) for t in tokens].count)
+    tokens = [t for t in tokens if len(t) == common]  # each with the kernel before it first
+    out = []
+    for j in range(1, common):
+        durs = sorted(t[j][1] - t[j][0] for t in tokens)
+        gaps = sorted(t[j][0] - t[j - 1][1] for t in tokens)
+        mid = len(tokens) // 2
+        out.append([tokens[-1][j][2], round(durs[mid], 2), round(gaps[mid], 2)])
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen1.5-moe")
@@ -53,6 +78,14 @@ def main() -> int:
         action="store_true",
         help="count each step before the next launches (default: pipelined records, as "
         "`specter generate` and `specter-plain-pipe` decode)",
+    )
+    p.add_argument(
+        "--sequence",
+        action="store_true",
+        help="also record one token's kernels in launch order: each kernel's name, its median "
+        "duration over the last 4 profiled tokens and the idle gap before it (us); with "
+        "SPECTER_KERNELS_PDL=0 the durations are each kernel's own, with PDL they include "
+        "the wait for the kernel before",
     )
     p.add_argument("--out", default=None, help="append one JSON line here")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no graphs, no device)")
@@ -133,7 +166,15 @@ def main() -> int:
                 kernels.append(span)
                 sums["kernel_ms"][ev.name[:80]] += ms
                 sums["kernel_calls"][ev.name[:80]] += 1
+        spans = sorted(
+            (ev.time_range.start, ev.time_range.end, ev.name[:48])
+            for ev in prof.events()
+            if ev.device_type == torch.autograd.DeviceType.CUDA
+            and "emcpy" not in ev.name
+            and "emset" not in ev.name
+        )
         return {
+            "spans": spans,
             "wall_ms": wall_ms,
             "kernel_busy_ms": _union_ms(kernels),
             "copy_busy_ms": _union_ms(copies),
@@ -171,7 +212,9 @@ def main() -> int:
         "runtime_ms_per_token": per_token("runtime_ms", args.top),
         "runtime_calls_per_token": per_token("runtime_calls", args.top),
     }
-    print(json.dumps(result, indent=1))
+    if args.sequence:
+        result["sequence"] = _sequence(full["spans"], per_token("kernel_calls"))
+    print(json.dumps({k: v for k, v in result.items() if k != "sequence"}, indent=1))
     if args.out:
         with open(args.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(result) + "\n")
