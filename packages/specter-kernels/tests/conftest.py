@@ -156,6 +156,7 @@ class PoisonedTorch:
 def poisoned(monkeypatch, triton_backend):
     """Triton backend with poisoned intermediate and output buffers."""
     from specter_kernels import (
+        argmax_triton,
         grouped_fp16_triton,
         invariant_matmul_triton,
         mla_attention_triton,
@@ -168,6 +169,7 @@ def poisoned(monkeypatch, triton_backend):
     )
 
     for module in (
+        argmax_triton,
         w4a16_triton,
         grouped_fp16_triton,
         moe_align_triton,

@@ -139,3 +139,35 @@ def test_prefill_writes_forwards_kv_with_the_lm_head_on_the_last_row_only(
     assert last_rows == [1]
     _assert_rows_equal(kv, full_kv, rtol=0, atol=0)
     torch.testing.assert_close(next_logits, full_next, rtol=0, atol=0)
+
+
+def test_greedy_decoding_takes_the_kernels_argmax(checkpoints, monkeypatch):
+    # Both adapters offer specter-spec's optional argmax through specter-kernels'
+    # argmax_last_dim; a controller's greedy decoding calls it for every proposal and every
+    # verified row, and its tokens are torch.argmax's.
+    from specter_spec import SpecController
+
+    import specter_models.spec_adapters as adapters
+
+    calls: list[tuple[int, ...]] = []
+    real = adapters.argmax_last_dim
+    monkeypatch.setattr(
+        adapters, "argmax_last_dim", lambda x: calls.append(tuple(x.shape)) or real(x)
+    )
+    name = next(iter(checkpoints))
+    lm = load(checkpoints[name], device="cpu", dtype=torch.float64, slots_per_layer=3)
+    logits = lm.target.forward(random_prompt(5, 64, seed=4)[0][None, :], 0)
+    assert torch.equal(lm.target.argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(lm.draft.argmax(logits[0, -1]), logits[0, -1].argmax())
+    calls.clear()
+    lm.reset()
+    prompt = random_prompt(6, 64, seed=5)[0].tolist()
+    result = SpecController(lm.draft, lm.target, depth=2).generate(prompt, 6)
+    iterations = result.stats.iterations
+    proposals = [s for s in calls if len(s) == 1]  # the draft's: one [V] row a proposal
+    verifications = [s for s in calls if len(s) > 1]  # the target's: [1, rows, V]
+    assert len(proposals) == sum(it.depth for it in iterations) > 0
+    assert len(verifications) == len(iterations)
+    lm.reset()
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 6)
+    assert plain.tokens == result.tokens

@@ -43,6 +43,20 @@ def test_greedy_accepts_longest_matching_prefix_then_target_token(depth):
         assert set(result.num_accepted.tolist()) == set(range(depth + 1))
 
 
+def test_greedy_takes_the_given_argmax():
+    # The given argmax picks the tokens: one that answers the second-largest logit's index
+    # accepts the proposals that match it and returns its token.
+    logits = torch.tensor([[[0.0, 3.0, 2.0], [5.0, 1.0, 4.0], [1.0, 0.0, 2.0]]])
+
+    def second(x):
+        return x.argsort(dim=-1, descending=True)[..., 1]
+
+    result = greedy_accept(torch.tensor([[2, 2]]), logits, second)
+    assert result.num_accepted.tolist() == [2] and result.next_token.tolist() == [0]
+    plain = greedy_accept(torch.tensor([[2, 2]]), logits)
+    assert plain.num_accepted.tolist() == [0] and plain.next_token.tolist() == [1]
+
+
 def test_greedy_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match=r"\[\.\.\., K\+1, V\]"):
         greedy_accept(torch.zeros(3, dtype=torch.long), torch.zeros(3, 5))

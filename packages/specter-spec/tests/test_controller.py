@@ -444,3 +444,57 @@ def test_prompts_go_through_prefill_where_a_model_has_it(depth):
     if draft is not None:
         assert draft.prefills == [(0, prompt[:-1])]
         assert all(start > 0 for start, _ in draft.calls)
+
+
+class _ArgmaxLM(TableLM):
+    """A TableLM with the optional ``argmax``: counts its calls and returns ``torch.argmax``'s
+    tokens, or ``pick`` everywhere when given (to see whose argmax chose the tokens)."""
+
+    def __init__(self, *args, pick: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.argmax_rows = 0
+        self.pick = pick
+
+    def argmax(self, logits):
+        self.argmax_rows += logits[..., 0].numel()
+        if self.pick is None:
+            return logits.argmax(dim=-1)
+        return torch.full(logits.shape[:-1], self.pick, dtype=torch.long)
+
+
+class _ArgmaxDraft(ShiftedDraft, _ArgmaxLM):
+    pass
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_greedy_tokens_come_from_a_models_own_argmax(depth):
+    table = random_table(vocab=11, period=5, seed=4)
+    prompt = [1, 2, 3]
+    reference = SpecController(None, TableLM(table), depth=0).generate(prompt, 20).tokens
+    target = _ArgmaxLM(table)
+    draft = _ArgmaxDraft(target, _wrong) if depth else None
+    result = SpecController(draft, target, depth=depth).generate(prompt, 20)
+    assert result.tokens == reference
+    iterations = result.stats.iterations
+    assert target.argmax_rows == sum(it.verified + 1 for it in iterations)  # every row verified
+    if draft is not None:
+        assert draft.argmax_rows == sum(it.depth for it in iterations)  # one a proposal
+    # A model's argmax decides: one that always answers 7 makes every new token 7.
+    stubborn = _ArgmaxLM(table, pick=7)
+    assert set(SpecController(None, stubborn, depth=0).generate(prompt, 6).tokens) == {7}
+
+
+def test_sampling_never_calls_a_models_argmax():
+    table = random_table(vocab=11, period=5, seed=4)
+    target = _ArgmaxLM(table)
+    draft = _ArgmaxDraft(target, _wrong)
+    controller = SpecController(draft, target, depth=3, sampling=SamplingConfig(temperature=1.0))
+    controller.generate([2, 7], 12, generator=torch.Generator().manual_seed(0))
+    assert target.argmax_rows == draft.argmax_rows == 0
+
+
+def test_an_argmax_that_is_not_callable_is_refused():
+    target = TableLM(random_table(vocab=11, period=5, seed=4))
+    target.argmax = 3
+    with pytest.raises(TypeError, match=r"TableLM.argmax must be callable .* got int"):
+        SpecController(None, target, depth=0)

@@ -11,6 +11,7 @@ Kernels dispatch to Triton on CUDA and to their torch reference elsewhere; set
 ``SPECTER_KERNELS_BACKEND`` to ``auto``, ``triton`` or ``torch`` to override.
 """
 
+from specter_kernels.argmax import argmax_last_dim, argmax_last_dim_reference
 from specter_kernels.backend import BACKEND_ENV_VAR, FLOAT_DTYPES, select_backend
 from specter_kernels.batch_invariant_mode import BatchInvariantMode, batch_invariant
 from specter_kernels.fused_moe_w4a16 import fused_moe_w4a16, fused_moe_w4a16_reference
@@ -94,6 +95,8 @@ __all__ = [
     "__version__",
     "add_rms_norm",
     "add_rms_norm_reference",
+    "argmax_last_dim",
+    "argmax_last_dim_reference",
     "assign_fill_slots",
     "assign_fill_slots_reference",
     "batch_invariant",

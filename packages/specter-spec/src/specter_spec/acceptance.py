@@ -41,6 +41,7 @@ reads a tensor back to the host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -88,13 +89,20 @@ def _accepted_prefix_length(accepted: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(accepted.long(), dim=-1).sum(dim=-1)
 
 
-def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> AcceptanceResult:
+def greedy_accept(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> AcceptanceResult:
     """Greedy acceptance: longest prefix matching the target's argmax, then its token.
 
     Args:
         draft_tokens: ``[..., K]`` int64 proposals ``d[1..K]``.
         target_logits: ``[..., K+1, V]`` target logits; row ``i`` predicts the
             token after ``d[i]`` (row 0 follows the last committed token).
+        argmax: the last dim's argmax with ``torch.argmax``'s result (first index of
+            ties), for instance a model's faster kernel (``SpecModel``'s optional
+            ``argmax``); default ``torch.argmax(..., dim=-1)``.
 
     Returns:
         The accepted count and the correction or bonus token (the target's
@@ -104,7 +112,9 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ac
         ValueError: if the shapes do not match.
     """
     _check_shapes(draft_tokens, target_logits, "target_logits")
-    target_tokens = target_logits.argmax(dim=-1)  # [..., K+1]
+    target_tokens = (
+        argmax(target_logits) if argmax is not None else target_logits.argmax(dim=-1)
+    )  # [..., K+1]
     num_accepted = _accepted_prefix_length(draft_tokens == target_tokens[..., :-1])
     next_token = target_tokens.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)
     return AcceptanceResult(num_accepted=num_accepted, next_token=next_token)

@@ -27,6 +27,20 @@ def _model_device(model: object) -> torch.device | None:
     return torch.device(device) if isinstance(device, torch.device | str) else None
 
 
+def _model_argmax(model: object) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``model``'s optional ``argmax`` (see ``SpecModel``), else ``torch.argmax`` over the
+    last dim."""
+    own = getattr(model, "argmax", None)
+    if own is None:
+        return lambda logits: logits.argmax(dim=-1)
+    if not callable(own):
+        raise TypeError(
+            f"{type(model).__name__}.argmax must be callable (logits -> tokens), got "
+            f"{type(own).__name__}; remove it to use torch.argmax"
+        )
+    return own
+
+
 def _prompt_tensor(prompt_ids: Any, device: torch.device | None) -> torch.Tensor:
     """``[P]`` int64 prompt on ``device`` from a list, a ``[P]`` or a ``[1, P]`` tensor."""
     if isinstance(prompt_ids, torch.Tensor):
@@ -155,6 +169,8 @@ class SpecController:
             )
         self.draft = draft
         self.target = target
+        self._draft_argmax = _model_argmax(draft)
+        self._target_argmax = _model_argmax(target)
         self.cache = cache
         self.sampling = sampling
         self.clock = clock
@@ -513,7 +529,7 @@ class SpecController:
             self._check_logits(logits, feed.shape[1], "draft")
             last = logits[0, -1].to(device)
             if self.sampling.is_greedy:
-                token = last.argmax()
+                token = self._draft_argmax(last)
             else:
                 q = sampling_probs(last, self.sampling)
                 token = torch.multinomial(q, 1, generator=generator)[0]
@@ -539,7 +555,7 @@ class SpecController:
         generator: torch.Generator | None,
     ) -> AcceptanceResult:
         if self.sampling.is_greedy:
-            return greedy_accept(proposals, target_logits)
+            return greedy_accept(proposals, target_logits, self._target_argmax)
         target_probs = sampling_probs(target_logits, self.sampling)
         if draft_probs is None:  # K = 0: the bonus token is drawn from p[0]
             draft_probs = target_probs.new_zeros(0, target_probs.shape[-1])

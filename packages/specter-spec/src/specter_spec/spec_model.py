@@ -36,6 +36,12 @@ class SpecModel(Protocol):
     skip computing their logits (a ``[T, V]`` tensor as large as the prompt). The controller
     calls it where a model has it, and ``forward`` otherwise.
 
+    Optionally, ``argmax(logits) -> tokens``: the last dim's argmax of logits the model
+    returned, with ``torch.argmax(logits, dim=-1)``'s result (the first index of ties), for
+    instance from a faster kernel. Greedy decoding takes each token (the draft's proposals,
+    the target's choices) with the model's own where it has one, and ``torch.argmax``
+    otherwise. A callable that is not an argmax breaks greedy exactness.
+
     Attributes:
         kv_length: the number of token positions currently held in the KV
             cache (for a shared-KV draft: committed target KV plus scratch). It

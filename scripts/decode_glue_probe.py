@@ -1,0 +1,102 @@
+"""The small kernels on a decode step's critical path, timed alone: the router, the argmax.
+
+Each arm is captured ``--calls`` times in one CUDA graph (the router on a new weight each
+call, like successive layers) and timed over ``--repeats`` replays (median microseconds a
+call):
+
+* DeepSeek-V2-Lite's router (64 experts, top-6, fp32 logits, one launch) and Qwen1.5-MoE's
+  (60, top-4, renormalised), selecting by each expert's place against ``top_k`` rounds;
+* the greedy argmax of one row of DeepSeek-V2-Lite's (102400) and Qwen's (151936) logits:
+  specter-kernels' ``argmax_last_dim`` against ``torch.argmax``.
+
+Set ``SPECTER_KERNELS_PDL=0`` for each launch's own time with its launch gap.
+
+    source scripts/gpu-env.sh && python3 scripts/decode_glue_probe.py --out /tmp/glue.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+import specter_kernels as sk
+from specter_kernels import router_topk_triton
+
+
+def _graph_us(fn, calls: int, repeats: int) -> float:
+    """Median microseconds a call of ``fn(i)`` for ``i < calls``, captured in one graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(calls):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    times = []
+    for r in range(repeats + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        if r >= 2:
+            times.append(1e3 * a.elapsed_time(b) / calls)
+    return statistics.median(times)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=26)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--out", default=None, help="append the JSON lines here")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    records = []
+
+    def emit(rec: dict) -> None:
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+
+    routers = {
+        "deepseek-v2-lite": (64, 6, {"logits_dtype": torch.float32, "scaling": 1.0,
+                                     "weights_dtype": torch.float32}),
+        "qwen1.5-moe": (60, 4, {"logits_dtype": torch.float16, "renormalize": True,
+                                "weights_dtype": torch.float16}),
+    }  # fmt: skip
+    for model, (E, k, kwargs) in routers.items():
+        x = torch.randn(1, 2048, device="cuda").half()
+        weights = [(0.02 * torch.randn(E, 2048, device="cuda")).half()
+                   for _ in range(args.calls)]  # fmt: skip
+        for rank in (True, False):
+            router_topk_triton.RANK_SELECT = rank
+
+            def route(i, x=x, w=weights, k=k, kw=kwargs):
+                return sk.router_topk(x, w[i], k, **kw)
+
+            us = _graph_us(route, args.calls, args.repeats)
+            emit({"arm": "router", "model": model, "select": "place" if rank else "rounds",
+                  "us": round(us, 2)})  # fmt: skip
+        router_topk_triton.RANK_SELECT = True
+    for model, V in (("deepseek-v2-lite", 102400), ("qwen1.5-moe", 151936)):
+        logits = [torch.randn(1, V, device="cuda").half() for _ in range(args.calls)]
+        for name, fn in (("argmax_last_dim", sk.argmax_last_dim),
+                         ("torch.argmax", lambda t: t.argmax(dim=-1))):  # fmt: skip
+            us = _graph_us(lambda i, fn=fn, rows=logits: fn(rows[i]), args.calls, args.repeats)
+            same = all(torch.equal(sk.argmax_last_dim(t), t.argmax(dim=-1)) for t in logits)
+            emit({"arm": "argmax", "model": model, "kernel": name, "us": round(us, 2),
+                  "equal": same})  # fmt: skip
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
