@@ -5,7 +5,8 @@ call, like successive layers) and timed over ``--repeats`` replays (median micro
 call):
 
 * DeepSeek-V2-Lite's router (64 experts, top-6, fp32 logits, one launch) and Qwen1.5-MoE's
-  (60, top-4, renormalised), selecting by each expert's place against ``top_k`` rounds;
+  (60, top-4, renormalised); with ``SPECTER_ROUTER_RANK_SELECT`` known to the router module
+  (the thirty-fifth session's selection by place, measured and removed), both selections;
 * the greedy argmax of one row of DeepSeek-V2-Lite's (102400) and Qwen's (151936) logits:
   specter-kernels' ``argmax_last_dim`` against ``torch.argmax``.
 
@@ -74,16 +75,16 @@ def main() -> int:
         x = torch.randn(1, 2048, device="cuda").half()
         weights = [(0.02 * torch.randn(E, 2048, device="cuda")).half()
                    for _ in range(args.calls)]  # fmt: skip
-        for rank in (True, False):
-            router_topk_triton.RANK_SELECT = rank
+        for rank in (True, False) if hasattr(router_topk_triton, "RANK_SELECT") else (None,):
+            if rank is not None:
+                router_topk_triton.RANK_SELECT = rank
 
             def route(i, x=x, w=weights, k=k, kw=kwargs):
                 return sk.router_topk(x, w[i], k, **kw)
 
             us = _graph_us(route, args.calls, args.repeats)
-            emit({"arm": "router", "model": model, "select": "place" if rank else "rounds",
-                  "us": round(us, 2)})  # fmt: skip
-        router_topk_triton.RANK_SELECT = True
+            emit({"arm": "router", "model": model,
+                  "select": "rounds" if not rank else "place", "us": round(us, 2)})  # fmt: skip
     for model, V in (("deepseek-v2-lite", 102400), ("qwen1.5-moe", 151936)):
         logits = [torch.randn(1, V, device="cuda").half() for _ in range(args.calls)]
         for name, fn in (("argmax_last_dim", sk.argmax_last_dim),

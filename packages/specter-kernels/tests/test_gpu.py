@@ -339,28 +339,6 @@ def test_router_in_one_launch_on_the_gpu(seed, monkeypatch, E, k, renormalize):
     assert int(counters.count_nonzero()) == 0
 
 
-@pytest.mark.parametrize(("E", "k", "renormalize"), [(64, 6, False), (60, 4, True), (16, 2, True)])
-def test_router_place_counting_on_the_gpu(seed, monkeypatch, E, k, renormalize):
-    # The three models' routers: selecting by each expert's place gives the rounds' ids and
-    # weights bit for bit, in one launch and in two, ties to the lower id.
-    from specter_kernels import router_topk_triton
-
-    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
-    x = torch.randn(7, 2048, device="cuda").half()
-    weight = (0.02 * torch.randn(E, 2048, device="cuda")).half()
-    weight[E // 2] = weight[1]
-    x[-1] = weight[1] * 50  # experts 1 and E / 2 tie at the top of the last row
-    for one_launch in (True, False):
-        monkeypatch.setattr(router_topk_triton, "ONE_LAUNCH", one_launch)
-        runs = []
-        for rank in (True, False):
-            monkeypatch.setattr(router_topk_triton, "RANK_SELECT", rank)
-            runs.append(sk.router_topk(x, weight, k, renormalize=renormalize, scaling=1.5))
-        for a, b in zip(*runs, strict=True):
-            assert torch.equal(a, b)
-        assert runs[0][2][-1, :2].tolist() == [1, E // 2]
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("R", "V"), [(1, 102400), (5, 151936), (3, 32064), (2, 300)])
 def test_argmax_on_the_gpu_equals_torch(seed, monkeypatch, dtype, R, V):

@@ -163,25 +163,6 @@ def test_one_launch_selects_as_the_two_launches(seed, triton_backend, monkeypatc
     assert all(torch.equal(a, b) for a, b in zip(again, one, strict=True))
 
 
-@pytest.mark.parametrize("one_launch", [True, False])
-def test_place_counting_selects_as_the_rounds(seed, triton_backend, monkeypatch, one_launch):
-    # The selection by each expert's place and the top_k rounds of max: the same ids and
-    # the same weights bit for bit, ties (rows 3-4: equal experts) to the lower id.
-    from specter_kernels import router_topk_triton
-
-    monkeypatch.setattr(router_topk_triton, "ONE_LAUNCH", one_launch)
-    x, weight = _problem(5, 60, 64, torch.float16)
-    weight[[7, 19, 33, 50]] = weight[2].clone()  # five equal best candidates for some rows
-    x[3:] = weight[2] * 4
-    runs = []
-    for rank in (True, False):
-        monkeypatch.setattr(router_topk_triton, "RANK_SELECT", rank)
-        runs.append(sk.router_topk(x, weight, 6, renormalize=True, scaling=1.5))
-    for a, b in zip(*runs, strict=True):
-        assert torch.equal(a, b)
-    assert runs[0][2][3, :5].tolist() == [2, 7, 19, 33, 50]
-
-
 def test_strided_rows_are_read_in_place(seed, backend):
     x, weight = _problem(4, 16, 64, torch.float16)
     wide = torch.zeros(4, 100, dtype=torch.float16)

@@ -145,9 +145,8 @@ def test_greedy_decoding_takes_the_kernels_argmax(checkpoints, monkeypatch):
     # Both adapters offer specter-spec's optional argmax through specter-kernels'
     # argmax_last_dim; a controller's greedy decoding calls it for every proposal and every
     # verified row, and its tokens are torch.argmax's.
-    from specter_spec import SpecController
-
     import specter_models.spec_adapters as adapters
+    from specter_spec import SpecController
 
     calls: list[tuple[int, ...]] = []
     real = adapters.argmax_last_dim

@@ -52,9 +52,11 @@ def test_greedy_takes_the_given_argmax():
         return x.argsort(dim=-1, descending=True)[..., 1]
 
     result = greedy_accept(torch.tensor([[2, 2]]), logits, second)
-    assert result.num_accepted.tolist() == [2] and result.next_token.tolist() == [0]
+    assert result.num_accepted.tolist() == [2]
+    assert result.next_token.tolist() == [0]
     plain = greedy_accept(torch.tensor([[2, 2]]), logits)
-    assert plain.num_accepted.tolist() == [0] and plain.next_token.tolist() == [1]
+    assert plain.num_accepted.tolist() == [0]
+    assert plain.next_token.tolist() == [1]
 
 
 def test_greedy_rejects_mismatched_shapes():

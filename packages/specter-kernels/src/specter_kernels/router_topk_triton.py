@@ -27,13 +27,6 @@ ONE_LAUNCH = env_switch("SPECTER_ROUTER_ONE_LAUNCH")
 (``_router_one_launch_kernel``) rather than as a second kernel (``SPECTER_ROUTER_ONE_LAUNCH=0``
 at import; tests flip this constant). The logits have the same bits either way; the
 weights may differ in their last bits (the softmax's sums run over another thread layout)."""
-RANK_SELECT = env_switch("SPECTER_ROUTER_RANK_SELECT")
-"""Whether the selection counts each expert's place at once (default) rather than in
-``top_k`` rounds of max (``SPECTER_ROUTER_RANK_SELECT=0`` at import, for A/B runs; tests flip
-this constant): the same ids and weights either way, in fewer cross-warp reductions."""
-RANK_SELECT_MAX_EXPERTS = 128
-"""Widest router (experts, rounded up to a power of two) the place counting takes: its
-comparison is ``[BLOCK_E, BLOCK_E]`` in registers; wider ones select in rounds."""
 BLOCK_E = 1
 """Experts per logits program: one program per (row, expert), 64 a row for DeepSeek-V2-Lite.
 Four experts a program (16 programs a row) took 8.4 us a launch inside the H200's decode
@@ -78,7 +71,7 @@ def _router_one_launch_kernel(
     x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr, H, E, stride_x, scaling,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ALL: tl.constexpr,
-    RENORMALIZE: tl.constexpr, RANK_SELECT: tl.constexpr = True, PDL: tl.constexpr = 0,
+    RENORMALIZE: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """``_router_logits_kernel``, then the selection in the row's last program to finish:
     each program stores its logits and takes a ticket from the row's arrival counter; the
@@ -95,7 +88,7 @@ def _router_one_launch_kernel(
     if ticket == tl.num_programs(1) - 1:
         _select_row(
             logits_ptr, weights_ptr, ids_ptr, row, E, scaling, TOP_K, BLOCK_K, BLOCK_ALL,
-            RENORMALIZE, RANK_SELECT,
+            RENORMALIZE,
         )  # fmt: skip
         tl.atomic_xchg(counter_ptr + row, 0)  # zeroed for the next launch
 
@@ -104,23 +97,13 @@ def _router_one_launch_kernel(
 def _router_select_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, scaling,
     TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    RENORMALIZE: tl.constexpr, RANK_SELECT: tl.constexpr = True,
+    RENORMALIZE: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
     row = tl.program_id(0).to(tl.int64)
     _select_row(
-        logits_ptr,
-        weights_ptr,
-        ids_ptr,
-        row,
-        E,
-        scaling,
-        TOP_K,
-        BLOCK_K,
-        BLOCK_E,
-        RENORMALIZE,
-        RANK_SELECT,
+        logits_ptr, weights_ptr, ids_ptr, row, E, scaling, TOP_K, BLOCK_K, BLOCK_E, RENORMALIZE
     )
 
 
@@ -128,15 +111,9 @@ def _router_select_kernel(
 def _select_row(
     logits_ptr, weights_ptr, ids_ptr, row, E, scaling,
     TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    RENORMALIZE: tl.constexpr, RANK_SELECT: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
 ):  # fmt: skip
-    """Row ``row``'s softmax over its ``E`` stored logits, top-k and renormalised weights.
-
-    Under ``RANK_SELECT`` each expert's place in the (probability descending, id ascending)
-    order is counted at once (a ``[BLOCK_E, BLOCK_E]`` comparison and one reduction) and
-    slot ``k`` takes the expert of place ``k``; otherwise ``TOP_K`` rounds of max, then the
-    lowest id at that max. Both give the same ids and the same weights, bit for bit (a
-    slot's weight is its expert's probability either way)."""
+    """Row ``row``'s softmax over its ``E`` stored logits, top-k and renormalised weights."""
     experts = tl.arange(0, BLOCK_E)
     live = experts < E
     logits = tl.load(logits_ptr + row * E + experts, mask=live, other=float("-inf"))
@@ -146,23 +123,14 @@ def _select_row(
     probs = e / tl.sum(e, axis=0)
     left = tl.where(live, probs, -1.0)  # padding lanes never win
     slots = tl.arange(0, BLOCK_K)
-    if RANK_SELECT:
-        before = (left[None, :] > left[:, None]) | (
-            (left[None, :] == left[:, None]) & (experts[None, :] < experts[:, None])
-        )  # [i, j]: expert j comes before expert i
-        place = tl.sum(before.to(tl.int32), axis=1)  # a permutation of 0 .. BLOCK_E - 1
-        hit = place[None, :] == slots[:, None]  # [BLOCK_K, BLOCK_E]: one expert a slot
-        ids = tl.sum(tl.where(hit, experts[None, :], 0), axis=1)
-        chosen = tl.sum(tl.where(hit, left[None, :], 0.0), axis=1)
-    else:
-        chosen = tl.zeros([BLOCK_K], dtype=tl.float32)
-        ids = tl.zeros([BLOCK_K], dtype=tl.int32)
-        for k in tl.static_range(TOP_K):
-            best = tl.max(left, axis=0)
-            pick = tl.min(tl.where(left == best, experts, BLOCK_E), axis=0)
-            chosen = tl.where(slots == k, best, chosen)
-            ids = tl.where(slots == k, pick, ids)
-            left = tl.where(experts == pick, -2.0, left)
+    chosen = tl.zeros([BLOCK_K], dtype=tl.float32)
+    ids = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(left, axis=0)
+        pick = tl.min(tl.where(left == best, experts, BLOCK_E), axis=0)
+        chosen = tl.where(slots == k, best, chosen)
+        ids = tl.where(slots == k, pick, ids)
+        left = tl.where(experts == pick, -2.0, left)
     keep = slots < TOP_K
     if RENORMALIZE:
         chosen = chosen / tl.sum(tl.where(keep, chosen, 0.0), axis=0)
@@ -193,7 +161,6 @@ def launch_router_topk(
     block_k = max(triton.next_power_of_2(top_k), 2)
     block_all = max(triton.next_power_of_2(E), 2)
     grid = (T, triton.cdiv(E, BLOCK_E))
-    rank = RANK_SELECT and block_all <= RANK_SELECT_MAX_EXPERTS
     if ONE_LAUNCH:
         from specter_kernels.invariant_matmul_triton import tile_counters
 
@@ -201,8 +168,7 @@ def launch_router_topk(
             x, weight, logits, weights, ids, tile_counters(x.device, T), H, E, x.stride(0),
             scaling,
             BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], TOP_K=top_k,
-            BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), RANK_SELECT=rank,
-            num_warps=warps,
+            BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), num_warps=warps,
             **pdl_options(x.device, early_trigger=True),
         )  # fmt: skip
         return logits, weights, ids
@@ -214,7 +180,7 @@ def launch_router_topk(
     _router_select_kernel[(T,)](
         logits, weights, ids, E, scaling,
         TOP_K=top_k, BLOCK_K=block_k, BLOCK_E=block_all, RENORMALIZE=bool(renormalize),
-        RANK_SELECT=rank, num_warps=1,
+        num_warps=1,
         **pdl_options(logits.device, early_trigger=True),
     )  # fmt: skip
     return logits, weights, ids
