@@ -507,6 +507,30 @@ def test_fused_residual_adds_give_the_bits_of_their_parts_on_the_gpu(seed, monke
     assert torch.equal(alone, normed)
 
 
+@pytest.mark.parametrize("T", [1, 5, 33])
+@pytest.mark.parametrize("k", [6, 4])
+def test_join_and_next_norm_give_the_bits_of_their_parts_on_the_gpu(seed, monkeypatch, T, k):
+    """DeepSeek-V2-Lite's and Qwen1.5-MoE's hidden size and top-k: the MoE join with the next
+    RMSNorm gives the bits of the join and of ``rms_norm`` on its sum (pairs and tensor),
+    rows alone as together."""
+    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
+    N = 2048
+    residual, routed, shared = ((4 * torch.randn(T, N, device="cuda")).half() for _ in range(3))
+    pairs = torch.randn(T, k, N, device="cuda")
+    weight = (1 + 0.1 * torch.randn(N, device="cuda")).half()
+    summed, normed = sk.residual_add_routed_pairs_rms_norm(residual, pairs, shared, weight, 1e-6)
+    assert torch.equal(summed, sk.residual_add_routed_pairs(residual, pairs, shared))
+    assert torch.equal(normed, sk.rms_norm(summed, weight, 1e-6))
+    summed, normed = sk.residual_add_rms_norm(residual, routed, shared, weight, 1e-6)
+    assert torch.equal(summed, sk.residual_add(residual, routed, shared))
+    assert torch.equal(normed, sk.rms_norm(summed, weight, 1e-6))
+    alone = torch.cat([sk.residual_add_routed_pairs_rms_norm(
+        residual[i : i + 1], pairs[i : i + 1], shared[i : i + 1], weight, 1e-6)[1]
+        for i in range(T)])  # fmt: skip
+    assert torch.equal(alone, sk.residual_add_routed_pairs_rms_norm(
+        residual, pairs, shared, weight, 1e-6)[1])  # fmt: skip
+
+
 @pytest.mark.parametrize("n", [6, 12, 2094])
 def test_observe_and_publish_on_the_gpu_writes_the_pinned_row_inside_a_graph(n):
     # The count equals index_add_'s, the stamped row reaches pinned host memory through its

@@ -49,6 +49,12 @@ from specter_kernels.invariant_reductions import (
     invariant_row_sum_reference,
     invariant_softmax,
 )
+from specter_kernels.join_norm import (
+    residual_add_rms_norm,
+    residual_add_rms_norm_reference,
+    residual_add_routed_pairs_rms_norm,
+    residual_add_routed_pairs_rms_norm_reference,
+)
 from specter_kernels.mla_attention import mla_attention, mla_attention_reference
 from specter_kernels.mla_prologue import MAX_LATENT, mla_prologue, mla_prologue_reference
 from specter_kernels.moe_align import (
@@ -133,8 +139,12 @@ __all__ = [
     "quantize_int4",
     "residual_add",
     "residual_add_reference",
+    "residual_add_rms_norm",
+    "residual_add_rms_norm_reference",
     "residual_add_routed_pairs",
     "residual_add_routed_pairs_reference",
+    "residual_add_routed_pairs_rms_norm",
+    "residual_add_routed_pairs_rms_norm_reference",
     "rms_norm",
     "rms_norm_reference",
     "rotary_complex",

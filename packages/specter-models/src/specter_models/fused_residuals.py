@@ -15,7 +15,10 @@ forward that runs the same calls with two fewer launches:
   ``add_rms_norm`` (specter-kernels);
 * where the MLP is a block patched by ``shared_overlap`` (DeepSeek-V2's and Qwen2-MoE's MoE
   blocks), the block's ``routed + shared`` and the layer's residual add as one
-  ``residual_add``; other MLPs (DeepSeek-V2's dense first layer) keep the layer's add.
+  ``residual_add``; other MLPs (DeepSeek-V2's dense first layer) keep the layer's add;
+* in that launch also the next layer's ``input_layernorm`` (the last layer's: the model's
+  final norm) of the layer's output, handed to that norm (``link_next_norms`` names it;
+  ``shared_overlap``'s ``FUSED_NEXT_NORM``): one launch fewer again.
 
 Both kernels round as torch's adds round and normalise as Specter's fused RMSNorm does, so
 the layer's outputs, its cache writes and the model's logits keep their bits. The fused
@@ -39,7 +42,14 @@ from specter_kernels.backend import env_switch
 from specter_models.fused_norms import fused_applies, is_rms_norm
 from specter_models.module_patches import patch_forwards
 
-__all__ = ["FUSED_RESIDUALS", "TAKES_RESIDUAL", "install_fused_residuals", "is_pre_norm_layer"]
+__all__ = [
+    "FUSED_RESIDUALS",
+    "NEXT_NORM",
+    "TAKES_RESIDUAL",
+    "install_fused_residuals",
+    "is_pre_norm_layer",
+    "link_next_norms",
+]
 
 FUSED_RESIDUALS = env_switch("SPECTER_FUSED_RESIDUALS")
 """Whether patched layers fuse their adds (``SPECTER_FUSED_RESIDUALS=0`` at import keeps
@@ -48,6 +58,13 @@ them apart, for A/B runs; tests flip this constant)."""
 TAKES_RESIDUAL = "_specter_takes_residual"
 """The attribute marking an MLP block whose forward takes ``residual=`` and returns
 ``residual + block(x)`` (``shared_overlap`` sets it)."""
+
+
+NEXT_NORM = "_specter_next_norm"
+"""The attribute holding ``(norm,)``: the RMSNorm a decoder layer's output goes to next (the
+next layer's ``input_layernorm``, the last layer's the model's final ``norm``), which an MLP
+block taking the residual may normalise for (``shared_overlap``); a tuple, so the norm is
+not registered as the layer's submodule."""
 
 
 def is_pre_norm_layer(module: nn.Module) -> bool:
@@ -69,7 +86,30 @@ def install_fused_residuals(model: nn.Module) -> int:
     Returns:
         How many layers were patched by this call.
     """
+    link_next_norms(model)
     return patch_forwards(model, is_pre_norm_layer, "_specter_fused_residuals", _fused_forward)
+
+
+def link_next_norms(model: nn.Module) -> int:
+    """Name each pre-norm decoder layer's next norm (:data:`NEXT_NORM`): in every module
+    with a ``layers`` list, the next layer's ``input_layernorm``, and for the last layer the
+    module's final ``norm`` (where it is an RMSNorm).
+
+    Returns:
+        How many layers have a next norm.
+    """
+    linked = 0
+    for module in model.modules():
+        layers = getattr(module, "layers", None)
+        if not isinstance(layers, nn.ModuleList) or not len(layers):
+            continue
+        following = [getattr(layer, "input_layernorm", None) for layer in list(layers)[1:]]
+        following.append(getattr(module, "norm", None))
+        for layer, norm in zip(layers, following, strict=True):
+            if is_pre_norm_layer(layer) and isinstance(norm, nn.Module) and is_rms_norm(norm):
+                layer.__dict__[NEXT_NORM] = (norm,)
+                linked += 1
+    return linked
 
 
 def _fused_forward(layer: nn.Module, plain: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,6 +130,9 @@ def _fused_forward(layer: nn.Module, plain: Callable[..., Any]) -> Callable[...,
             hidden, h = add_rms_norm(h, residual, post.weight, post.variance_epsilon)
         mlp = layer.mlp
         if getattr(mlp, TAKES_RESIDUAL, False):
+            following = layer.__dict__.get(NEXT_NORM)
+            if following is not None:  # the block may normalise its output for it
+                return mlp(h, residual=hidden, next_norm=following[0])
             return mlp(h, residual=hidden)
         return hidden + mlp(h)
 

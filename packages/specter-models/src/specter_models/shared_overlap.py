@@ -40,14 +40,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specter_kernels import residual_add, residual_add_routed_pairs
+from specter_kernels import (
+    residual_add,
+    residual_add_rms_norm,
+    residual_add_routed_pairs,
+    residual_add_routed_pairs_rms_norm,
+)
 from specter_kernels.backend import env_switch
+from specter_models import fused_norms
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.fused_residuals import TAKES_RESIDUAL
 from specter_models.module_patches import patch_forwards
 from specter_models.specter_experts import SpecterExperts
 
 __all__ = [
+    "FUSED_NEXT_NORM",
     "FUSED_PAIR_JOIN",
     "RoutedPairs",
     "SharedExpertOverlap",
@@ -58,6 +65,12 @@ __all__ = [
 FUSED_PAIR_JOIN = env_switch("SPECTER_FUSED_PAIR_JOIN")
 """Whether a block's join sums the routed pairs too (``SPECTER_FUSED_PAIR_JOIN=0`` at import
 keeps the pair sum apart, for A/B runs; tests flip this constant)."""
+
+
+FUSED_NEXT_NORM = env_switch("SPECTER_FUSED_NEXT_NORM")
+"""Whether a block's join also normalises its output for the next layer's input norm (or the
+model's final norm) when the layer names it (``SPECTER_FUSED_NEXT_NORM=0`` at import keeps
+the norm apart, for A/B runs; tests flip this constant)."""
 
 
 class RoutedPairs(NamedTuple):
@@ -188,15 +201,19 @@ class SharedExpertOverlap:
         routed: RoutedBranch,
         shared: Branch,
         residual: torch.Tensor | None = None,
+        next_norm: nn.Module | None = None,
     ) -> torch.Tensor:
         """``routed(x) + shared(x)``, the shared branch on the side stream when it applies;
         given a ``residual`` (``x``'s shape and dtype), ``residual + (routed(x) + shared(x))``
         in one launch (specter-kernels ``residual_add``: the bits of the two adds; with the
-        routed pairs kept, ``residual_add_routed_pairs``: the pair sum's bits too)."""
+        routed pairs kept, ``residual_add_routed_pairs``: the pair sum's bits too). Given
+        ``next_norm`` too (the fused RMSNorm the layer's output goes to next), the same
+        launch normalises the output for it (``*_rms_norm``, its bits) and hands the result
+        over (``fused_norms.hand_normed``), so that norm launches nothing."""
         keep = residual is not None and FUSED_PAIR_JOIN
         side = self.side_stream(x)
         if side is None:
-            return _join(routed(x, keep), shared(x), residual)
+            return _join(routed(x, keep), shared(x), residual, next_norm)
         from specter_kernels.invariant_matmul_triton import counters_in  # Triton: CUDA only
 
         main = torch.cuda.current_stream(x.device)
@@ -206,25 +223,59 @@ class SharedExpertOverlap:
         routed_out = routed(x, keep)
         main.wait_stream(side)  # the capture's join: the graph's two branches meet here
         self.forks += 1
-        return _join(routed_out, shared_out, residual)
+        return _join(routed_out, shared_out, residual, next_norm)
 
 
 def _join(
-    routed: torch.Tensor | RoutedPairs, shared: torch.Tensor, residual: torch.Tensor | None
+    routed: torch.Tensor | RoutedPairs,
+    shared: torch.Tensor,
+    residual: torch.Tensor | None,
+    next_norm: nn.Module | None = None,
 ) -> torch.Tensor:
     """``routed + shared``, or ``residual + (routed + shared)`` in one launch (the routed
-    pairs summed in it when ``routed`` is :class:`RoutedPairs`, which needs a residual)."""
+    pairs summed in it when ``routed`` is :class:`RoutedPairs`, which needs a residual), and
+    with a fused ``next_norm`` that applies, its RMSNorm of the result handed to it."""
     if isinstance(routed, RoutedPairs):
         if residual is None:
             raise ValueError("routed pairs are joined into a residual; none was given")
         H = residual.shape[-1]
-        out = residual_add_routed_pairs(
-            residual.reshape(-1, H), routed.pairs, shared.reshape(-1, H)
-        )
-        return out.view(residual.shape)
+        rows = (residual.reshape(-1, H), routed.pairs, shared.reshape(-1, H))
+        norm = _fusable_norm(next_norm, residual, shared)
+        if norm is None:
+            return residual_add_routed_pairs(*rows).view(residual.shape)
+        out, normed = residual_add_routed_pairs_rms_norm(*rows, norm.weight, norm.variance_epsilon)
+        return _handed(norm, out.view(residual.shape), normed)
     if residual is None:
         return routed + shared
-    return residual_add(residual, routed, shared)
+    norm = _fusable_norm(next_norm, residual, shared, routed)
+    if norm is None:
+        return residual_add(residual, routed, shared)
+    H = residual.shape[-1]
+    out, normed = residual_add_rms_norm(
+        residual.reshape(-1, H), routed.reshape(-1, H), shared.reshape(-1, H), norm.weight,
+        norm.variance_epsilon,
+    )  # fmt: skip
+    return _handed(norm, out.view(residual.shape), normed)
+
+
+def _fusable_norm(
+    norm: nn.Module | None, residual: torch.Tensor, *parts: torch.Tensor
+) -> nn.Module | None:
+    """``norm`` when the join can normalise for it (the switch on, a norm that
+    ``fused_norms`` patched and whose fused kernel applies, every part of the residual's
+    shape and dtype), else None."""
+    if norm is None or not FUSED_NEXT_NORM or not getattr(norm, "_specter_fused", False):
+        return None
+    if not fused_norms.fused_applies(residual, norm.weight):
+        return None
+    if any(p.shape != residual.shape or p.dtype != residual.dtype for p in parts):
+        return None
+    return norm
+
+
+def _handed(norm: nn.Module, out: torch.Tensor, normed: torch.Tensor) -> torch.Tensor:
+    fused_norms.hand_normed(norm, out, normed.view(out.shape))
+    return out
 
 
 def install_shared_expert_overlap(
@@ -247,9 +298,11 @@ def install_shared_expert_overlap(
         routed, shared = shared_branches(block)  # type: ignore[misc]
 
         def forward(
-            hidden_states: torch.Tensor, residual: torch.Tensor | None = None
+            hidden_states: torch.Tensor,
+            residual: torch.Tensor | None = None,
+            next_norm: nn.Module | None = None,
         ) -> torch.Tensor:
-            return overlap.run(hidden_states, routed, shared, residual)
+            return overlap.run(hidden_states, routed, shared, residual, next_norm)
 
         setattr(block, TAKES_RESIDUAL, True)
         return forward
