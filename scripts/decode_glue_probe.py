@@ -19,37 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
+from routed_layer_probe import graph_us  # this folder: the same graph timing
 
 import specter_kernels as sk
 from specter_kernels import router_topk_triton
-
-
-def _graph_us(fn, calls: int, repeats: int) -> float:
-    """Median microseconds a call of ``fn(i)`` for ``i < calls``, captured in one graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(calls):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    times = []
-    for r in range(repeats + 2):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        if r >= 2:
-            times.append(1e3 * a.elapsed_time(b) / calls)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -82,14 +57,14 @@ def main() -> int:
             def route(i, x=x, w=weights, k=k, kw=kwargs):
                 return sk.router_topk(x, w[i], k, **kw)
 
-            us = _graph_us(route, args.calls, args.repeats)
+            us = graph_us(route, args.calls, args.repeats)
             emit({"arm": "router", "model": model,
                   "select": "rounds" if not rank else "place", "us": round(us, 2)})  # fmt: skip
     for model, V in (("deepseek-v2-lite", 102400), ("qwen1.5-moe", 151936)):
         logits = [torch.randn(1, V, device="cuda").half() for _ in range(args.calls)]
         for name, fn in (("argmax_last_dim", sk.argmax_last_dim),
                          ("torch.argmax", lambda t: t.argmax(dim=-1))):  # fmt: skip
-            us = _graph_us(lambda i, fn=fn, rows=logits: fn(rows[i]), args.calls, args.repeats)
+            us = graph_us(lambda i, fn=fn, rows=logits: fn(rows[i]), args.calls, args.repeats)
             same = all(torch.equal(sk.argmax_last_dim(t), t.argmax(dim=-1)) for t in logits)
             emit({"arm": "argmax", "model": model, "kernel": name, "us": round(us, 2),
                   "equal": same})  # fmt: skip

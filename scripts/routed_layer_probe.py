@@ -35,7 +35,7 @@ H, INTER, E, K = 2048, 1408, 64, 6
 LAYER_BYTES = K * 3 * H * INTER * 2
 
 
-def _graph_us(fn, calls: int, repeats: int) -> float:
+def graph_us(fn, calls: int, repeats: int) -> float:
     """Median microseconds a call of ``fn(i)`` for ``i < calls``, captured in one graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -100,14 +100,14 @@ def main() -> int:
         records.append(rec)
         print(json.dumps(rec), flush=True)
 
-    emit("per-pair shipped", _graph_us(routed, args.calls, args.repeats),
+    emit("per-pair shipped", graph_us(routed, args.calls, args.repeats),
          tile=str(shipped(x.device)[0]))  # fmt: skip
     expected = [o.clone() for o in outs]
     for text in (t for t in args.tiles.split(",") if t):
         g, d = _tile(text)
         grouped_fp16_triton.per_pair_configs = lambda device, g=g, d=d: (g, d)
         try:
-            us = _graph_us(routed, args.calls, args.repeats)
+            us = graph_us(routed, args.calls, args.repeats)
         finally:
             grouped_fp16_triton.per_pair_configs = shipped
         diff = max(
@@ -127,7 +127,7 @@ def main() -> int:
         torch.mul(torch.nn.functional.silu(gu[:, 0]), gu[:, 1], out=h.view(K, INTER))
         torch.bmm(h, w2[base : base + K].transpose(1, 2), out=y)
 
-    emit("cublas gemv + bmm (+ silu)", _graph_us(cublas, args.calls, args.repeats))
+    emit("cublas gemv + bmm (+ silu)", graph_us(cublas, args.calls, args.repeats))
     dst = torch.empty(K, 3 * H * INTER, device="cuda", dtype=torch.float16)
 
     def copy(i: int) -> None:
@@ -135,7 +135,7 @@ def main() -> int:
         dst[:, : 2 * H * INTER].copy_(w13[base : base + K].reshape(K, -1))
         dst[:, 2 * H * INTER :].copy_(w2[base : base + K].reshape(K, -1))
 
-    emit("device copy of the weights (read + write)", _graph_us(copy, args.calls, args.repeats))
+    emit("device copy of the weights (read + write)", graph_us(copy, args.calls, args.repeats))
     if args.out:
         with open(args.out, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)

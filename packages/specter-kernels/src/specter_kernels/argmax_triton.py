@@ -5,8 +5,9 @@ stretch's winner (the first NaN if it holds one, else the largest value's first 
 stores it as a partial and takes a ticket from the row's arrival counter; the program that
 draws the last ticket merges the row's partials in stretch order (a NaN partial wins, then
 the largest value, ties to the earlier stretch, whose index is lower) and sets the counter
-back to zero. So the result is ``torch.argmax``'s: NaN counts as the largest value and ties
-go to the lowest index.
+back to zero (the counters are the device's split-launch ``tile_counters``, as the router's,
+which every launch leaves at zero). So the result is ``torch.argmax``'s: NaN counts as the
+largest value and ties go to the lowest index.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
+from specter_kernels.invariant_matmul_triton import tile_counters
 from specter_kernels.pdl import pdl_enter, pdl_options
 
 BLOCK = 4096
 """Values per program: 25 programs for DeepSeek-V2-Lite's 102400-token vocabulary."""
 NUM_WARPS = 4
-
-_counters: dict[torch.device, torch.Tensor] = {}
 
 
 @triton.jit
@@ -68,26 +68,6 @@ def _argmax_kernel(
         tl.atomic_xchg(counter_ptr + row, 0)  # zeroed for the next launch
 
 
-def argmax_counters(device: torch.device, rows: int) -> torch.Tensor:
-    """The zeroed int32 arrival counters of the argmax launches on ``device`` (at least
-    ``rows``; every launch leaves them at zero). Made or grown outside CUDA graph capture only.
-
-    Raises:
-        RuntimeError: they must be made or grown while a CUDA graph is captured; run the same
-            argmax once eagerly before capturing it.
-    """
-    buffer = _counters.get(device)
-    if buffer is not None and buffer.numel() >= rows:
-        return buffer
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"the argmax needs {rows} arrival counters on {device} while a CUDA graph is "
-            "being captured; run the same argmax once eagerly before capturing it"
-        )
-    _counters[device] = torch.zeros(max(rows, 64), dtype=torch.int32, device=device)
-    return _counters[device]
-
-
 def launch_argmax(x: torch.Tensor) -> torch.Tensor:
     """``int64 [R]``: the argmax of each row of ``x [R, V]`` (unit stride along V; arguments
     checked by ``argmax_last_dim``)."""
@@ -97,7 +77,7 @@ def launch_argmax(x: torch.Tensor) -> torch.Tensor:
     part_val = torch.empty(R * parts, dtype=torch.float32, device=x.device)
     part_idx = torch.empty(R * parts, dtype=torch.int32, device=x.device)
     _argmax_kernel[(R, parts)](
-        x, part_val, part_idx, out, argmax_counters(x.device, R), V, x.stride(0),
+        x, part_val, part_idx, out, tile_counters(x.device, R), V, x.stride(0),
         BLOCK=BLOCK, PARTS=max(triton.next_power_of_2(parts), 2), num_warps=NUM_WARPS,
         **pdl_options(x.device, early_trigger=True),
     )  # fmt: skip
