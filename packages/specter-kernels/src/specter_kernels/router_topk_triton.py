@@ -139,6 +139,11 @@ def _select_row(
     tl.store(ids_ptr + row * TOP_K + slots, ids.to(tl.int64), mask=keep)
 
 
+def router_warps(block_h: int) -> int:
+    """Warps per logits program (and so the logits' reduction tree) for ``block_h`` lanes."""
+    return 8 if block_h >= 2048 else 4
+
+
 def launch_router_topk(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -157,7 +162,7 @@ def launch_router_topk(
     weights = torch.empty(T, top_k, dtype=weights_dtype, device=x.device)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=x.device)
     block_h = max(16, min(BLOCK_H, triton.next_power_of_2(H)))
-    warps = 8 if block_h >= 2048 else 4
+    warps = router_warps(block_h)
     block_k = max(triton.next_power_of_2(top_k), 2)
     block_all = max(triton.next_power_of_2(E), 2)
     grid = (T, triton.cdiv(E, BLOCK_E))
