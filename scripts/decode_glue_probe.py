@@ -18,10 +18,9 @@ Set ``SPECTER_KERNELS_PDL=0`` for each launch's own time with its launch gap.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-from routed_layer_probe import graph_us  # this folder: the same graph timing
+from routed_layer_probe import graph_us, json_lines  # this folder: the same timing
 
 import specter_kernels as sk
 from specter_kernels import router_topk_triton
@@ -34,11 +33,7 @@ def main() -> int:
     p.add_argument("--out", default=None, help="append the JSON lines here")
     args = p.parse_args()
     torch.manual_seed(0)
-    records = []
-
-    def emit(rec: dict) -> None:
-        records.append(rec)
-        print(json.dumps(rec), flush=True)
+    emit = json_lines(args.out)
 
     routers = {
         "deepseek-v2-lite": (64, 6, {"logits_dtype": torch.float32, "scaling": 1.0,
@@ -68,9 +63,6 @@ def main() -> int:
             same = all(torch.equal(sk.argmax_last_dim(t), t.argmax(dim=-1)) for t in logits)
             emit({"arm": "argmax", "model": model, "kernel": name, "us": round(us, 2),
                   "equal": same})  # fmt: skip
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
     return 0
 
 

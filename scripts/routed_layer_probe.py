@@ -60,6 +60,19 @@ def graph_us(fn, calls: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def json_lines(path: str | None):
+    """``emit(record)``: print the record as a JSON line and append it to ``path`` (if any)."""
+
+    def emit(record: dict) -> None:
+        line = json.dumps(record)
+        print(line, flush=True)
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+    return emit
+
+
 def _tile(text: str) -> tuple[GroupedConfig, GroupedConfig]:
     gate_up, _, down = text.partition(":")
     g = parse_per_pair_tile(gate_up)
@@ -92,13 +105,11 @@ def main() -> int:
     def routed(i: int) -> None:
         sk.grouped_moe_fp16(x, ids[i], weights, w13, w2, slots, every, outs[i])
 
-    records = []
+    write = json_lines(args.out)
 
     def emit(arm: str, us: float, **extra) -> None:
-        rec = {"arm": arm, "us_per_layer": round(us, 2),
-               "weights_tb_per_s": round(LAYER_BYTES / us / 1e6, 3), **extra}  # fmt: skip
-        records.append(rec)
-        print(json.dumps(rec), flush=True)
+        write({"arm": arm, "us_per_layer": round(us, 2),
+               "weights_tb_per_s": round(LAYER_BYTES / us / 1e6, 3), **extra})  # fmt: skip
 
     emit("per-pair shipped", graph_us(routed, args.calls, args.repeats),
          tile=str(shipped(x.device)[0]))  # fmt: skip
@@ -136,9 +147,6 @@ def main() -> int:
         dst[:, 2 * H * INTER :].copy_(w2[base : base + K].reshape(K, -1))
 
     emit("device copy of the weights (read + write)", graph_us(copy, args.calls, args.repeats))
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
     return 0
 
 

@@ -16,10 +16,9 @@ committed tokens' bits, and is for a measured A/B of the whole step to decide.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-from routed_layer_probe import graph_us  # this folder: the same graph timing
+from routed_layer_probe import graph_us, json_lines  # this folder: the same timing
 
 import specter_kernels as sk
 from specter_kernels import mla_attention_triton, rms_norm_triton, router_topk_triton
@@ -33,11 +32,7 @@ def main() -> int:
     p.add_argument("--out", default=None, help="append the JSON lines here")
     args = p.parse_args()
     torch.manual_seed(0)
-    records = []
-
-    def emit(rec: dict) -> None:
-        records.append(rec)
-        print(json.dumps(rec), flush=True)
+    emit = json_lines(args.out)
 
     x = torch.randn(1, 2048, device="cuda").half()
     gates = [(0.02 * torch.randn(64, 2048, device="cuda")).half() for _ in range(args.calls)]
@@ -87,9 +82,6 @@ def main() -> int:
             emit({"kernel": "mla_attention+W_UV", "keys": keys, "warps": warps,
                   "us": round(graph_us(attend, args.calls, args.repeats), 2)})  # fmt: skip
     mla_attention_triton.NUM_WARPS = shipped_mla
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
     return 0
 
 

@@ -1,9 +1,9 @@
 """Triton kernel of the MoE block's residual join with the next RMSNorm: one program per row.
 
-``_join_rms_norm_kernel`` computes the join ``residual + (routed + shared)`` as
-``routed_pair_sum_triton``'s ``JOIN`` (``PAIRS``: ``routed`` the pair-order sum of the fp32
-pairs, rounded once) or ``residual_norm_triton``'s ``_residual_add_kernel`` (``routed`` a
-tensor of the dtype) do, element by element with the same roundings, stores it, then
+``_join_rms_norm_kernel`` computes the join ``residual + (routed + shared)`` with
+``routed_pair_sum_triton``'s ``_joined`` (``PAIRS``: ``routed`` the pair-order sum of the fp32
+pairs, rounded once, as that module's ``JOIN`` launch; else a tensor of the dtype, the
+roundings of ``residual_norm_triton``'s ``_residual_add_kernel``), stores it, then
 normalises it as ``rms_norm_triton``'s kernel does: the same block, warps, fp32 lanes and
 reduction tree, so the normed row has the bits ``rms_norm`` gives for the stored sum.
 """
@@ -16,26 +16,7 @@ import triton.language as tl
 
 from specter_kernels.pdl import pdl_enter, pdl_options
 from specter_kernels.rms_norm_triton import MAX_BLOCK, NUM_WARPS
-
-
-@triton.jit
-def _joined(
-    routed_ptr, res_ptr, shared_ptr, row, cols, keep, H, stride_pt, stride_pj,
-    K_PAIRS: tl.constexpr, PAIRS: tl.constexpr, DTYPE: tl.constexpr,
-):  # fmt: skip
-    """fp32 ``[BLOCK]``: the row's join at ``cols``, rounded to ``DTYPE`` as torch's adds."""
-    if PAIRS:
-        first = routed_ptr + row * stride_pt + cols
-        total = tl.load(first, mask=keep, other=0.0)
-        for j in tl.static_range(1, K_PAIRS):
-            total += tl.load(first + j * stride_pj, mask=keep, other=0.0)
-        routed = total.to(DTYPE).to(tl.float32)  # sum_routed_pairs' result
-    else:
-        routed = tl.load(routed_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
-    shared = tl.load(shared_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
-    inner = (routed + shared).to(DTYPE).to(tl.float32)
-    r = tl.load(res_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
-    return (r + inner).to(DTYPE).to(tl.float32)
+from specter_kernels.routed_pair_sum_triton import _joined
 
 
 @triton.jit

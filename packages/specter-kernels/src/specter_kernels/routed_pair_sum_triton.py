@@ -22,6 +22,35 @@ MAX_BLOCK = 1024
 
 
 @triton.jit
+def _joined(
+    routed_ptr, res_ptr, shared_ptr, row, cols, keep, H, stride_pt, stride_pj,
+    K_PAIRS: tl.constexpr, PAIRS: tl.constexpr, DTYPE: tl.constexpr,
+):  # fmt: skip
+    """fp32 ``[BLOCK]``: the row's join ``residual + (routed + shared)`` at ``cols``, each add
+    rounded to ``DTYPE`` as torch's: ``routed`` the pair-order sum of fp32 pairs (``PAIRS``)
+    or a ``[T, H]`` tensor of the dtype. The ``JOIN`` launch here and ``join_norm_triton``
+    both compute it so."""
+    if PAIRS:
+        total = _pair_sum(routed_ptr + row * stride_pt + cols, keep, stride_pj, K_PAIRS)
+        routed = total.to(DTYPE).to(tl.float32)  # sum_routed_pairs' result
+    else:
+        routed = tl.load(routed_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
+    shared = tl.load(shared_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
+    inner = (routed + shared).to(DTYPE).to(tl.float32)
+    r = tl.load(res_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
+    return (r + inner).to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _pair_sum(first, keep, stride_pj, K_PAIRS: tl.constexpr):
+    """fp32 ``[BLOCK]``: the ``K_PAIRS`` pair rows from ``first`` added in pair order."""
+    total = tl.load(first, mask=keep, other=0.0)
+    for j in tl.static_range(1, K_PAIRS):
+        total += tl.load(first + j * stride_pj, mask=keep, other=0.0)
+    return total
+
+
+@triton.jit
 def _routed_pair_sum_kernel(
     pairs_ptr, res_ptr, shared_ptr, out_ptr, H, stride_pt, stride_pj,
     K_PAIRS: tl.constexpr, BLOCK: tl.constexpr, JOIN: tl.constexpr = 0, PDL: tl.constexpr = 0,
@@ -30,17 +59,12 @@ def _routed_pair_sum_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = cols < H
-    first = pairs_ptr + row * stride_pt + cols
-    total = tl.load(first, mask=keep, other=0.0)
-    for j in tl.static_range(1, K_PAIRS):
-        total += tl.load(first + j * stride_pj, mask=keep, other=0.0)
     dtype = out_ptr.dtype.element_ty
     if JOIN:  # residual + (routed + shared), each add rounded as torch's
-        routed = total.to(dtype).to(tl.float32)  # sum_routed_pairs' result
-        shared = tl.load(shared_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
-        inner = (routed + shared).to(dtype).to(tl.float32)
-        r = tl.load(res_ptr + row * H + cols, mask=keep, other=0.0).to(tl.float32)
-        total = r + inner
+        total = _joined(pairs_ptr, res_ptr, shared_ptr, row, cols, keep, H, stride_pt,
+                        stride_pj, K_PAIRS, True, dtype)  # fmt: skip
+    else:
+        total = _pair_sum(pairs_ptr + row * stride_pt + cols, keep, stride_pj, K_PAIRS)
     tl.store(out_ptr + row * H + cols, total.to(dtype), mask=keep)
 
 
