@@ -464,6 +464,45 @@ def test_bench_pins_the_chosen_or_the_given_hot_count(capsys, tmp_path, count):
     assert tpot["prompt_id"] not in hot["calibration_prompts"]
 
 
+def test_bench_prunes_the_calibrations_coldest_experts_from_the_draft(capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    texts = ("def f(x):", "import sys\n", "class A:\n    pass\n")
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    plan = specter_models.plan_memory(
+        config, slots_per_layer=4, dtype=torch.float32, max_seq_len=64
+    )
+    budget = (plan.expected_peak_bytes + plan.expert_bytes) / 1e9
+    code, _, err = _run(
+        capsys, "bench", "--model", "tiny-deepseek-v2", "--experiment", "tpot", "--systems",
+        "specter,specter-no-hot", "--budgets", str(budget), "--prompts", "jsonl",
+        "--prompts-path", str(prompts), "--num-prompts", "1", "--max-new-tokens", "3",
+        "--depth", "2", "--dtype", "float32", "--warmup", "0", "--out", str(tmp_path), "--tag",
+        "pruned", "--hot-experts", "1", "--draft-pruned", "5",
+    )  # fmt: skip
+    assert code == 0, err
+    lines = (tmp_path / "bench-tiny-deepseek-v2-pruned.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    (hot,) = [r["data"] for r in records if r["kind"] == "hot_experts"]
+    assert hot["pruned_per_layer"] == 5
+    assert all(len(p) == 5 for p in hot["pruned_experts"])
+    for pinned, pruned in zip(hot["hot_experts"], hot["pruned_experts"], strict=True):
+        assert not set(pinned) & set(pruned)
+    tpots = {r["system"]: r for r in records if r["kind"] == "tpot"}
+    assert tpots["specter"]["extra"]["settings"]["draft_pruned_per_layer"] == 5
+    assert tpots["specter-no-hot"]["extra"]["settings"]["draft_pruned_per_layer"] == 0
+    # the pruned experts' INT4 memory bought slots, as the plan with them says
+    pruned_plan = specter_models.plan_memory(
+        config, budget, dtype=torch.float32, max_seq_len=64, hot_experts_per_layer=1,
+        pruned_experts_per_layer=5,
+    )  # fmt: skip
+    assert tpots["specter"]["slots_per_layer"][0] == pruned_plan.slots_per_layer
+    assert pruned_plan.slots_per_layer > tpots["specter-no-hot"]["slots_per_layer"][0]
+    code, _, err = _run(capsys, "bench", "--model", "tiny-deepseek-v2", "--draft-pruned", "-1")
+    assert code == 2
+    assert "--draft-pruned: expected an int >= 0, got '-1'" in err
+
+
 def test_info_shows_the_plan_with_a_pinned_hot_set(capsys):
     argv = ("info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "24")
     code, plain, _ = _run(capsys, *argv)

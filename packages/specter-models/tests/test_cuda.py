@@ -370,21 +370,26 @@ def test_cuda_fused_rotary_computes_transformers_rotary(name):
     assert (a - b).abs().max() <= 0.02 * b.abs().max()
 
 
+@pytest.mark.parametrize("pruned", [False, True], ids=["hot", "hot-and-pruned"])
 @pytest.mark.parametrize("name", TINY)
-def test_cuda_hot_set_draft_is_graphed_sync_free_and_speculation_exact(name):
-    # A pinned hot set at a budget: the draft's steps (skip-pairs INT4 kernel plus the
-    # grouped FP16 kernel on the pinned slots) replay as graphs with no host sync, give the
-    # eager window forward's logits, and greedy speculation keeps plain decoding's tokens.
+def test_cuda_hot_set_draft_is_graphed_sync_free_and_speculation_exact(name, pruned):
+    # A pinned hot set at a budget (and a pruned draft: experts 0 and 3 skipped): the draft's
+    # steps (skip-pairs INT4 kernel plus the grouped FP16 kernel on the pinned slots) replay
+    # as graphs with no host sync, give the eager window forward's logits, and greedy
+    # speculation keeps plain decoding's tokens.
     lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=4, seed=6)
     hot = [[1, 6]] * lm.cache.num_layers
-    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=4, seed=6, hot_experts=hot)
+    skip = [[0, 3]] * lm.cache.num_layers if pruned else None
+    kwargs = {"device": "cuda", "dtype": torch.float16, "slots_per_layer": 4, "seed": 6,
+              "hot_experts": hot, "draft_pruned_experts": skip}  # fmt: skip
+    lm = load(name, **kwargs)
     assert lm.hot_experts == hot
+    assert lm.draft_pruned_experts == (skip or [[] for _ in hot])
     generator = torch.Generator("cuda").manual_seed(8)
     prompt = torch.randint(0, lm.config.vocab_size, (1, 6), device="cuda", generator=generator)
     lm.target.forward(prompt, 0)
     token = prompt[:, -1:]
-    eager = load(name, device="cuda", dtype=torch.float16, slots_per_layer=4, seed=6,
-                 hot_experts=hot, cuda_graphs=False)  # fmt: skip
+    eager = load(name, cuda_graphs=False, **kwargs)
     eager.target.forward(prompt, 0)
     for _ in range(2):  # warm-up: kernels compiled, the step's graph captured
         lm.draft.forward(token, 6)

@@ -100,6 +100,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> BenchConfig
             else args.calibration_prompts
         ),
         hot_experts_per_layer=None if args.hot_experts == "auto" else args.hot_experts,
+        draft_pruned_per_layer=args.draft_pruned,
         engine=EngineOptions.from_args(args),
         command=getattr(args, "invocation", None),
         **kwargs,  # type: ignore[arg-type]

@@ -379,10 +379,11 @@ class BenchRunner:
 
     def _engine_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
         cfg = self.config
-        hot = None
+        hot = pruned = None
         if stage.hot_experts and stage.budget_gb is not None:
             choice = self._hot_choice(stage.budget_gb, result)
             hot = choice.hot_experts if choice is not None and choice.per_layer else None
+            pruned = choice.pruned_experts if choice is not None else None
         started = time.perf_counter()
         loaded = load_engine(
             cfg.model,
@@ -403,6 +404,7 @@ class BenchRunner:
                 stream_staging=self._stage_staging(stage),
             ),
             hot_experts=hot,
+            draft_pruned_experts=pruned or None,
         )
         load_s = time.perf_counter() - started
         self.log(f"loaded {loaded!r} in {load_s:.1f} s")
@@ -511,12 +513,17 @@ class BenchRunner:
         choice = choose_hot_experts(
             self.hf_config, budget, routes, window=depth + 1 if isinstance(depth, int) else 5,
             candidates=None if forced is None else [forced], dtype=self.config.dtype,
-            max_seq_len=self.max_seq_len,
+            max_seq_len=self.max_seq_len, pruned_per_layer=self.config.draft_pruned_per_layer,
         )  # fmt: skip
         self.hot_choices[budget] = choice
         self.log(
             f"hot set at {_budget(budget)}: {choice.per_layer} pinned experts per layer, "
-            f"{choice.slots_per_layer} slots (replayed loads per candidate: {choice.loads})"
+            + (
+                f"{choice.pruned_per_layer} pruned from the draft, "
+                if choice.pruned_per_layer
+                else ""
+            )
+            + f"{choice.slots_per_layer} slots (replayed loads per candidate: {choice.loads})"
         )
         data = {
             **choice.as_dict(),
@@ -550,8 +557,9 @@ class BenchRunner:
             every = chosen
             if cfg.hot_experts_per_layer is not None:
                 every = choose_hot_experts(
-                    self.hf_config, budget, routes, dtype=cfg.dtype, max_seq_len=self.max_seq_len
-                )
+                    self.hf_config, budget, routes, dtype=cfg.dtype,
+                    max_seq_len=self.max_seq_len, pruned_per_layer=cfg.draft_pruned_per_layer,
+                )  # fmt: skip
             fits = sorted(every.loads)
             spread = {fits[round(q * (len(fits) - 1))] for q in (0.25, 0.5, 0.75, 1.0) if fits}
             counts = tuple(sorted({0, chosen.per_layer, *spread}))
@@ -567,6 +575,7 @@ class BenchRunner:
                 cfg.model, budget_gb=budget, with_draft=True, policy="predictive",
                 device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, max_seq_len=self.max_seq_len,
                 options=cfg.engine, hot_experts=hottest_experts(routed, h) if h else None,
+                draft_pruned_experts=chosen.pruned_experts or None,
             )  # fmt: skip
             try:
                 if getattr(loaded, "cuda_graphs", False):

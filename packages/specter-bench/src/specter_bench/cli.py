@@ -408,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
         "calibration replay chooses per budget)",
     )
     bench.add_argument(
+        "--draft-pruned",
+        type=_non_negative_int,
+        default=0,
+        help="experts per layer the draft of specter (and every system with a hot set) "
+        "skips under a budget: the calibration prompts' least routed; their INT4 memory buys "
+        "FP16 slots, the target still computes them (default 0: none)",
+    )
+    bench.add_argument(
         "--dtype", default=None, help="default: float16 on a GPU, float32 on a CPU (float64 too)"
     )
 

@@ -490,6 +490,7 @@ class EngineSystemRunner:
                 "policy": policy,
                 "draft": "int4" if self.loaded.draft is not None else None,
                 "hot_experts_per_layer": self.loaded.memory.plan.hot_experts_per_layer,
+                "draft_pruned_per_layer": self.loaded.memory.plan.pruned_experts_per_layer,
                 "batch_invariant": bool(getattr(self.loaded, "batch_invariant", False)),
                 "cuda_graphs": bool(getattr(self.loaded, "cuda_graphs", False)),
                 "shared_overlap": _shared_overlap(self.loaded),

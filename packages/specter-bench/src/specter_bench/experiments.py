@@ -108,6 +108,9 @@ class BenchConfig:
         hot_experts_per_layer: pin this many experts per layer at every budget instead of
             the count the calibration replay chooses (None); the set is still the
             calibration prompts' most routed experts.
+        draft_pruned_per_layer: experts per layer the draft of systems with a hot set skips
+            at every budget (``specter_models.load(draft_pruned_experts=)``): the calibration
+            prompts' least routed, whose INT4 memory buys FP16 slots; 0 (default): none.
         sweep_prompts: prompts of the depth and hot-count sweeps (the first ones).
         hot_sweep_counts: pinned experts per layer of the hot-count sweep (None: 0, the
             chosen count and four counts spread over those the budget holds).
@@ -142,6 +145,7 @@ class BenchConfig:
     offload_prompts: int = 1
     calibration_prompts: int = DEFAULT_CALIBRATION_PROMPTS
     hot_experts_per_layer: int | None = None
+    draft_pruned_per_layer: int = 0
     sweep_prompts: int = 2
     hot_sweep_counts: tuple[int, ...] | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
@@ -162,6 +166,12 @@ class BenchConfig:
             raise ValueError(
                 f"depth of the speculating systems must be an int >= 1 or 'auto', got "
                 f"{self.depth!r} (use --systems lru for decoding without speculation)."
+            )
+        pruned = self.draft_pruned_per_layer
+        if isinstance(pruned, bool) or not isinstance(pruned, int) or pruned < 0:
+            raise ValueError(
+                f"draft_pruned_per_layer must be an int >= 0 (experts per layer the draft "
+                f"skips), got {pruned!r}."
             )
         for name in ("max_new_tokens", "max_prompt_tokens", "max_depth", "sweep_prompts"):
             value = getattr(self, name)

@@ -181,12 +181,14 @@ def load_engine(
     slots_per_layer: int | None = None,
     options: EngineOptions = EngineOptions(),
     hot_experts: list[list[int]] | None = None,
+    draft_pruned_experts: list[list[int]] | None = None,
 ) -> Any:
     """``specter_models.load`` of the benchmark's model at one budget.
 
     ``slots_per_layer`` replaces the budget when given (the two are exclusive); ``options``
     are the shared switches (batch invariance, CUDA graphs); ``hot_experts`` a pinned hot
-    set (``specter_models.choose_hot_experts``).
+    set (``specter_models.choose_hot_experts``), ``draft_pruned_experts`` the experts its
+    draft skips (the choice's ``pruned_experts``).
 
     Raises:
         ValueError, MemoryBudgetError, FileNotFoundError: from ``specter_models.load``.
@@ -204,6 +206,7 @@ def load_engine(
         seed=seed,
         max_seq_len=max_seq_len,
         hot_experts=hot_experts,
+        draft_pruned_experts=draft_pruned_experts if with_draft else None,
         **options.load_kwargs(),
     )
 

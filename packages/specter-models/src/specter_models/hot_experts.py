@@ -38,6 +38,7 @@ __all__ = [
     "HotExpertChoice",
     "PlainReplay",
     "choose_hot_experts",
+    "coldest_experts",
     "hottest_experts",
     "replay_plain_decoding",
     "routing_counts",
@@ -91,6 +92,23 @@ def hottest_experts(counts: torch.Tensor, per_layer: int) -> list[list[int]]:
     return [sorted(row.tolist()) for row in order]
 
 
+def coldest_experts(counts: torch.Tensor, per_layer: int) -> list[list[int]]:
+    """The ``per_layer`` least routed experts of each layer, sorted by id: a pruned draft's
+    experts (``load(draft_pruned_experts=)``).
+
+    Ties go to the higher id, so that with ``h + p <= E`` the ``p`` coldest never meet
+    :func:`hottest_experts`' ``h`` (whose ties go to the lower id).
+
+    Raises:
+        ValueError: ``per_layer`` outside ``[0, E)``.
+    """
+    E = counts.shape[1]
+    if isinstance(per_layer, bool) or not isinstance(per_layer, int) or not 0 <= per_layer < E:
+        raise ValueError(f"per_layer must be an int in [0, {E}), got {per_layer!r}")
+    order = torch.sort(-counts, dim=1, stable=True).indices
+    return [sorted(row.tolist()) for row in order[:, E - per_layer :]]
+
+
 @dataclass(frozen=True)
 class HotExpertChoice:
     """A hot set chosen for one budget.
@@ -104,6 +122,9 @@ class HotExpertChoice:
             has the fewest; a candidate the budget cannot hold is absent; empty when every
             expert is resident and nothing was replayed).
         window: tokens per replayed step.
+        pruned_experts: ``pruned_experts[layer]`` for ``load(draft_pruned_experts=)``: the
+            ``pruned_per_layer`` least routed experts of the whole calibration routing
+            (empty lists when none), which every candidate's plan counted.
     """
 
     per_layer: int
@@ -111,6 +132,12 @@ class HotExpertChoice:
     slots_per_layer: int
     loads: dict[int, int] = field(default_factory=dict)
     window: int = 1
+    pruned_experts: list[list[int]] = field(default_factory=list)
+
+    @property
+    def pruned_per_layer(self) -> int:
+        """Experts per layer the draft skips (0: none)."""
+        return len(self.pruned_experts[0]) if self.pruned_experts else 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -119,6 +146,8 @@ class HotExpertChoice:
             "loads": {str(h): n for h, n in self.loads.items()},
             "window": self.window,
             "hot_experts": self.hot_experts,
+            "pruned_per_layer": self.pruned_per_layer,
+            "pruned_experts": self.pruned_experts,
         }
 
 
@@ -133,6 +162,7 @@ def choose_hot_experts(
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
     draft_group_size: int | None = None,
+    pruned_per_layer: int = 0,
 ) -> HotExpertChoice:
     """Pick ``h`` and the hot sets for ``load(..., hot_experts=)`` at a budget.
 
@@ -154,9 +184,15 @@ def choose_hot_experts(
         candidates: the ``h`` to try (default: 0 and every ``E // 16``-th count, all counts
             for ``E < 32``; those the budget cannot hold are skipped).
         dtype, max_seq_len, max_verify_rows, draft_group_size: as ``plan_memory``.
+        pruned_per_layer: ``p``, experts per layer the draft skips (a pruned draft): each
+            plan holds ``E - h - p`` INT4 experts, candidates with ``h + p >= E`` are
+            skipped, and the choice names the ``p`` least routed experts of the whole
+            calibration routing (``coldest_experts``). The replay counts loads only (the
+            draft's acceptance, which pruning lowers, is not modelled).
 
     Raises:
-        ValueError: no calibration routing, or one of fewer than two tokens alone.
+        ValueError: no calibration routing, one of fewer than two tokens alone, or a
+            ``pruned_per_layer`` outside ``[0, E)``.
         MemoryBudgetError: the budget cannot hold the model even without pinning, or none
             of ``candidates`` fits it.
     """
@@ -167,13 +203,18 @@ def choose_hot_experts(
         return plan_memory(
             config, gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
             max_verify_rows=max_verify_rows, draft_group_size=draft_group_size,
-            hot_experts_per_layer=h,
+            hot_experts_per_layer=h, pruned_experts_per_layer=pruned_per_layer,
         )  # fmt: skip
 
     base = plan(0)
     E, L = base.num_experts, base.num_moe_layers
+    pruned = (
+        coldest_experts(routing_counts(calibration_routes, E), pruned_per_layer)
+        if pruned_per_layer
+        else []
+    )
     if gpu_memory_gb is None or base.slots_per_layer >= E:
-        return HotExpertChoice(0, [[] for _ in range(L)], base.slots_per_layer, {}, window)
+        return HotExpertChoice(0, [[] for _ in range(L)], base.slots_per_layer, {}, window, pruned)
     folds = _folds(calibration_routes)
     counts = [routing_counts([f], E) for f in folds]
     traces = [windowed_trace(f.to("cpu", torch.long), window) for f in folds]
@@ -182,6 +223,8 @@ def choose_hot_experts(
     loads: dict[int, int] = {}
     slots_of: dict[int, int] = {}
     for h in sorted(set(candidates)):
+        if h + pruned_per_layer >= E:
+            continue  # no INT4 expert would be left
         try:
             slots = plan(h).slots_per_layer
         except (MemoryBudgetError, ValueError):
@@ -199,7 +242,7 @@ def choose_hot_experts(
         )
     best = min(loads, key=lambda h: (loads[h], h))
     hot_sets = hottest_experts(sum(counts), best) if best else [[] for _ in range(L)]
-    return HotExpertChoice(best, hot_sets, slots_of[best], loads, window)
+    return HotExpertChoice(best, hot_sets, slots_of[best], loads, window, pruned)
 
 
 @dataclass(frozen=True)

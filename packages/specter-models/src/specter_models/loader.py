@@ -105,6 +105,7 @@ def load(
     fused_residuals: bool = True,
     row_truncation: bool | RowTruncation = False,
     hot_experts: Sequence[Sequence[int]] | None = None,
+    draft_pruned_experts: Sequence[Sequence[int]] | None = None,
     miss_path: str = "load",
     stream_fills: int = DEFAULT_STREAM_FILLS,
     stream_staging: int = DEFAULT_STREAM_STAGING,
@@ -179,6 +180,14 @@ def load(
             and the memory that frees buys more slots (``plan_memory``'s
             ``hot_experts_per_layer``). ``choose_hot_experts`` picks them from a calibration
             routing. None (default): no pins, every expert has an INT4 copy.
+        draft_pruned_experts: a pruned draft, ``draft_pruned_experts[layer]`` = experts of
+            each MoE layer (the same number in every layer, none of them hot) the draft
+            skips: no INT4 copy, and a pair the draft routes to one adds nothing to its
+            output. The target computes them as always (greedy output is unchanged; only
+            the draft's proposals, and so acceptance, can change), and the INT4 memory
+            buys FP16 slots (``plan_memory``'s ``pruned_experts_per_layer``).
+            ``coldest_experts`` picks the least routed of a calibration routing. Needs a
+            draft. None (default): the draft skips nothing.
         miss_path: ``"load"`` (default: a verification acquires its missing experts, loaded
             into slots and computed in waves) or ``"stream"`` (the expert kernel reads them
             in place from the pinned host store, so a budgeted verification is one CUDA
@@ -241,6 +250,18 @@ def load(
     arch = architecture_for(config)
     arch.check_config(config, max_seq_len)
     hot = _check_hot_experts(hot_experts)
+    pruned = _check_hot_experts(draft_pruned_experts, "draft_pruned_experts")
+    if pruned and draft is None:
+        raise ValueError(
+            "draft_pruned_experts needs a draft (draft='rtn' or a GPTQ folder): without one "
+            "there are no INT4 experts to prune; drop draft_pruned_experts"
+        )
+    for i, (hot_of_layer, pruned_of_layer) in enumerate(zip(hot, pruned, strict=False)):
+        if both := sorted(set(hot_of_layer) & set(pruned_of_layer)):
+            raise ValueError(
+                f"MoE layer {i}: experts {both} are both hot and pruned; a pinned hot expert "
+                "is computed by the draft from its FP16 slot, so it cannot be pruned"
+            )
     if draft is not None and draft != "rtn":
         draft = Path(draft)
         if not draft.is_dir():
@@ -258,6 +279,7 @@ def load(
         with_draft=draft is not None,
         hot_experts_per_layer=len(hot[0]) if hot else 0,
         staging_slots=stream_staging,
+        pruned_experts_per_layer=len(pruned[0]) if pruned else 0,
     )
 
     meter = MemoryMeter(device)
@@ -288,11 +310,12 @@ def load(
     install_batch_invariance(model, runtime)  # inert until a batch-invariant target forward
     tied = materialize(model, device, sync_free_rotary=True)
     layers = find_moe_layers(model)
-    if hot and len(hot) != len(layers):
-        raise ValueError(
-            f"hot_experts needs one list per MoE layer ({len(layers)} in this "
-            f"{arch.model_type} model), got {len(hot)}"
-        )
+    for name, sets in (("hot_experts", hot), ("draft_pruned_experts", pruned)):
+        if sets and len(sets) != len(layers):
+            raise ValueError(
+                f"{name} needs one list per MoE layer ({len(layers)} in this "
+                f"{arch.model_type} model), got {len(sets)}"
+            )
     files = CheckpointFiles(folder) if folder is not None else None
     std = float(getattr(config, "initializer_range", 0.02))
     if files is not None:
@@ -339,6 +362,7 @@ def load(
         generate_seed=seed if files is None else None,
         std=std,
         hot=hot or [() for _ in layers],
+        pruned=pruned or [() for _ in layers],
     )
     store.close()
     if files is not None:
@@ -429,16 +453,20 @@ def _fill_store_and_draft(
     generate_seed: int | None,
     std: float,
     hot: Sequence[Sequence[int]],
+    pruned: Sequence[Sequence[int]],
 ) -> None:
     """Stream every routed expert through the host store, quantizing it for the draft.
 
     With ``generate_seed`` (a preset) each expert is generated on the device and copied into
     the (pinned) store; otherwise it is read from the checkpoint's memory map into the store.
-    With an RTN draft each expert that is not hot (``hot[layer]``) is then quantized on the
-    device before the next one, into the layer's INT4 entries in ascending id order.
+    With an RTN draft each expert that is neither hot (``hot[layer]``) nor pruned
+    (``pruned[layer]``) is then quantized on the device before the next one, into the layer's
+    INT4 entries in ascending id order.
     """
-    for layer, module, hot_of_layer in zip(layers, experts, hot, strict=True):
-        entry = _int4_entries(layer.num_experts, hot_of_layer)
+    for layer, module, hot_of_layer, pruned_of_layer in zip(
+        layers, experts, hot, pruned, strict=True
+    ):
+        entry = _int4_entries(layer.num_experts, (*hot_of_layer, *pruned_of_layer))
         builder = (
             Int4LayerBuilder(
                 len(entry), layer.hidden_size, layer.intermediate_size, device, group_size
@@ -457,26 +485,35 @@ def _fill_store_and_draft(
             if builder is not None and e in entry:
                 builder.quantize(entry[e], tensors["gate_up"], tensors["down"])
         if builder is not None:
-            module.set_draft_weights(*builder.finish(), hot_experts=hot_of_layer)
+            module.set_draft_weights(
+                *builder.finish(), hot_experts=hot_of_layer, pruned_experts=pruned_of_layer
+            )
     if isinstance(draft, Path):
-        for module, hot_of_layer, (gate_up, down) in zip(
-            experts, hot, load_gptq_draft(draft, arch, layers, device), strict=True
+        for module, hot_of_layer, pruned_of_layer, (gate_up, down) in zip(
+            experts, hot, pruned, load_gptq_draft(draft, arch, layers, device), strict=True
         ):
-            if hot_of_layer:
-                cold = list(_int4_entries(module.num_experts, hot_of_layer))
+            if hot_of_layer or pruned_of_layer:
+                skip = (*hot_of_layer, *pruned_of_layer)
+                cold = list(_int4_entries(module.num_experts, skip))
                 index = torch.tensor(cold, device=gate_up.qweight.device)
                 gate_up, down = gate_up.experts(index), down.experts(index)
-            module.set_draft_weights(gate_up, down, hot_experts=hot_of_layer)
+            module.set_draft_weights(
+                gate_up, down, hot_experts=hot_of_layer, pruned_experts=pruned_of_layer
+            )
 
 
-def _int4_entries(num_experts: int, hot: Sequence[int]) -> dict[int, int]:
-    """expert -> its INT4 entry: the experts that are not hot, in ascending id order."""
-    skip = set(hot)
+def _int4_entries(num_experts: int, skip: Sequence[int]) -> dict[int, int]:
+    """expert -> its INT4 entry: the experts not in ``skip`` (hot or pruned ones), in
+    ascending id order."""
+    skip = set(skip)
     return {e: i for i, e in enumerate(e for e in range(num_experts) if e not in skip)}
 
 
-def _check_hot_experts(hot_experts: Sequence[Sequence[int]] | None) -> list[tuple[int, ...]]:
-    """``hot_experts`` as tuples, checked for shape (ids are checked per layer later).
+def _check_hot_experts(
+    hot_experts: Sequence[Sequence[int]] | None, name: str = "hot_experts"
+) -> list[tuple[int, ...]]:
+    """``hot_experts`` (or another per-layer expert set, called ``name`` in errors) as
+    tuples, checked for shape (ids are checked per layer later).
 
     Raises:
         ValueError: not one sequence of distinct ints per layer, or layers of different sizes.
@@ -487,18 +524,17 @@ def _check_hot_experts(hot_experts: Sequence[Sequence[int]] | None) -> list[tupl
         hot = [tuple(int(e) for e in layer) for layer in hot_experts]
     except TypeError as error:
         raise ValueError(
-            "hot_experts must be one sequence of expert ids per MoE layer "
-            f"(hot_experts[layer] = [ids]), got {hot_experts!r}"
+            f"{name} must be one sequence of expert ids per MoE layer "
+            f"({name}[layer] = [ids]), got {hot_experts!r}"
         ) from error
     sizes = {len(layer) for layer in hot}
     if len(sizes) > 1:
         raise ValueError(
-            f"hot_experts must pin the same number of experts in every layer, got sizes "
-            f"{sorted(sizes)}"
+            f"{name} must name the same number of experts in every layer, got sizes {sorted(sizes)}"
         )
     for i, layer in enumerate(hot):
         if len(set(layer)) != len(layer) or any(e < 0 for e in layer):
-            raise ValueError(f"hot_experts[{i}] must be distinct expert ids >= 0, got {layer}")
+            raise ValueError(f"{name}[{i}] must be distinct expert ids >= 0, got {layer}")
     return hot
 
 

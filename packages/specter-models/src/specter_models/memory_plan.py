@@ -8,6 +8,9 @@ workspace; whatever remains buys FP16 expert slots, the same number in every MoE
 With ``hot_experts_per_layer = h`` (a pinned hot set, see ``hot_experts``) the draft holds
 INT4 copies of only ``E - h`` experts per layer: the ``h`` pinned ones it computes from their
 FP16 slots, which stay in the cache for good. The INT4 memory that frees buys more slots.
+With ``pruned_experts_per_layer = p`` (a pruned draft, see ``draft_pruned_experts``) ``p`` more
+experts per layer hold no INT4 copy: the draft skips them (the target still computes them), so
+it holds ``E - h - p`` INT4 experts per layer.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class MemoryPlan:
             in FP16 and holds no INT4 copy of (0: none).
         staging_slots: FP16 experts of the streamed path's staging buffer, shared by every
             layer (specter-models' ``stream_staging``; 0: none): fixed state.
+        pruned_experts_per_layer: experts per MoE layer the draft skips (no INT4 copy, not
+            pinned; 0: none).
     """
 
     model_type: str
@@ -69,6 +74,7 @@ class MemoryPlan:
     slots_per_layer: int
     hot_experts_per_layer: int = 0
     staging_slots: int = 0
+    pruned_experts_per_layer: int = 0
 
     @property
     def staging_bytes(self) -> int:
@@ -118,7 +124,7 @@ class MemoryPlan:
         budget = (
             "none (every expert resident)" if self.budget_bytes is None else _gb(self.budget_bytes)
         )
-        int4 = self.num_experts - self.hot_experts_per_layer
+        int4 = self.num_experts - self.hot_experts_per_layer - self.pruned_experts_per_layer
         draft = (
             ("INT4 draft experts", "none (no draft: plain decoding)")
             if int4 and not self.draft_int4_bytes
@@ -144,6 +150,11 @@ class MemoryPlan:
                 _gb(self.slot_bytes),
             ),
             ("pinned hot experts (of the slots, per layer)", str(self.hot_experts_per_layer)),
+            *(
+                [("experts the draft skips (pruned, per layer)", str(p))]
+                if (p := self.pruned_experts_per_layer)
+                else []
+            ),
             ("expected peak", _gb(self.expected_peak_bytes)),
             ("host store (pinned, all FP16 experts)", _gb(self.all_experts_bytes)),
         ]
@@ -167,6 +178,7 @@ def plan_memory(
     with_draft: bool = True,
     hot_experts_per_layer: int = 0,
     staging_slots: int = 0,
+    pruned_experts_per_layer: int = 0,
 ) -> MemoryPlan:
     """Plan GPU memory for a model under a budget (or a fixed slot count).
 
@@ -184,14 +196,17 @@ def plan_memory(
             (the draft computes them from the slots); they count among the slots, and one
             slot per layer beyond them must stay evictable.
         staging_slots: FP16 experts of the streamed path's staging buffer (fixed state).
+        pruned_experts_per_layer: experts per layer the draft skips: neither pinned nor
+            given an INT4 copy (``load(draft_pruned_experts=)``); with the hot ones, at most
+            ``E - 1`` (one expert stays INT4).
 
     Returns:
         The plan.
 
     Raises:
         ValueError: both a budget and a slot count, a slot count outside ``[1, E]``, a hot
-            count outside ``[0, E)``, a negative staging count, or an unsupported model
-            type.
+            count outside ``[0, E)``, a pruned count below 0 or leaving no INT4 expert, a
+            negative staging count, or an unsupported model type.
         MemoryBudgetError: the budget cannot hold the fixed state plus one slot per layer
             beyond the pinned hot experts; the message says how many GB are needed and what
             fills them.
@@ -213,6 +228,13 @@ def plan_memory(
             f"hot_experts_per_layer must be an int in [0, {E}) (pinned experts of {E} per "
             f"layer; at least one stays INT4 for the draft), got {hot!r}"
         )
+    pruned = pruned_experts_per_layer
+    if isinstance(pruned, bool) or not isinstance(pruned, int) or not 0 <= pruned < E - hot:
+        raise ValueError(
+            f"pruned_experts_per_layer must be an int in [0, {E - hot}) (experts the draft "
+            f"skips, of the {E - hot} per layer that are not pinned hot ones; at least one "
+            f"stays INT4), got {pruned!r}"
+        )
     if isinstance(staging_slots, bool) or not isinstance(staging_slots, int) or staging_slots < 0:
         raise ValueError(
             f"staging_slots must be an int >= 0 (FP16 experts of the staging buffer), got "
@@ -221,7 +243,7 @@ def plan_memory(
     expert_bytes = 3 * H * I * itemsize
     staging_bytes = staging_slots * expert_bytes
     int4_bytes = int4_expert_bytes(H, I, draft_group_size)
-    draft_bytes = L * (E - hot) * int4_bytes if with_draft else 0
+    draft_bytes = L * (E - hot - pruned) * int4_bytes if with_draft else 0
     (hk, dk), (hv, dv) = arch.kv_row_shapes(config)
     kv_bytes = len(model.model.layers) * max_seq_len * (hk * dk + hv * dv) * itemsize
     buffers = _workspace_bytes(config, arch.mla, itemsize, max_seq_len, max_verify_rows, H, I)
@@ -238,6 +260,7 @@ def plan_memory(
         "expert_bytes": expert_bytes,
         "hot_experts_per_layer": hot,
         "staging_slots": staging_slots,
+        "pruned_experts_per_layer": pruned,
     }
     least = min(E, hot + 1)  # the pinned experts plus one evictable slot
     if slots_per_layer is not None:
@@ -264,7 +287,8 @@ def plan_memory(
             + (f", a staging buffer {_gb(staging_bytes)}" if staging_bytes else "")
             + f", and {least} FP16 expert slot(s) per "
             f"layer{pinned} {_gb(L * least * expert_bytes)}. Give a larger budget, fewer "
-            "pinned hot experts, fewer staging slots or a smaller max_seq_len."
+            "pinned hot experts, more pruned draft experts, fewer staging slots or a smaller "
+            "max_seq_len."
         )
     return MemoryPlan(budget_bytes=budget, slots_per_layer=int(slots), **plan_args)
 

@@ -84,8 +84,10 @@ class SpecterExperts(nn.Module):
         self.draft_gate_up: Int4Weight | None = None
         self.draft_down: Int4Weight | None = None
         self.hot_experts: tuple[int, ...] = ()
+        self.pruned_experts: tuple[int, ...] = ()  # the draft skips them
         self._hot_mask: torch.Tensor | None = None  # bool [E]: pinned hot experts
-        self._int4_index: torch.Tensor | None = None  # int32 [E]: INT4 entry, -1 if hot
+        # int32 [E]: each expert's INT4 entry, -1 if hot or pruned (None: entry = id)
+        self._int4_index: torch.Tensor | None = None
         self._hot_checked = False
         self._all_mask: torch.Tensor | None = None
         self._streamed: StreamedExperts | None = None
@@ -95,24 +97,34 @@ class SpecterExperts(nn.Module):
             f"layer={self.layer}, num_experts={self.num_experts}, hidden={self.hidden_dim}, "
             f"intermediate={self.intermediate_dim}, draft_int4={self.draft_gate_up is not None}, "
             f"hot_experts={len(self.hot_experts)}"
+            + (f", pruned_experts={len(self.pruned_experts)}" if self.pruned_experts else "")
         )
 
     # ------------------------------------------------------------------------------ setup
     def set_draft_weights(
-        self, gate_up: Int4Weight, down: Int4Weight, hot_experts: Sequence[int] = ()
+        self,
+        gate_up: Int4Weight,
+        down: Int4Weight,
+        hot_experts: Sequence[int] = (),
+        pruned_experts: Sequence[int] = (),
     ) -> None:
         """Install the draft's INT4 experts.
 
         Args:
-            gate_up: ``[E', 2I, H]`` (gate rows first), ``E' = E - len(hot_experts)``: the
-                experts that are not hot, in ascending id order.
+            gate_up: ``[E', 2I, H]`` (gate rows first), ``E' = E - len(hot_experts) -
+                len(pruned_experts)``: the experts that are neither hot nor pruned, in
+                ascending id order.
             down: ``[E', H, I]``.
             hot_experts: experts the draft computes from their FP16 cache slots instead
                 (they must be pinned in the cache, ``ExpertCache.pin``, before the draft
                 runs).
+            pruned_experts: experts the draft skips: a pair routed to one adds nothing to
+                the draft's output (the target computes it as always). Their INT4 memory
+                buys FP16 slots (``plan_memory``'s ``pruned_experts_per_layer``).
 
         Raises:
-            ValueError: shapes that do not match this layer, or bad hot expert ids.
+            ValueError: shapes that do not match this layer, or bad hot or pruned expert
+                ids (repeated, out of range, in both sets, or leaving no INT4 expert).
         """
         E, H, I = self.num_experts, self.hidden_dim, self.intermediate_dim
         hot = tuple(sorted({int(e) for e in hot_experts}))
@@ -121,30 +133,50 @@ class SpecterExperts(nn.Module):
                 f"MoE layer {self.layer}: hot_experts must be distinct ids in [0, {E}), fewer "
                 f"than {E}, got {list(hot_experts)}"
             )
-        cold = E - len(hot)
+        pruned = tuple(sorted({int(e) for e in pruned_experts}))
+        if (
+            len(pruned) != len(pruned_experts)
+            or any(not 0 <= e < E for e in pruned)
+            or set(pruned) & set(hot)
+            or len(hot) + len(pruned) >= E
+        ):
+            raise ValueError(
+                f"MoE layer {self.layer}: pruned_experts must be distinct ids in [0, {E}), "
+                f"none of them hot, leaving at least one INT4 expert ({len(hot)} hot), got "
+                f"{list(pruned_experts)}"
+            )
+        cold = E - len(hot) - len(pruned)
         got = (
             (gate_up.num_experts, gate_up.out_features, gate_up.in_features),
             (down.num_experts, down.out_features, down.in_features),
         )
         if got != ((cold, 2 * I, H), (cold, H, I)):
+            less = [f"{len(hot)} hot"] * bool(hot) + [f"{len(pruned)} pruned"] * bool(pruned)
             raise ValueError(
                 f"MoE layer {self.layer}: INT4 draft experts are gate_up {list(got[0])} and down "
                 f"{list(got[1])} [E, N, K]; the model needs gate_up [{cold}, {2 * I}, {H}] and "
                 f"down [{cold}, {H}, {I}]"
-                + (f" ({E} experts less {len(hot)} hot ones)" if hot else "")
+                + (f" ({E} experts less {' and '.join(less)} ones)" if less else "")
             )
         self.draft_gate_up, self.draft_down = gate_up, down
         self.hot_experts = hot
+        self.pruned_experts = pruned
         self._hot_checked = False
+        device = gate_up.qweight.device
         if hot:
-            device = gate_up.qweight.device
             mask = torch.zeros(E, dtype=torch.bool)
             mask[list(hot)] = True
-            index = torch.full((E,), -1, dtype=torch.int32)
-            index[~mask] = torch.arange(cold, dtype=torch.int32)
-            self._hot_mask, self._int4_index = mask.to(device), index.to(device)
+            self._hot_mask = mask.to(device)
         else:
-            self._hot_mask = self._int4_index = None
+            self._hot_mask = None
+        if hot or pruned:
+            index = torch.full((E,), -1, dtype=torch.int32)
+            keep = torch.ones(E, dtype=torch.bool)
+            keep[list(hot) + list(pruned)] = False
+            index[keep] = torch.arange(cold, dtype=torch.int32)
+            self._int4_index = index.to(device)
+        else:
+            self._int4_index = None
 
     def draft_tensors(self) -> dict[str, torch.Tensor]:
         """The INT4 draft's tensors of this layer, by name (for byte accounting)."""
@@ -210,7 +242,7 @@ class SpecterExperts(nn.Module):
         counter = self.runtime.counter
         if counter is not None:
             counter.observe(self.layer, ids)  # device-side index_add_, no host sync
-        if self.hot_experts:
+        if self._int4_index is not None:
             return self._draft_with_hot(x, ids, weights)
         if x.dtype == torch.float16:
             return fused_moe_w4a16(x, ids, weights, self.draft_gate_up, self.draft_down)
@@ -224,10 +256,11 @@ class SpecterExperts(nn.Module):
     def _draft_with_hot(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """The draft with a pinned hot set: INT4 for the other experts (their pairs only),
-        the hot ones from their FP16 slots, summed in fp32 and rounded once."""
+        """The draft with a pinned hot set or pruned experts: INT4 for the others (their
+        pairs only), the hot ones from their FP16 slots, summed in fp32 and rounded once;
+        pairs routed to a pruned expert add nothing."""
         cache = self.runtime.cache
-        if not self._hot_checked:
+        if self.hot_experts and not self._hot_checked:
             # Host-side, once: the FP16 path reads the hot experts' slots without a wave.
             missing = set(self.hot_experts) - set(cache.pinned(self.layer))
             if missing:
@@ -236,11 +269,14 @@ class SpecterExperts(nn.Module):
                     "the expert cache; pin them (ExpertCache.pin) before drafting"
                 )
             self._hot_checked = True
-        slots = cache.slot_tensors(self.layer)
         if x.dtype == torch.float16:
-            cold_ids = self._int4_index[ids.long()]  # -1 for hot pairs: skipped by the kernel
+            # -1 for hot and pruned pairs: skipped by the kernel
+            cold_ids = self._int4_index[ids.long()]
             out = fused_moe_w4a16(x, cold_ids, weights, self.draft_gate_up, self.draft_down)
+            if not self.hot_experts:
+                return out
             out = out.float()
+            slots = cache.slot_tensors(self.layer)
             grouped_moe_fp16(
                 x, ids, weights, slots["gate_up"], slots["down"],
                 cache.expert_to_slot(self.layer), self._hot_mask, out,
@@ -248,17 +284,20 @@ class SpecterExperts(nn.Module):
             return out.half()
         # float32/float64 reference: dequantized INT4 for cold experts, slots for hot ones.
         used = torch.unique(ids).tolist()
-        cold = [e for e in used if e not in self.hot_experts]
+        skip = set(self.hot_experts) | set(self.pruned_experts)
+        cold = [e for e in used if e not in skip]
         experts = []
         if cold:
             index = torch.tensor([int(self._int4_index[e]) for e in cold], dtype=torch.long)
             gate_up = dequantize_int4(self.draft_gate_up.experts(index), x.dtype)
             down = dequantize_int4(self.draft_down.experts(index), x.dtype)
             experts = [(e, gate_up[i], down[i]) for i, e in enumerate(cold)]
-        for e in used:
-            if e in self.hot_experts:
-                slot = cache.slot_of(self.layer, e)
-                experts.append((e, slots["gate_up"][slot], slots["down"][slot]))
+        if self.hot_experts:
+            slots = cache.slot_tensors(self.layer)
+            for e in used:
+                if e in self.hot_experts:
+                    slot = cache.slot_of(self.layer, e)
+                    experts.append((e, slots["gate_up"][slot], slots["down"][slot]))
         return accumulate_experts(x, ids, weights, experts, torch.zeros_like(x))
 
     def _needed(self, ids: torch.Tensor) -> list[list[int]]:

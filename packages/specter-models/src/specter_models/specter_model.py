@@ -117,6 +117,7 @@ class SpecterModel:
             f"device={self.device}, dtype={plan.dtype}, slots_per_layer={plan.slots_per_layer}"
             f"/{plan.num_experts}, draft={'int4' if self.draft else None}"
             + (f", hot_experts={plan.hot_experts_per_layer}" if plan.hot_experts_per_layer else "")
+            + (f", pruned={plan.pruned_experts_per_layer}" if plan.pruned_experts_per_layer else "")
             + ")"
         )
 
@@ -130,6 +131,12 @@ class SpecterModel:
         """The pinned hot set per MoE layer (``load(hot_experts=)``), empty lists when none:
         kept in FP16 slots for good; the draft computes them from those slots."""
         return [list(self.cache.pinned(layer)) for layer in range(self.cache.num_layers)]
+
+    @property
+    def draft_pruned_experts(self) -> list[list[int]]:
+        """The experts the draft skips per MoE layer (``load(draft_pruned_experts=)``), empty
+        lists when none."""
+        return [list(module.pruned_experts) for module in self.experts]
 
     @property
     def verification(self) -> str:

@@ -1,0 +1,210 @@
+"""A pruned draft: the draft skips some experts (no INT4 copy, no contribution), the target
+still computes them, and the memory that frees buys slots; choosing which to prune."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from model_helpers import random_prompt, reference_from_checkpoint, speculate_beside_transformers
+from specter_kernels import dequantize_int4
+from specter_models import (
+    MemoryBudgetError,
+    choose_hot_experts,
+    coldest_experts,
+    get_preset,
+    hottest_experts,
+    load,
+    plan_memory,
+    routing_counts,
+)
+from specter_models.architecture import find_moe_layers
+from specter_models.experts_runtime import ExpertsMode
+from specter_models.int4_draft import int4_expert_bytes
+
+HOT = (1, 6)  # pinned in every layer of the tiny models (8 experts each)
+PRUNED = (0, 3)  # skipped by the draft in every layer
+
+
+def _layers(folder) -> int:
+    return len(find_moe_layers(load(folder, device="cpu", draft=None, slots_per_layer=8).model))
+
+
+def _pruned_load(folder, dtype: torch.dtype, slots: int, hot: bool = True):
+    """The tiny checkpoint on the CPU, ``PRUNED`` skipped (and ``HOT`` pinned) everywhere."""
+    n = _layers(folder)
+    return load(
+        folder, device="cpu", dtype=dtype, slots_per_layer=slots,
+        hot_experts=[list(HOT)] * n if hot else None, draft_pruned_experts=[list(PRUNED)] * n,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("hot", [True, False], ids=["hot", "no-hot"])
+def test_the_pruned_draft_is_the_target_without_its_pruned_experts(checkpoints, arch_name, hot):
+    # transformers' model with the pruned experts' down projections zeroed (they add
+    # nothing), the others dequantized from their INT4 copies and the hot ones exact computes
+    # the draft's logits.
+    folder = checkpoints[arch_name]
+    lm = _pruned_load(folder, torch.float64, 4, hot=hot)
+    reference = reference_from_checkpoint(folder)
+    exact = reference_from_checkpoint(folder)
+    skipped = set(PRUNED) | (set(HOT) if hot else set())
+    cold = [e for e in range(8) if e not in skipped]
+    with torch.no_grad():
+        for module in lm.experts:
+            decoder = find_moe_layers(lm.model)[module.layer].decoder_layer
+            d = reference.model.layers[decoder].mlp.experts
+            assert module.pruned_experts == PRUNED
+            assert module.draft_gate_up.num_experts == len(cold)  # no INT4 copy of pruned ones
+            d.gate_up_proj[cold] = dequantize_int4(module.draft_gate_up, torch.float64)
+            d.down_proj[cold] = dequantize_int4(module.draft_down, torch.float64)
+            d.down_proj[list(PRUNED)] = 0.0
+        ids = random_prompt(8, lm.config.vocab_size, seed=11)
+        expected = reference(ids).logits
+        target = exact(ids).logits
+    got = lm.draft.forward(ids, 0)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+    # The target is untouched: its logits are the checkpoint's own.
+    torch.testing.assert_close(lm.target.forward(ids, 0), target, rtol=0, atol=1e-10)
+    assert lm.draft_pruned_experts == [list(PRUNED)] * len(lm.experts)
+
+
+@pytest.mark.parametrize("depth", [1, 4])
+def test_greedy_speculation_with_a_pruned_draft_equals_transformers_generate(
+    checkpoints, arch_name, depth
+):
+    folder = checkpoints[arch_name]
+    lm = _pruned_load(folder, torch.float64, 4)
+    prompt = random_prompt(6, lm.config.vocab_size, seed=depth + 3)
+    result, expected = speculate_beside_transformers(lm, folder, prompt, depth, 20)
+    assert result.tokens == expected
+    assert result.stats.proposed > 0
+
+
+def test_fp16_pruned_draft_skips_the_pruned_pairs_in_the_kernels(checkpoints, arch_name):
+    # float16 runs the skip-pairs INT4 kernel (and the grouped FP16 kernel for hot pairs);
+    # a token routed to a pruned, a hot and cold experts, against float64 sums that leave the
+    # pruned pairs out.
+    folder = checkpoints[arch_name]
+    lm = _pruned_load(folder, torch.float16, 4)
+    module = lm.experts[0]
+    H, k = module.hidden_dim, lm.config.num_experts_per_tok
+    x = torch.randn(5, H).half()
+    ids = torch.stack([torch.randperm(8)[:k] for _ in range(5)])
+    ids[0] = torch.tensor([PRUNED[0], HOT[0], 2, 4, 5, 7][:k])  # pruned, hot, cold pairs
+    weights = torch.rand(5, k)
+    with lm.runtime.running(ExpertsMode.DRAFT):
+        got = module(x, ids, weights).double()
+    cold = [e for e in range(8) if e not in HOT and e not in PRUNED]
+    slots = lm.cache.slot_tensors(0)
+    expected = torch.zeros(5, H, dtype=torch.float64)
+    for t in range(5):
+        for j in range(k):
+            e = int(ids[t, j])
+            if e in PRUNED:
+                continue
+            if e in HOT:
+                slot = lm.cache.slot_of(0, e)
+                gate_up, down = slots["gate_up"][slot].double(), slots["down"][slot].double()
+            else:
+                gate_up = dequantize_int4(module.draft_gate_up.experts(cold.index(e)))[0].double()
+                down = dequantize_int4(module.draft_down.experts(cold.index(e)))[0].double()
+            gate, up = (x[t].double() @ gate_up.T).chunk(2)
+            expected[t] += weights[t, j] * (down @ (torch.nn.functional.silu(gate) * up))
+    assert (got - expected).norm() < 5e-3 * expected.norm()
+
+
+def test_pruning_frees_int4_memory_and_the_plan_counts_it(checkpoints):
+    folder = checkpoints["tiny-qwen2-moe"]
+    plain = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=4)
+    lm = _pruned_load(folder, torch.float32, 4)
+    plan = lm.memory.plan
+    assert (plan.hot_experts_per_layer, plan.pruned_experts_per_layer) == (2, 2)
+    assert plan.draft_int4_bytes == plain.memory.plan.draft_int4_bytes * 4 // 8
+    int4 = [t for name, t in lm.state_tensors("draft").items() if name.startswith("int4:")]
+    assert sum(t.numel() * t.element_size() for t in int4) == plan.draft_int4_bytes
+    assert "pruned=2" in repr(lm)
+    assert re.search(r"experts the draft skips \(pruned, per layer\) +2\n", plan.describe())
+    assert "INT4 draft experts (4/8 per layer)" in plan.describe()
+
+
+def test_a_budget_buys_more_slots_with_a_pruned_draft():
+    # DeepSeek-V2-Lite at 24 GB with 36 pinned: pruning 14 more experts' INT4 copies buys
+    # about 14 / 4 more slots per layer.
+    config = get_preset("deepseek-v2-lite").make_config()
+    hot = plan_memory(config, 24, hot_experts_per_layer=36)
+    pruned = plan_memory(config, 24, hot_experts_per_layer=36, pruned_experts_per_layer=14)
+    assert pruned.draft_int4_bytes == 26 * (64 - 36 - 14) * int4_expert_bytes(2048, 1408)
+    freed = hot.draft_int4_bytes - pruned.draft_int4_bytes
+    assert pruned.slots_per_layer - hot.slots_per_layer == pytest.approx(
+        freed / (26 * hot.expert_bytes), abs=1
+    )
+    assert pruned.slots_per_layer >= hot.slots_per_layer + 3
+    assert pruned.expected_peak_bytes <= pruned.budget_bytes
+    with pytest.raises(ValueError, match=r"pruned_experts_per_layer must be an int in \[0, 28\)"):
+        plan_memory(config, 24, hot_experts_per_layer=36, pruned_experts_per_layer=28)
+    with pytest.raises(ValueError, match=r"pruned_experts_per_layer must be an int in \[0, 64\)"):
+        plan_memory(config, 24, pruned_experts_per_layer=-1)
+    with pytest.raises(MemoryBudgetError, match="more pruned draft experts"):
+        plan_memory(config, 4, pruned_experts_per_layer=10)
+
+
+def test_bad_pruned_sets_are_refused(checkpoints):
+    folder = checkpoints["tiny-qwen2-moe"]
+    n = _layers(folder)
+    with pytest.raises(ValueError, match=r"experts \[1\] are both hot and pruned"):
+        load(folder, device="cpu", slots_per_layer=4, hot_experts=[[1, 6]] * n,
+             draft_pruned_experts=[[1]] * n)  # fmt: skip
+    with pytest.raises(ValueError, match="draft_pruned_experts needs a draft"):
+        load(folder, device="cpu", slots_per_layer=4, draft=None, draft_pruned_experts=[[1]] * n)
+    with pytest.raises(ValueError, match=f"draft_pruned_experts needs one list per MoE layer "
+                       f"\\({n} in this"):  # fmt: skip
+        load(folder, device="cpu", slots_per_layer=4, draft_pruned_experts=[[1]] * (n + 1))
+    with pytest.raises(ValueError, match=r"draft_pruned_experts\[0\] must be distinct"):
+        load(folder, device="cpu", slots_per_layer=4, draft_pruned_experts=[[2, 2]] * n)
+    with pytest.raises(ValueError, match=r"pruned_experts must be distinct ids in \[0, 8\)"):
+        load(folder, device="cpu", slots_per_layer=4, draft_pruned_experts=[[9]] * n)
+    with pytest.raises(ValueError, match=r"pruned_experts_per_layer must be an int in \[0, 6\)"):
+        load(folder, device="cpu", slots_per_layer=4, hot_experts=[[1, 6]] * n,
+             draft_pruned_experts=[[0, 2, 3, 4, 5, 7]] * n)  # fmt: skip
+
+
+def test_the_coldest_experts_never_meet_the_hottest():
+    counts = torch.tensor([[5, 1, 1, 9, 1, 0, 3, 1], [2, 2, 2, 2, 2, 2, 2, 2]])
+    assert coldest_experts(counts, 2) == [[5, 7], [6, 7]]  # ties: the higher ids
+    assert hottest_experts(counts, 2) == [[0, 3], [0, 1]]  # ties: the lower ids
+    for h in range(8):
+        for p in range(8 - h):  # h + p < E: one expert stays INT4
+            hot, cold = hottest_experts(counts, h), coldest_experts(counts, p)
+            assert all(not set(a) & set(b) for a, b in zip(hot, cold, strict=True))
+    with pytest.raises(ValueError, match=r"per_layer must be an int in \[0, 8\)"):
+        coldest_experts(counts, 8)
+
+
+def test_choose_hot_experts_plans_every_candidate_with_the_pruned_draft():
+    config = get_preset("deepseek-v2-lite").make_config()
+    gen = torch.Generator().manual_seed(0)
+    skewed = torch.softmax(torch.randn(64, generator=gen) * 2, 0)
+    routes = [
+        torch.multinomial(skewed.expand(26 * 40, 64), 6, generator=gen).view(40, 26, 6)
+        for _ in range(2)
+    ]
+    plain = choose_hot_experts(config, 24, routes, candidates=[0, 36])
+    pruned = choose_hot_experts(config, 24, routes, candidates=[0, 36, 52], pruned_per_layer=14)
+    assert plain.pruned_experts == []
+    assert plain.pruned_per_layer == 0
+    assert pruned.pruned_per_layer == 14
+    assert pruned.pruned_experts == coldest_experts(routing_counts(routes, 64), 14)
+    assert 52 not in pruned.loads  # 52 + 14 >= 64: no INT4 expert left
+    expect = plan_memory(config, 24, hot_experts_per_layer=pruned.per_layer,
+                         pruned_experts_per_layer=14).slots_per_layer  # fmt: skip
+    assert pruned.slots_per_layer == expect
+    if pruned.per_layer:
+        hot = pruned.hot_experts
+        assert all(not set(a) & set(b) for a, b in zip(hot, pruned.pruned_experts, strict=True))
+    assert pruned.as_dict()["pruned_per_layer"] == 14
+    # More slots at the same pins: no more loads in the replay.
+    if 36 in plain.loads and 36 in pruned.loads:
+        assert pruned.loads[36] <= plain.loads[36]
