@@ -4,7 +4,8 @@
 # path, one routed layer at DeepSeek-V2-Lite's shapes (scripts/fused_mlp_probe.py), PDL on
 # and off.
 #
-#   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_fused_mlp_36.sh   (carry .whl)
+#   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_fused_mlp_36.sh   (carry .whl; the kernel and the
+#   probe are in commit e2331c3 only: check it out first)
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)

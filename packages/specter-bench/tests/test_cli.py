@@ -276,7 +276,7 @@ def test_info_prints_the_machine_and_the_memory_plan(capsys):
     assert "with the INT4 draft: does not fit: gpu_memory_gb=4.0 is too small" in out
     assert "without the INT4 draft (generate --depth 0, plain decoding):" in out
     assert "none (no draft: plain decoding)" in out.split("plain decoding):")[1]
-    assert "FP16 expert slots (2/64 per layer x 26 layers)" in out
+    assert "FP16 expert slots (1/64 per layer x 26 layers)" in out
     # 2 GB holds it neither way: both shortfalls, the speculative one first.
     code, _, err = _run(capsys, "info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "2")
     assert code == 2
@@ -520,6 +520,14 @@ def test_info_shows_the_plan_with_a_pinned_hot_set(capsys):
     code, _, err = _run(capsys, *argv, "--hot-experts", "65")
     assert code == 2
     assert "65" in err
+    code, pruned, _ = _run(capsys, *argv, "--hot-experts", "36", "--draft-pruned", "21")
+    assert code == 0
+    assert "INT4 draft experts (7/64 per layer)" in pruned
+    assert re.search(r"experts the draft skips \(pruned, per layer\) +21\n", pruned)
+    assert slots(pruned) > slots(pinned)
+    code, _, err = _run(capsys, *argv, "--hot-experts", "36", "--draft-pruned", "28")
+    assert code == 2
+    assert "pruned_experts_per_layer must be an int in [0, 28)" in err
 
 
 def test_info_counts_a_staging_buffer_as_fixed_state(capsys):
@@ -604,11 +612,16 @@ def test_generate_chooses_a_hot_set_on_the_prompt(capsys, monkeypatch):
     assert code == 0, err
     assert "choosing the hot set on the prompt's routing" in err
     assert seen["routes"][0].shape[0] == len(ids)
+    stats = json.loads(out.strip().splitlines()[-1])
     assert stats["hot_experts_per_layer"] == seen["choice"].per_layer
     assert stats["slots_per_layer"] == seen["choice"].slots_per_layer
-    assert f"hot set: {seen['choice'].per_layer} experts per layer pinned" in err
+    assert stats["draft_pruned_per_layer"] == seen["choice"].pruned_per_layer == 8 // 3
+    assert (
+        f"hot set: {seen['choice'].per_layer} experts per layer pinned, 2 pruned from the draft"
+        in err
+    )
     assert seen["choice"].per_layer > 0  # this prompt and budget: pinning pays
-    assert f"hot_experts={seen['choice'].per_layer})" in err  # the model loaded with it
+    assert f"hot_experts={seen['choice'].per_layer}, pruned=2)" in err  # the model loaded so
 
 
 def test_generate_pins_a_prompt_hot_set_by_default_when_speculating_under_a_budget(capsys):
@@ -648,7 +661,9 @@ def test_generate_pins_a_prompt_hot_set_by_default_when_speculating_under_a_budg
     (default, default_err), (none, none_err) = runs[()], runs[("--hot-experts", "none")]
     assert "the default under a budget, --hot-experts none skips it" in default_err
     assert default["hot_experts_per_layer"] > 0
+    assert default["draft_pruned_per_layer"] == 8 // 3  # auto: a third, under this budget
     assert default["slots_per_layer"] > none["slots_per_layer"]  # no INT4 copy of pinned ones
+    assert none["draft_pruned_per_layer"] == 0  # no hot-set choice: nothing pruned
     assert "choosing the hot set" not in none_err
     assert none["hot_experts_per_layer"] == 0
     code, out, err = _run(capsys, *argv[:6], "0", *argv[7:])  # --depth 0: no draft, no hot set

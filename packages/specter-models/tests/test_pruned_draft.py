@@ -12,6 +12,7 @@ from model_helpers import random_prompt, reference_from_checkpoint, speculate_be
 from specter_kernels import dequantize_int4
 from specter_models import (
     MemoryBudgetError,
+    auto_pruned_per_layer,
     choose_hot_experts,
     coldest_experts,
     get_preset,
@@ -208,3 +209,19 @@ def test_choose_hot_experts_plans_every_candidate_with_the_pruned_draft():
     # More slots at the same pins: no more loads in the replay.
     if 36 in plain.loads and 36 in pruned.loads:
         assert pruned.loads[36] <= plain.loads[36]
+
+
+def test_auto_prunes_a_third_only_under_a_budget_that_leaves_experts_out():
+    assert auto_pruned_per_layer(64, 39) == 21
+    assert auto_pruned_per_layer(16, 5) == 5
+    assert auto_pruned_per_layer(64, 64) == 0  # every expert resident: nothing to buy
+    config = get_preset("deepseek-v2-lite").make_config()
+    gen = torch.Generator().manual_seed(1)
+    routes = [torch.randint(0, 64, (30, 26, 6), generator=gen) for _ in range(2)]
+    at_24 = choose_hot_experts(config, 24, routes, candidates=[0, 36], pruned_per_layer="auto")
+    assert at_24.pruned_per_layer == 21
+    assert at_24.pruned_experts == coldest_experts(routing_counts(routes, 64), 21)
+    unlimited = choose_hot_experts(config, None, routes, pruned_per_layer="auto")
+    assert unlimited.pruned_per_layer == 0
+    with pytest.raises(ValueError, match="pruned_per_layer must be an int >= 0 or 'auto'"):
+        choose_hot_experts(config, 24, routes, pruned_per_layer="all")

@@ -282,6 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
         "set (default: auto when speculating under --gpu-memory-gb, else none)",
     )
     gen.add_argument(
+        "--draft-pruned",
+        type=_auto_or_non_negative_int,
+        default="auto",
+        help="with --hot-experts auto: experts per layer the draft skips, the chosen routing's "
+        "least routed (their INT4 memory buys FP16 slots; the target still computes them, so "
+        "the output is unchanged). Default auto: a third of the experts under a budget that "
+        "leaves some expert without a slot; 0: none. A hot-set FILE prunes nothing",
+    )
+    gen.add_argument(
         "--hot-set-tokens",
         type=_non_negative_int,
         default=32,
@@ -409,11 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--draft-pruned",
-        type=_non_negative_int,
-        default=0,
+        type=_auto_or_non_negative_int,
+        default="auto",
         help="experts per layer the draft of specter (and every system with a hot set) "
-        "skips under a budget: the calibration prompts' least routed; their INT4 memory buys "
-        "FP16 slots, the target still computes them (default 0: none)",
+        "skips: the calibration prompts' least routed; their INT4 memory buys FP16 slots, the "
+        "target still computes them (default auto: a third of the experts under a budget "
+        "that leaves some expert without a slot, none otherwise; 0: none)",
     )
     bench.add_argument(
         "--dtype", default=None, help="default: float16 on a GPU, float32 on a CPU (float64 too)"
@@ -457,6 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_int,
         default=0,
         help="experts per layer pinned as a hot set (they leave the INT4 draft; default 0)",
+    )
+    info.add_argument(
+        "--draft-pruned",
+        type=_non_negative_int,
+        default=0,
+        help="experts per layer the draft skips (no INT4 copy; default 0)",
     )
     info.add_argument(
         "--stream-staging",

@@ -110,7 +110,9 @@ class BenchConfig:
             calibration prompts' most routed experts.
         draft_pruned_per_layer: experts per layer the draft of systems with a hot set skips
             at every budget (``specter_models.load(draft_pruned_experts=)``): the calibration
-            prompts' least routed, whose INT4 memory buys FP16 slots; 0 (default): none.
+            prompts' least routed, whose INT4 memory buys FP16 slots; ``"auto"`` (default):
+            ``specter_models.auto_pruned_per_layer`` (a third of the experts under a budget
+            that leaves some expert without a slot, none otherwise); 0: none.
         sweep_prompts: prompts of the depth and hot-count sweeps (the first ones).
         hot_sweep_counts: pinned experts per layer of the hot-count sweep (None: 0, the
             chosen count and four counts spread over those the budget holds).
@@ -145,7 +147,7 @@ class BenchConfig:
     offload_prompts: int = 1
     calibration_prompts: int = DEFAULT_CALIBRATION_PROMPTS
     hot_experts_per_layer: int | None = None
-    draft_pruned_per_layer: int = 0
+    draft_pruned_per_layer: int | str = "auto"
     sweep_prompts: int = 2
     hot_sweep_counts: tuple[int, ...] | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
@@ -168,10 +170,11 @@ class BenchConfig:
                 f"{self.depth!r} (use --systems lru for decoding without speculation)."
             )
         pruned = self.draft_pruned_per_layer
-        if isinstance(pruned, bool) or not isinstance(pruned, int) or pruned < 0:
+        if pruned != "auto" and (isinstance(pruned, bool) or not isinstance(pruned, int)
+                                 or pruned < 0):  # fmt: skip
             raise ValueError(
-                f"draft_pruned_per_layer must be an int >= 0 (experts per layer the draft "
-                f"skips), got {pruned!r}."
+                f"draft_pruned_per_layer must be an int >= 0 or 'auto' (experts per layer the "
+                f"draft skips), got {pruned!r}."
             )
         for name in ("max_new_tokens", "max_prompt_tokens", "max_depth", "sweep_prompts"):
             value = getattr(self, name)

@@ -137,6 +137,7 @@ class PromptChoice:
             "draft_loads": self.draft_loads,
             "draft_slots_per_layer": self.hot.slots_per_layer,
             "draft_hot_experts_per_layer": self.hot.per_layer,
+            "draft_pruned_per_layer": self.hot.pruned_per_layer,
             "plain_loads": None if self.plain is None else self.plain.loads,
             "plain_slots_per_layer": None if self.plain is None else self.plain.slots_per_layer,
             "routing_tokens": self.routing_tokens,
@@ -153,6 +154,7 @@ def choose_prompt_engine(
     compare_plain: bool = False,
     staging_slots: int = 0,
     continuation_tokens: int = 0,
+    pruned_per_layer: int | str = 0,
 ) -> PromptChoice:
     """Choose the hot set at ``gpu_memory_gb`` on the target's routing of the prompt (and of
     its first ``continuation_tokens`` greedy tokens, decoded plainly by the same load), and
@@ -171,6 +173,8 @@ def choose_prompt_engine(
         staging_slots: the staging buffer plain decoding's plan holds.
         continuation_tokens: greedy tokens to decode after the prompt and route too (0:
             the prompt alone); the load's KV must hold the prompt and them.
+        pruned_per_layer: experts per layer the draft skips, the routing's least routed
+            (``choose_hot_experts``' ``pruned_per_layer``: an int or ``"auto"``).
 
     Returns:
         ``PromptChoice``: ``.hot`` is a ``specter_models.HotExpertChoice`` (``per_layer`` 0:
@@ -211,7 +215,10 @@ def choose_prompt_engine(
         recorder.remove()
         del loaded, recorder
         release_memory()
-    hot = choose_hot_experts(config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len)
+    hot = choose_hot_experts(
+        config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len,
+        pruned_per_layer=pruned_per_layer,
+    )  # fmt: skip
     plain = None
     if compare_plain:
         plain = replay_plain_decoding(

@@ -34,20 +34,22 @@ def describe_machine() -> str:
 
 def run_info(args: argparse.Namespace) -> int:
     """Print the machine and, for ``args.model``, the memory plan at ``args.gpu_memory_gb``
-    (with ``args.hot_experts`` experts per layer pinned and a staging buffer of
-    ``args.stream_staging`` experts)."""
+    (with ``args.hot_experts`` experts per layer pinned, ``args.draft_pruned`` pruned from the
+    draft and a staging buffer of ``args.stream_staging`` experts)."""
     from specter_models import MemoryBudgetError, plan_memory
 
     print(describe_machine())
     config = model_config(args.model)
     kwargs = {} if args.max_seq_len is None else {"max_seq_len": args.max_seq_len}
     hot = getattr(args, "hot_experts", 0)
+    pruned = getattr(args, "draft_pruned", 0)
     staging = getattr(args, "stream_staging", 0)
     budget = args.gpu_memory_gb
     try:
         plan = plan_memory(
-            config, budget, hot_experts_per_layer=hot, staging_slots=staging, **kwargs
-        )
+            config, budget, hot_experts_per_layer=hot, staging_slots=staging,
+            pruned_experts_per_layer=pruned, **kwargs,
+        )  # fmt: skip
     except MemoryBudgetError as exc:
         plan, too_small = None, exc
     plain, plain_short = plain_plan(config, budget, staging_slots=staging, **kwargs)

@@ -108,6 +108,7 @@ def generation_summary(loaded: Any, stats: Any, peak_gpu_bytes: int | None) -> d
         "stream_staging": getattr(loaded, "stream_staging", 0),
         "slots_per_layer": loaded.memory.plan.slots_per_layer,
         "hot_experts_per_layer": loaded.memory.plan.hot_experts_per_layer,
+        "draft_pruned_per_layer": loaded.memory.plan.pruned_experts_per_layer,
         "num_experts": loaded.memory.plan.num_experts,
         "peak_gpu_memory_gb": peak_gpu_bytes / 1e9 if peak_gpu_bytes else None,
         "device": str(loaded.device),
@@ -139,6 +140,7 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         ("staged experts per layer (cap)", summary["stream_staging"]),
         ("expert slots per layer", f"{summary['slots_per_layer']}/{summary['num_experts']}"),
         ("pinned hot experts per layer", summary["hot_experts_per_layer"]),
+        ("pruned draft experts per layer", summary.get("draft_pruned_per_layer", 0)),
         ("peak GPU memory (GB)", summary["peak_gpu_memory_gb"]),
         ("CUDA graphs captured ahead", summary.get("graphs_captured")),
         ("graph capture s (not in TPOT)", summary.get("graph_capture_s")),
@@ -340,7 +342,11 @@ def run_generate(args: argparse.Namespace) -> int:
         raise ValueError("give --gpu-memory-gb or --slots-per-layer, not both.")
     max_seq_len = min(limit or need, -(-need // 64) * 64)
 
-    def load(with_draft: bool, hot: list[list[int]] | None = None):
+    def load(
+        with_draft: bool,
+        hot: list[list[int]] | None = None,
+        pruned: list[list[int]] | None = None,
+    ):
         return load_engine(
             args.model,
             budget_gb=args.gpu_memory_gb,
@@ -353,6 +359,7 @@ def run_generate(args: argparse.Namespace) -> int:
             max_seq_len=max_seq_len,
             options=EngineOptions.from_args(args),
             hot_experts=hot,
+            draft_pruned_experts=pruned,
         )
 
     # Plain decoding (--depth 0) loads no INT4 draft: its memory goes to FP16 expert slots.
@@ -385,7 +392,7 @@ def run_generate(args: argparse.Namespace) -> int:
             staging_slots=args.stream_staging,
         ),
     )  # fmt: skip
-    hot = None
+    hot = pruned = None
     auto_choice = None
     choice_s = None
     if args.hot_experts == "auto":
@@ -419,6 +426,7 @@ def run_generate(args: argparse.Namespace) -> int:
                 lambda: load(with_draft=False), args.gpu_memory_gb, ids, dtype=dtype,
                 max_seq_len=max_seq_len, compare_plain=compare_plain,
                 staging_slots=args.stream_staging, continuation_tokens=continuation,
+                pruned_per_layer=getattr(args, "draft_pruned", "auto"),
             )  # fmt: skip
             choice = prompt_choice.hot
         except MemoryBudgetError:
@@ -449,10 +457,16 @@ def run_generate(args: argparse.Namespace) -> int:
         if choice is not None:
             print(
                 f"hot set: {choice.per_layer} experts per layer pinned, "
-                f"{choice.slots_per_layer} slots per layer",
+                + (
+                    f"{choice.pruned_per_layer} pruned from the draft, "
+                    if choice.pruned_per_layer
+                    else ""
+                )
+                + f"{choice.slots_per_layer} slots per layer",
                 file=sys.stderr,
             )
             hot = choice.hot_experts if choice.per_layer else None
+            pruned = choice.pruned_experts or None
     elif args.hot_experts is not None:
         hot = read_hot_experts(args.hot_experts, args.gpu_memory_gb)
     print(f"loading {args.model} on {device} ...", file=sys.stderr)
@@ -463,7 +477,7 @@ def run_generate(args: argparse.Namespace) -> int:
         staging_slots=args.stream_staging,
     )  # fmt: skip
     try:
-        loaded = load(with_draft=speculate, hot=hot)
+        loaded = load(with_draft=speculate, hot=hot, pruned=pruned if speculate else None)
     except MemoryBudgetError as exc:
         if not speculate:
             raise

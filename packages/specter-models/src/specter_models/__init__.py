@@ -10,6 +10,7 @@ from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.hot_experts import (
     HotExpertChoice,
     PlainReplay,
+    auto_pruned_per_layer,
     choose_hot_experts,
     coldest_experts,
     hottest_experts,
@@ -68,6 +69,7 @@ __all__ = [
     "TargetModel",
     "__version__",
     "architecture_for",
+    "auto_pruned_per_layer",
     "build_reference_model",
     "choose_cutoff",
     "choose_hot_experts",

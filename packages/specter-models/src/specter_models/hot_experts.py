@@ -35,8 +35,10 @@ from specter_models.memory_plan import (
 )
 
 __all__ = [
+    "AUTO_PRUNED_FRACTION",
     "HotExpertChoice",
     "PlainReplay",
+    "auto_pruned_per_layer",
     "choose_hot_experts",
     "coldest_experts",
     "hottest_experts",
@@ -109,6 +111,19 @@ def coldest_experts(counts: torch.Tensor, per_layer: int) -> list[list[int]]:
     return [sorted(row.tolist()) for row in order[:, E - per_layer :]]
 
 
+AUTO_PRUNED_FRACTION = 3
+"""``pruned_per_layer="auto"`` prunes ``E // 3`` experts per layer under a budget that leaves
+some expert without a slot. On DeepSeek-V2-Lite at 24 GB (random weights, H200, 3 HumanEval
+prompts x 64 tokens, one process an arm): pruning 0 / 14 / 21 of 64 took ``specter`` 8.72 /
+7.30 / 6.59 ms a token (39 / 45 / 46 slots, acceptance 0.97 / 0.86 / 0.79)."""
+
+
+def auto_pruned_per_layer(num_experts: int, slots_per_layer: int) -> int:
+    """The ``"auto"`` pruned count: ``E // 3`` when ``slots_per_layer < E`` (a budget that
+    cannot hold every expert, where the INT4 memory buys slots), else 0."""
+    return num_experts // AUTO_PRUNED_FRACTION if slots_per_layer < num_experts else 0
+
+
 @dataclass(frozen=True)
 class HotExpertChoice:
     """A hot set chosen for one budget.
@@ -162,7 +177,7 @@ def choose_hot_experts(
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
     draft_group_size: int | None = None,
-    pruned_per_layer: int = 0,
+    pruned_per_layer: int | str = 0,
 ) -> HotExpertChoice:
     """Pick ``h`` and the hot sets for ``load(..., hot_experts=)`` at a budget.
 
@@ -188,7 +203,9 @@ def choose_hot_experts(
             plan holds ``E - h - p`` INT4 experts, candidates with ``h + p >= E`` are
             skipped, and the choice names the ``p`` least routed experts of the whole
             calibration routing (``coldest_experts``). The replay counts loads only (the
-            draft's acceptance, which pruning lowers, is not modelled).
+            draft's acceptance, which pruning lowers, is not modelled). ``"auto"``:
+            :func:`auto_pruned_per_layer` (``E // 3`` under a budget that leaves some expert
+            without a slot, else 0).
 
     Raises:
         ValueError: no calibration routing, one of fewer than two tokens alone, or a
@@ -206,6 +223,16 @@ def choose_hot_experts(
             hot_experts_per_layer=h, pruned_experts_per_layer=pruned_per_layer,
         )  # fmt: skip
 
+    if pruned_per_layer == "auto":
+        unpruned = plan_memory(
+            config, gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
+            max_verify_rows=max_verify_rows, draft_group_size=draft_group_size,
+        )  # fmt: skip
+        pruned_per_layer = auto_pruned_per_layer(unpruned.num_experts, unpruned.slots_per_layer)
+    elif isinstance(pruned_per_layer, str):
+        raise ValueError(
+            f"pruned_per_layer must be an int >= 0 or 'auto', got {pruned_per_layer!r}"
+        )
     base = plan(0)
     E, L = base.num_experts, base.num_moe_layers
     pruned = (
