@@ -51,3 +51,17 @@ def test_malformed_files_are_reported(tmp_path, text, message):
         read_hot_experts(path)
     with pytest.raises(FileNotFoundError, match="no such file"):
         read_hot_experts(tmp_path / "missing.json")
+
+
+def test_plain_decoding_wins_only_where_its_in_place_reads_cost_less_link_time():
+    from specter_bench.hot_sets import IN_PLACE_READ_COST, PromptChoice
+    from specter_models import HotExpertChoice, PlainReplay
+
+    hot = HotExpertChoice(4, [[0, 1, 2, 3]], 6, loads={4: 150})
+    # 100 plain loads cost 165 of the draft's at 1.65: more than its 150, so speculate
+    assert IN_PLACE_READ_COST == 1.65  # the rate ratio the comments below assume
+    speculative = PromptChoice(hot, PlainReplay(8, 100))
+    assert not speculative.decode_plainly
+    assert speculative.as_dict()["decoded"] == "speculative"
+    assert PromptChoice(hot, PlainReplay(8, 90)).decode_plainly  # 148.5 < 150
+    assert not PromptChoice(hot, None).decode_plainly  # nothing compared

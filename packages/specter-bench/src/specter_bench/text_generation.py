@@ -18,7 +18,12 @@ import torch
 
 from specter_bench.bench_command import parse_dtype
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
-from specter_bench.hot_sets import CONTINUATION_TOKENS, choose_prompt_engine, read_hot_experts
+from specter_bench.hot_sets import (
+    CONTINUATION_TOKENS,
+    IN_PLACE_READ_COST,
+    choose_prompt_engine,
+    read_hot_experts,
+)
 from specter_bench.memory_info import budget_plan, neither_fits, plain_plan
 from specter_bench.model_loading import (
     FILL_CANDIDATES,
@@ -441,7 +446,8 @@ def run_generate(args: argparse.Namespace) -> int:
                 f"{prompt_choice.draft_loads} experts with the "
                 f"draft ({choice.slots_per_layer} slots a layer, {choice.per_layer} pinned) and "
                 f"{prompt_choice.plain.loads} without it ({prompt_choice.plain.slots_per_layer} "
-                "slots a layer): "
+                f"slots a layer, each read in place: {IN_PLACE_READ_COST} of the draft's "
+                "loads in link time): "
                 + (
                     "decoding plainly, without the INT4 draft (--keep-draft speculates anyway)"
                     if prompt_choice.decode_plainly
