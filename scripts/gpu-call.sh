@@ -120,3 +120,16 @@ w4a16_configs.gemv_configs = _legacy
 print("legacy gemv tiles patched in", flush=True)
 PY
 }
+
+# hot_set_records FILE...: each bench results FILE's hot set records on one line: pinned
+# experts per layer, pruned from the draft, slots per layer.
+hot_set_records() {
+    local f
+    for f in "$@"; do
+        grep -h '"hot_experts"' "$f" | python3 -c "import json, sys
+for line in sys.stdin:
+    d = json.loads(line)['data']
+    print(sys.argv[1], 'pinned', d['per_layer'], 'pruned', d.get('pruned_per_layer'),
+          'slots', d['slots_per_layer'])" "$(basename "$f")"
+    done
+}

@@ -14,10 +14,4 @@ echo "== DeepSeek 24 GB at $(($(date +%s) - begin)) s"
 memory_records "$out/bench-deepseek-v2-lite-cells36-24gb.jsonl"
 model_cells qwen1.5-moe 220 20 specter,lru cells36-qwen-20gb 3.4
 echo "== Qwen 20 GB at $(($(date +%s) - begin)) s"
-for f in "$out"/bench-*cells36*.jsonl; do
-    grep -h '"hot_experts"' "$f" | python3 -c "import json,sys
-for line in sys.stdin:
-    d = json.loads(line)['data']
-    print('$(basename "$f")', 'pinned', d['per_layer'], 'pruned', d.get('pruned_per_layer'),
-          'slots', d['slots_per_layer'])"
-done
+hot_set_records "$out"/bench-*cells36*.jsonl

@@ -13,9 +13,7 @@ for arm in ${PRUNED_ARMS:-14:specter,lru 21:specter 0:specter}; do
     count=${arm%%:*}
     systems=${arm#*:}
     tpot_cells 230 24 "$systems" "pruned36-$count-24gb" 3.6 --draft-pruned "$count"
-    grep -h '"hot_experts"' "$out/bench-deepseek-v2-lite-pruned36-$count-24gb.jsonl" \
-        | python3 -c "import json,sys; d=json.loads(sys.stdin.readline())['data']; \
-print('pinned', d['per_layer'], 'pruned', d.get('pruned_per_layer'), 'slots', d['slots_per_layer'])"
+    hot_set_records "$out/bench-deepseek-v2-lite-pruned36-$count-24gb.jsonl"
     echo "== pruned $count at $(($(date +%s) - begin)) s"
 done
 if [ -z "${SKIP_TESTS:-}" ]; then

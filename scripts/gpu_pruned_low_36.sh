@@ -15,10 +15,4 @@ done
 tpot_cells 240 16 specter,lru pruned36-16gb 3.8
 echo "== DeepSeek 16 GB at $(($(date +%s) - begin)) s"
 memory_records "$out/bench-deepseek-v2-lite-pruned36-16gb.jsonl"
-for f in "$out"/bench-*pruned36*.jsonl; do
-    grep -h '"hot_experts"' "$f" | python3 -c "import json,sys
-for line in sys.stdin:
-    d = json.loads(line)['data']
-    print('$(basename "$f")', 'pinned', d['per_layer'], 'pruned', d.get('pruned_per_layer'),
-          'slots', d['slots_per_layer'])"
-done
+hot_set_records "$out"/bench-*pruned36*.jsonl

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from specter_kernels import dequantize_int4
 from specter_models import architecture_for, get_preset
 
 TINY_ARCHS = ("tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe")
@@ -131,3 +132,30 @@ def record_invariant_gemms(weight_ptrs: set[int]) -> list[torch.Size]:
 
     invariant_scopes.invariant_linear = counted
     return recorded
+
+
+def draft_experts_in_float64(lm, x, ids, weights):
+    """``[T, H]`` float64: layer 0's draft experts as they should compute ``x`` routed to
+    ``ids`` with ``weights``: hot experts from their FP16 slots, the others' dequantized INT4
+    copies, pruned ones skipped (the reference for the fp16 kernels of a hot or pruned
+    draft)."""
+    module = lm.experts[0]
+    skipped = set(module.hot_experts) | set(module.pruned_experts)
+    cold = [e for e in range(module.num_experts) if e not in skipped]
+    slots = lm.cache.slot_tensors(0)
+    expected = torch.zeros(x.shape[0], module.hidden_dim, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if e in module.pruned_experts:
+                continue
+            if e in module.hot_experts:
+                slot = lm.cache.slot_of(0, e)
+                gate_up, down = slots["gate_up"][slot].double(), slots["down"][slot].double()
+            else:
+                entry = cold.index(e)
+                gate_up = dequantize_int4(module.draft_gate_up.experts(entry))[0].double()
+                down = dequantize_int4(module.draft_down.experts(entry))[0].double()
+            gate, up = (x[t].double() @ gate_up.T).chunk(2)
+            expected[t] += weights[t, j] * (down @ (torch.nn.functional.silu(gate) * up))
+    return expected

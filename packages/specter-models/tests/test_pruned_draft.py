@@ -8,7 +8,12 @@ import re
 import pytest
 import torch
 
-from model_helpers import random_prompt, reference_from_checkpoint, speculate_beside_transformers
+from model_helpers import (
+    draft_experts_in_float64,
+    random_prompt,
+    reference_from_checkpoint,
+    speculate_beside_transformers,
+)
 from specter_kernels import dequantize_int4
 from specter_models import (
     MemoryBudgetError,
@@ -98,22 +103,7 @@ def test_fp16_pruned_draft_skips_the_pruned_pairs_in_the_kernels(checkpoints, ar
     weights = torch.rand(5, k)
     with lm.runtime.running(ExpertsMode.DRAFT):
         got = module(x, ids, weights).double()
-    cold = [e for e in range(8) if e not in HOT and e not in PRUNED]
-    slots = lm.cache.slot_tensors(0)
-    expected = torch.zeros(5, H, dtype=torch.float64)
-    for t in range(5):
-        for j in range(k):
-            e = int(ids[t, j])
-            if e in PRUNED:
-                continue
-            if e in HOT:
-                slot = lm.cache.slot_of(0, e)
-                gate_up, down = slots["gate_up"][slot].double(), slots["down"][slot].double()
-            else:
-                gate_up = dequantize_int4(module.draft_gate_up.experts(cold.index(e)))[0].double()
-                down = dequantize_int4(module.draft_down.experts(cold.index(e)))[0].double()
-            gate, up = (x[t].double() @ gate_up.T).chunk(2)
-            expected[t] += weights[t, j] * (down @ (torch.nn.functional.silu(gate) * up))
+    expected = draft_experts_in_float64(lm, x, ids, weights)
     assert (got - expected).norm() < 5e-3 * expected.norm()
 
 
