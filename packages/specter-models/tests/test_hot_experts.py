@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from model_helpers import (
-    draft_experts_in_float64,
     random_prompt,
     reference_from_checkpoint,
     speculate_beside_transformers,
@@ -25,7 +24,6 @@ from specter_models import (
     routing_counts,
 )
 from specter_models.architecture import find_moe_layers
-from specter_models.experts_runtime import ExpertsMode
 from specter_models.int4_draft import int4_expert_bytes
 
 HOT = (1, 6)  # pinned in every layer of the tiny models (8 experts each)
@@ -121,23 +119,6 @@ def test_a_budget_buys_more_slots_with_a_hot_set():
         plan_memory(config, 24, hot_experts_per_layer=64)
     with pytest.raises(ValueError, match=r"slots_per_layer must be an int in \[3, 64\]"):
         plan_memory(config, slots_per_layer=2, hot_experts_per_layer=2)
-
-
-def test_fp16_hot_draft_runs_the_kernels_like_the_float64_experts(checkpoints, arch_name):
-    # float16 runs the skip-pairs INT4 kernel and the grouped FP16 kernel over the slots (their
-    # torch references on the CPU); one layer's experts on fixed routing, against float64.
-    folder = checkpoints[arch_name]
-    lm = _hot_load(folder, torch.float16, 4)
-    module = lm.experts[0]
-    H, k = module.hidden_dim, lm.config.num_experts_per_tok
-    x = torch.randn(5, H).half()
-    ids = torch.stack([torch.randperm(8)[:k] for _ in range(5)])
-    ids[0, 0] = HOT[0]  # hot and cold pairs in one token
-    weights = torch.rand(5, k)
-    with lm.runtime.running(ExpertsMode.DRAFT):
-        got = module(x, ids, weights).double()
-    expected = draft_experts_in_float64(lm, x, ids, weights)
-    assert (got - expected).norm() < 5e-3 * expected.norm()
 
 
 def test_bad_hot_sets_are_refused(checkpoints):

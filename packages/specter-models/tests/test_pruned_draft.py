@@ -89,12 +89,19 @@ def test_greedy_speculation_with_a_pruned_draft_equals_transformers_generate(
     assert result.stats.proposed > 0
 
 
-def test_fp16_pruned_draft_skips_the_pruned_pairs_in_the_kernels(checkpoints, arch_name):
-    # float16 runs the skip-pairs INT4 kernel (and the grouped FP16 kernel for hot pairs);
-    # a token routed to a pruned, a hot and cold experts, against float64 sums that leave the
-    # pruned pairs out.
+@pytest.mark.parametrize("pruned", [True, False], ids=["hot-and-pruned", "hot"])
+def test_fp16_hot_and_pruned_drafts_run_the_kernels_like_float64_experts(
+    checkpoints, arch_name, pruned
+):
+    # float16 runs the skip-pairs INT4 kernel and the grouped FP16 kernel over the hot slots
+    # (their torch references on the CPU): a token routed to a pruned, a hot and cold
+    # experts, against float64 sums that leave the pruned pairs out.
     folder = checkpoints[arch_name]
-    lm = _pruned_load(folder, torch.float16, 4)
+    n = _layers(folder)
+    lm = load(
+        folder, device="cpu", dtype=torch.float16, slots_per_layer=4,
+        hot_experts=[list(HOT)] * n, draft_pruned_experts=[list(PRUNED)] * n if pruned else None,
+    )  # fmt: skip
     module = lm.experts[0]
     H, k = module.hidden_dim, lm.config.num_experts_per_tok
     x = torch.randn(5, H).half()
