@@ -563,6 +563,49 @@ def test_generate_pins_a_hot_set_from_a_file(capsys, tmp_path):
     assert "one list per MoE layer" in err
 
 
+def test_generate_takes_a_hot_set_files_pruned_experts(capsys, tmp_path):
+    config = specter_models.preset_config("tiny-deepseek-v2")
+    layers = config.num_hidden_layers - config.first_k_dense_replace
+    path = tmp_path / "hot.jsonl"  # a bench results file's hot set record
+    record = {
+        "kind": "hot_experts",
+        "budget_gb": None,
+        "data": {"hot_experts": [[0, 1]] * layers, "pruned_experts": [[5, 7]] * layers},
+    }
+    path.write_text(json.dumps(record) + "\n")
+    argv = (
+        "generate",
+        "--model",
+        "tiny-deepseek-v2",
+        "--max-new-tokens",
+        "3",
+        "--depth",
+        "2",
+        "--slots-per-layer",
+        "4",
+        "--hot-experts",
+        str(path),
+        "--json",
+        "--no-stream",
+        "hi",
+    )
+    runs = {}
+    for asked in ("auto", "0", "2"):
+        code, out, err = _run(capsys, *argv, "--draft-pruned", asked)
+        assert code == 0, err
+        runs[asked] = json.loads(out.strip().splitlines()[-1])
+    assert runs["auto"]["draft_pruned_per_layer"] == runs["2"]["draft_pruned_per_layer"] == 2
+    assert runs["0"]["draft_pruned_per_layer"] == 0
+    assert runs["auto"]["hot_experts_per_layer"] == runs["0"]["hot_experts_per_layer"] == 2
+    code, _, err = _run(capsys, *argv, "--draft-pruned", "3")
+    assert code == 2
+    assert "that file names 2 pruned experts per layer" in err
+    path.write_text(json.dumps({"hot_experts": [[0, 1]] * layers}))  # none named: none pruned
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["draft_pruned_per_layer"] == 0
+
+
 def test_generate_chooses_a_hot_set_on_the_prompt(capsys, monkeypatch):
     config = specter_models.preset_config("tiny-deepseek-v2")
     plan = specter_models.plan_memory(

@@ -65,3 +65,22 @@ def test_plain_decoding_wins_only_where_its_in_place_reads_cost_less_link_time()
     assert speculative.as_dict()["decoded"] == "speculative"
     assert PromptChoice(hot, PlainReplay(8, 90)).decode_plainly  # 148.5 < 150
     assert not PromptChoice(hot, None).decode_plainly  # nothing compared
+
+
+def test_a_hot_set_file_gives_its_pruned_experts_beside_the_hot_set(tmp_path):
+    from specter_bench.hot_sets import read_hot_set
+
+    path = tmp_path / "run.jsonl"
+    record = _record(24.0, [[0, 1], [2, 3]])
+    record["data"]["pruned_experts"] = [[6, 7], [5, 7]]
+    path.write_text(json.dumps(record) + "\n")
+    assert read_hot_set(path, 24.0) == ([[0, 1], [2, 3]], [[6, 7], [5, 7]])
+    record["data"]["pruned_experts"] = [[], []]  # a record of a run that pruned nothing
+    path.write_text(json.dumps(record) + "\n")
+    assert read_hot_set(path, 24.0) == ([[0, 1], [2, 3]], None)
+    bare = tmp_path / "hot.json"
+    bare.write_text(json.dumps([[0, 1]]))
+    assert read_hot_set(bare) == ([[0, 1]], None)
+    bare.write_text(json.dumps({"hot_experts": [[0, 1]], "pruned_experts": [[-1]]}))
+    with pytest.raises(ValueError, match="ints >= 0"):
+        read_hot_set(bare)

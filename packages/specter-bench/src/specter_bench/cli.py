@@ -285,10 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft-pruned",
         type=_auto_or_non_negative_int,
         default="auto",
-        help="with --hot-experts auto: experts per layer the draft skips, the chosen routing's "
-        "least routed (their INT4 memory buys FP16 slots; the target still computes them, so "
-        "the output is unchanged). Default auto: a third of the experts under a budget that "
-        "leaves some expert without a slot; 0: none. A hot-set FILE prunes nothing",
+        help="experts per layer the draft skips (their INT4 memory buys FP16 slots; the "
+        "target still computes them, so the output is unchanged). With --hot-experts auto "
+        "the chosen routing's least routed: default auto, a third of the experts under a "
+        "budget that leaves some expert without a slot; 0: none. With a hot-set FILE: the "
+        "file's pruned experts (auto), none (0), or N if the file names N",
     )
     gen.add_argument(
         "--hot-set-tokens",

@@ -32,6 +32,7 @@ __all__ = [
     "PromptChoice",
     "choose_prompt_engine",
     "read_hot_experts",
+    "read_hot_set",
 ]
 
 CONTINUATION_TOKENS = 32
@@ -54,7 +55,17 @@ def _as_hot_set(value: Any, path: Path) -> list[list[int]]:
 
 
 def read_hot_experts(path: str | Path, budget_gb: float | None = None) -> list[list[int]]:
-    """The hot set stored in ``path``.
+    """The hot set stored in ``path`` (see :func:`read_hot_set`, which also gives the pruned
+    experts stored beside it)."""
+    return read_hot_set(path, budget_gb)[0]
+
+
+def read_hot_set(
+    path: str | Path, budget_gb: float | None = None
+) -> tuple[list[list[int]], list[list[int]] | None]:
+    """``(hot set, pruned experts)`` stored in ``path``; the pruned experts are None when
+    the file names none (a bare list, a JSON object without ``pruned_experts``, a record
+    written before the pruned draft).
 
     Args:
         path: a ``specter bench`` results file (JSON lines), a JSON object with a
@@ -78,9 +89,9 @@ def read_hot_experts(path: str | Path, budget_gb: float | None = None) -> list[l
     except json.JSONDecodeError:
         whole = None
     if isinstance(whole, list):
-        return _as_hot_set(whole, path)
+        return _as_hot_set(whole, path), None
     if isinstance(whole, dict) and "hot_experts" in whole:
-        return _as_hot_set(whole["hot_experts"], path)
+        return _as_hot_set(whole["hot_experts"], path), _pruned_of(whole, path)
     records = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -106,7 +117,16 @@ def read_hot_experts(path: str | Path, budget_gb: float | None = None) -> list[l
             f"{path} holds hot sets at several budgets ({budgets}); give --gpu-memory-gb "
             "to pick one"
         )
-    return _as_hot_set(records[-1]["data"]["hot_experts"], path)
+    data = records[-1]["data"]
+    return _as_hot_set(data["hot_experts"], path), _pruned_of(data, path)
+
+
+def _pruned_of(data: dict, path: Path) -> list[list[int]] | None:
+    """A hot set record's pruned experts (None: none named, or an empty list per layer)."""
+    pruned = data.get("pruned_experts")
+    if not pruned or not any(pruned):
+        return None
+    return _as_hot_set(pruned, path)
 
 
 IN_PLACE_READ_COST = 1.65

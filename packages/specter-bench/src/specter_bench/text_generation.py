@@ -22,7 +22,7 @@ from specter_bench.hot_sets import (
     CONTINUATION_TOKENS,
     IN_PLACE_READ_COST,
     choose_prompt_engine,
-    read_hot_experts,
+    read_hot_set,
 )
 from specter_bench.memory_info import budget_plan, neither_fits, plain_plan
 from specter_bench.model_loading import (
@@ -270,6 +270,29 @@ def capture_decode_graphs(loaded: Any, *, prompt_length: int, speculate: bool) -
     return {"graphs_captured": count, "graph_capture_s": seconds}
 
 
+def _pruned_from_file(
+    stored: list[list[int]] | None, asked: int | str, args: argparse.Namespace
+) -> list[list[int]] | None:
+    """The pruned experts of a hot-set FILE's decode: the file's own with ``--draft-pruned
+    auto`` (none if it names none), none with 0, and with a count the file's if it names
+    that many (no routing here to choose others on)."""
+    from specter_bench.cli import CommandError
+
+    if asked == "auto":
+        return stored
+    if asked == 0:
+        return None
+    have = len(stored[0]) if stored else 0
+    if have != asked:
+        raise CommandError(
+            f"--draft-pruned {asked} with --hot-experts {args.hot_experts}: that file names "
+            f"{have} pruned experts per layer, and a hot-set file gives no routing to choose "
+            "others on. Give --draft-pruned auto (the file's) or 0, or --hot-experts auto to "
+            "choose on the prompt."
+        )
+    return stored
+
+
 def generate_hot_experts(
     choice: str | None,
     *,
@@ -474,7 +497,8 @@ def run_generate(args: argparse.Namespace) -> int:
             hot = choice.hot_experts if choice.per_layer else None
             pruned = choice.pruned_experts or None
     elif args.hot_experts is not None:
-        hot = read_hot_experts(args.hot_experts, args.gpu_memory_gb)
+        hot, stored = read_hot_set(args.hot_experts, args.gpu_memory_gb)
+        pruned = _pruned_from_file(stored, getattr(args, "draft_pruned", "auto"), args)
     print(f"loading {args.model} on {device} ...", file=sys.stderr)
     started = time.perf_counter()
     # The draftless plan (None: no budget, or it does not fit): a hint when only it fits.
