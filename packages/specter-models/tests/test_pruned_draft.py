@@ -220,5 +220,11 @@ def test_auto_prunes_a_third_only_under_a_budget_that_leaves_experts_out():
     assert at_24.pruned_experts == coldest_experts(routing_counts(routes, 64), 21)
     unlimited = choose_hot_experts(config, None, routes, pruned_per_layer="auto")
     assert unlimited.pruned_per_layer == 0
+    # 10 GB cannot hold the whole INT4 draft beside one slot a layer; the pruned one fits.
+    with pytest.raises(MemoryBudgetError):
+        plan_memory(config, 10)
+    tight = choose_hot_experts(config, 10, routes, candidates=[0], pruned_per_layer="auto")
+    assert tight.pruned_per_layer == 21
+    assert tight.slots_per_layer >= 1
     with pytest.raises(ValueError, match="pruned_per_layer must be an int >= 0 or 'auto'"):
         choose_hot_experts(config, 24, routes, pruned_per_layer="all")

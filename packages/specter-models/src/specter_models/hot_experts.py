@@ -224,11 +224,16 @@ def choose_hot_experts(
         )  # fmt: skip
 
     if pruned_per_layer == "auto":
-        unpruned = plan_memory(
-            config, gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
-            max_verify_rows=max_verify_rows, draft_group_size=draft_group_size,
-        )  # fmt: skip
-        pruned_per_layer = auto_pruned_per_layer(unpruned.num_experts, unpruned.slots_per_layer)
+        try:
+            unpruned = plan_memory(
+                config, gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
+                max_verify_rows=max_verify_rows, draft_group_size=draft_group_size,
+            )  # fmt: skip
+            E, slots = unpruned.num_experts, unpruned.slots_per_layer
+        except MemoryBudgetError:  # the whole draft does not fit: a pruned one may
+            E = plan_memory(config, slots_per_layer=1, dtype=dtype).num_experts
+            slots = 0
+        pruned_per_layer = auto_pruned_per_layer(E, slots)
     elif isinstance(pruned_per_layer, str):
         raise ValueError(
             f"pruned_per_layer must be an int >= 0 or 'auto', got {pruned_per_layer!r}"
