@@ -345,3 +345,30 @@ def test_experiment_tables_name_the_run_of_each_row_when_runs_repeat_them():
         assert len(lines) == 2 + 2 * (len(alone.splitlines()) - 2), table.__name__
         assert sum("2026-12-04T06:00 bfb22bc" in line for line in lines[2:]) * 2 == len(lines) - 2
         assert sum("2026-12-03T10:00 abc1234" in line for line in lines[2:]) * 2 == len(lines) - 2
+
+
+def test_memory_and_hot_set_tables_name_a_pruned_draft():
+    from specter_bench.tables import hot_experts_table, memory_table
+
+    def memory(**data):
+        return {"kind": "memory", "model": "deepseek-v2-lite", "budget_gb": 24.0,
+                "data": {"slots_per_layer": 45, **data}}  # fmt: skip
+
+    drafts = [
+        memory(with_draft=True, hot_experts_per_layer=40, pruned_experts_per_layer=21),
+        memory(with_draft=True, hot_experts_per_layer=36),  # a record from before pruning
+        memory(with_draft=False),
+    ]
+    rows = memory_table(drafts).splitlines()[2:]
+    assert [row.split("|")[3].strip() for row in rows] == [
+        "int4 + 40 hot, 21 pruned",
+        "int4 + 36 hot",
+        "none",
+    ]
+    hot = {"kind": "hot_experts", "model": "deepseek-v2-lite", "budget_gb": 24.0,
+           "data": {"per_layer": 40, "pruned_per_layer": 21, "slots_per_layer": 45,
+                    "window": 5, "loads": {"40": 7}}}  # fmt: skip
+    header, _, row = hot_experts_table([hot]).splitlines()
+    cells = dict(zip(header.split("|"), row.split("|"), strict=True))
+    assert cells[" pruned/layer "].strip() == "21"
+    assert cells[" slots/layer "].strip() == "45"

@@ -472,6 +472,7 @@ class BenchRunner:
                         "with_draft": stage.with_draft,
                         "policy": stage.policy,
                         "hot_experts_per_layer": plan["hot_experts_per_layer"],
+                        "pruned_experts_per_layer": plan.get("pruned_experts_per_layer", 0),
                         "non_expert_gb": plan["non_expert_bytes"] / GB,
                         "draft_gb": plan["draft_int4_bytes"] / GB,
                         "kv_gb": plan["kv_cache_bytes"] / GB,

@@ -688,11 +688,14 @@ def memory_table(records: Iterable[dict[str, Any]]) -> str:
 
 
 def _draft_label(data: dict[str, Any]) -> str:
-    """``int4``, ``int4 + h hot`` (a pinned hot set) or ``none`` (a target-only load)."""
+    """``int4``, ``int4 + h hot`` (a pinned hot set), ``..., p pruned`` (experts the draft
+    skips) or ``none`` (a target-only load)."""
     if not data.get("with_draft", True):
         return "none"
     hot = data.get("hot_experts_per_layer") or 0
-    return f"int4 + {hot} hot" if hot else "int4"
+    pruned = data.get("pruned_experts_per_layer") or 0
+    label = f"int4 + {hot} hot" if hot else "int4"
+    return f"{label}, {pruned} pruned" if pruned else label
 
 
 def hot_experts_table(records: Iterable[dict[str, Any]]) -> str:
@@ -708,14 +711,15 @@ def hot_experts_table(records: Iterable[dict[str, Any]]) -> str:
                 r["model"],
                 budget_label(r["budget_gb"]),
                 d["per_layer"],
+                d.get("pruned_per_layer", 0),
                 d["slots_per_layer"],
                 d.get("window"),
                 ", ".join(d.get("calibration_prompts", [])),
                 loads,
             ]
         )
-    headers = ["model", "budget", "pinned/layer", "slots/layer", "window", "calibration",
-               "replayed loads (pinned: loads)"]  # fmt: skip
+    headers = ["model", "budget", "pinned/layer", "pruned/layer", "slots/layer", "window",
+               "calibration", "replayed loads (pinned: loads)"]  # fmt: skip
     return markdown_table(*_with_record_runs(headers, rows, recs))
 
 
