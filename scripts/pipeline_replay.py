@@ -29,7 +29,6 @@ Prints loads a committed token per policy and depth, the mean over the measured 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import random
 import statistics
@@ -39,7 +38,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from policy_replay import decayed_counts, layer_counts, prefill_state_lru, split_dump, top
+from policy_replay import (
+    decayed_counts,
+    layer_counts,
+    prefill_state_lru,
+    replay_parser,
+    split_dump,
+    top,
+)
 
 
 def schedule(tokens: int, depth: int, acceptance: float, seed: int) -> list[tuple[int, int]]:
@@ -146,10 +152,7 @@ def moving_loads(
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dump")
-    p.add_argument("--slots", type=int, default=39)
-    p.add_argument("--hot", type=int, default=36)
+    p = replay_parser(__doc__)
     p.add_argument("--calibration", default="3,4,5,6,7,8,9,10")
     p.add_argument("--prompts", default="0,1,2,11,12,13,14,15,16,17,18,19,20,21,22,23")
     p.add_argument("--depths", type=int, nargs="*", default=[1, 2, 4])

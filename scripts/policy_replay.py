@@ -162,11 +162,18 @@ def horizon_loads(
     return loads
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def replay_parser(doc: str) -> argparse.ArgumentParser:
+    """A replay script's parser: the routing dump, ``--slots`` a layer and ``--hot`` pinned
+    (DeepSeek-V2-Lite's 24 GB plan by default)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("dump")
     p.add_argument("--slots", type=int, default=39)
     p.add_argument("--hot", type=int, default=36)
+    return p
+
+
+def main() -> int:
+    p = replay_parser(__doc__)
     p.add_argument(
         "--calibration",
         default="3,4,5,6,7,8,9,10",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specter_bench.hot_sets import read_hot_experts
+from specter_bench.hot_sets import read_hot_set
 
 
 def _record(budget, hot):
@@ -15,23 +15,23 @@ def test_a_bench_results_file_gives_the_hot_set_at_the_asked_budget(tmp_path):
     path = tmp_path / "bench.jsonl"
     lines = [{"kind": "memory", "data": {}}, _record(16.0, [[1], [2]]), _record(24.0, [[3], [4]])]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    assert read_hot_experts(path, 24.0) == [[3], [4]]
-    assert read_hot_experts(path, 16.0) == [[1], [2]]
+    assert read_hot_set(path, 24.0)[0] == [[3], [4]]
+    assert read_hot_set(path, 16.0)[0] == [[1], [2]]
     with pytest.raises(ValueError, match="several budgets"):
-        read_hot_experts(path)
+        read_hot_set(path)
     with pytest.raises(ValueError, match="no hot_experts record at 20 GB"):
-        read_hot_experts(path, 20.0)
+        read_hot_set(path, 20.0)
     single = tmp_path / "single.jsonl"
     single.write_text(json.dumps(_record(24.0, [[0, 5], [6, 7]])) + "\n")
-    assert read_hot_experts(single) == [[0, 5], [6, 7]]
+    assert read_hot_set(single)[0] == [[0, 5], [6, 7]]
 
 
 def test_json_objects_and_lists_are_read(tmp_path):
     path = tmp_path / "hot.json"
     path.write_text(json.dumps({"hot_experts": [[0, 1], [2, 3]]}, indent=1))
-    assert read_hot_experts(path) == [[0, 1], [2, 3]]
+    assert read_hot_set(path)[0] == [[0, 1], [2, 3]]
     path.write_text(json.dumps([[4], [5]]))
-    assert read_hot_experts(path) == [[4], [5]]
+    assert read_hot_set(path)[0] == [[4], [5]]
 
 
 @pytest.mark.parametrize(
@@ -48,9 +48,9 @@ def test_malformed_files_are_reported(tmp_path, text, message):
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
-        read_hot_experts(path)
+        read_hot_set(path)
     with pytest.raises(FileNotFoundError, match="no such file"):
-        read_hot_experts(tmp_path / "missing.json")
+        read_hot_set(tmp_path / "missing.json")
 
 
 def test_plain_decoding_wins_only_where_its_in_place_reads_cost_less_link_time():
@@ -68,8 +68,6 @@ def test_plain_decoding_wins_only_where_its_in_place_reads_cost_less_link_time()
 
 
 def test_a_hot_set_file_gives_its_pruned_experts_beside_the_hot_set(tmp_path):
-    from specter_bench.hot_sets import read_hot_set
-
     path = tmp_path / "run.jsonl"
     record = _record(24.0, [[0, 1], [2, 3]])
     record["data"]["pruned_experts"] = [[6, 7], [5, 7]]

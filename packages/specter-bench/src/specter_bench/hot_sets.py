@@ -1,19 +1,21 @@
 """The pinned hot set of ``specter generate`` (``specter_models.load(hot_experts=)``).
 
-``--hot-experts FILE`` takes the hot set a benchmark chose (:func:`read_hot_experts`): a
-results file of ``specter bench`` (JSON lines; its ``hot_experts`` record at the asked
-budget, or its only one), a JSON object ``{"hot_experts": [[ids of layer 0], ...]}``, or the
-bare list of lists. ``--hot-experts auto`` chooses one on the prompt itself
-(:func:`choose_prompt_engine`): a target-only load at the budget decodes the prompt's first
-:data:`CONTINUATION_TOKENS` tokens greedily, and the target's routing of the prompt and that
-continuation goes through ``specter_models.choose_hot_experts`` as the benchmark's
-calibration routing does. A prompt's own routing predicts its decode's experts worse than
-decoded tokens do: on DeepSeek-V2-Lite's recorded routing of 16 HumanEval sequences at
-24 GB (``scripts/policy_replay.py``), a hot set counted on the prompt alone moved 22.6
-experts a token over the decode after the first 32 tokens, one counted on the prompt and
-those 32 tokens 21.4. With ``compare_plain`` (``generate``'s ``--depth auto`` under a
-budget) the same routing is replayed through plain decoding's
-draftless slots too, and the decode goes without the draft where that moves fewer experts.
+``--hot-experts FILE`` takes the hot set a benchmark chose, and the pruned experts its
+record names (:func:`read_hot_set`): a results file of ``specter bench`` (JSON lines; its
+``hot_experts`` record at the asked budget, or its only one), a JSON object
+``{"hot_experts": [[ids of layer 0], ...]}``, or the bare list of lists. ``--hot-experts
+auto`` chooses one on the prompt itself (:func:`choose_prompt_engine`): a target-only load
+at the budget decodes the prompt's first :data:`CONTINUATION_TOKENS` tokens greedily, and
+the target's routing of the prompt and that continuation goes through
+``specter_models.choose_hot_experts`` as the benchmark's calibration routing does. A
+prompt's own routing predicts its decode's experts worse than decoded tokens do: on
+DeepSeek-V2-Lite's recorded routing of 16 HumanEval sequences at 24 GB
+(``scripts/policy_replay.py``), a hot set counted on the prompt alone moved 22.6 experts a
+token over the decode after the first 32 tokens, one counted on the prompt and those 32
+tokens 21.4. With ``compare_plain`` (``generate``'s ``--depth auto`` under a budget) the
+same routing is replayed through plain decoding's draftless slots too, and the decode goes
+without the draft where that costs less link time (plain decoding's loads weighted by
+:data:`IN_PLACE_READ_COST`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ __all__ = [
     "IN_PLACE_READ_COST",
     "PromptChoice",
     "choose_prompt_engine",
-    "read_hot_experts",
     "read_hot_set",
 ]
 
@@ -52,12 +53,6 @@ def _as_hot_set(value: Any, path: Path) -> list[list[int]]:
             f"{json.dumps(value)[:80]}"
         )
     return [list(layer) for layer in value]
-
-
-def read_hot_experts(path: str | Path, budget_gb: float | None = None) -> list[list[int]]:
-    """The hot set stored in ``path`` (see :func:`read_hot_set`, which also gives the pruned
-    experts stored beside it)."""
-    return read_hot_set(path, budget_gb)[0]
 
 
 def read_hot_set(

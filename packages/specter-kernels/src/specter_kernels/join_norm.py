@@ -34,8 +34,7 @@ def residual_add_rms_norm_reference(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(s, rms_norm_reference(s, weight, eps))`` with ``s = residual + (routed + shared)``."""
-    summed = residual_add_reference(residual, routed, shared)
-    return summed, rms_norm_reference(summed, weight, eps)
+    return _with_norm(residual_add_reference(residual, routed, shared), weight, eps)
 
 
 def residual_add_routed_pairs_rms_norm_reference(
@@ -44,7 +43,12 @@ def residual_add_routed_pairs_rms_norm_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(s, rms_norm_reference(s, weight, eps))`` with ``s`` the routed pairs' join
     (:func:`specter_kernels.residual_add_routed_pairs_reference`)."""
-    summed = residual_add_routed_pairs_reference(residual, pairs, shared)
+    return _with_norm(residual_add_routed_pairs_reference(residual, pairs, shared), weight, eps)
+
+
+def _with_norm(
+    summed: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     return summed, rms_norm_reference(summed, weight, eps)
 
 
