@@ -5,7 +5,8 @@
 # expert resident, no draft probes, so the arms differ by the prefetch only), arms in turn,
 # one process an arm, 3 HumanEval prompts x 64 tokens.
 #
-#   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_l2_prefetch_37.sh   (carry .whl)
+#   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_l2_prefetch_37.sh   (carry .whl; the prefetch is
+#   in commit b3afe6a only, reverted after this measurement: check it out first)
 #   ARMS="off prefetch-all-32 ..." picks arms: mode-parts-programs, or off.
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"

@@ -554,26 +554,3 @@ def test_observe_and_publish_on_the_gpu_writes_the_pinned_row_inside_a_graph(n):
     twice = expected.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
     assert torch.equal(counts, twice)
     assert torch.equal(host, (twice + (6 << 20)).cpu())
-
-
-@pytest.mark.parametrize("nbytes", [4, 128 * 1000 + 64, 23 * 2**20])
-def test_l2_prefetch_reads_every_line_on_the_gpu(seed, monkeypatch, nbytes):
-    # The load mode's checksums XOR to the reference over every line's first word (a line
-    # missed or read twice would change it); the hint mode runs in a graph and changes
-    # nothing.
-    from specter_kernels.l2_prefetch import l2_prefetch, l2_prefetch_checksum_reference
-
-    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
-    t = torch.randint(-(2**31), 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device="cuda")
-    before = t.clone()
-    (checksums,) = l2_prefetch([t], mode="load", programs=7)
-    got = 0
-    for value in checksums.tolist():
-        got ^= value & 0xFFFFFFFF
-    assert got == l2_prefetch_checksum_reference(t)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        l2_prefetch([t.view(torch.float16)], mode="prefetch", programs=32)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(t, before)

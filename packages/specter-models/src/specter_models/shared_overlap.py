@@ -33,7 +33,6 @@ CPU, both branches run in order on the current stream, as transformers' forward 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -66,15 +65,6 @@ __all__ = [
 FUSED_PAIR_JOIN = env_switch("SPECTER_FUSED_PAIR_JOIN")
 """Whether a block's join sums the routed pairs too (``SPECTER_FUSED_PAIR_JOIN=0`` at import
 keeps the pair sum apart, for A/B runs; tests flip this constant)."""
-
-
-SHARED_L2_PREFETCH = os.environ.get("SPECTER_SHARED_L2_PREFETCH", "0").strip().lower()
-"""How a decoder layer whose MoE block forks asks the L2 for the block's shared-expert weights
-when the layer starts, on the side stream, while its attention runs: ``0`` (off), ``prefetch``
-or ``load`` (specter-kernels ``l2_prefetch``'s modes). Read at import, for A/B runs."""
-SHARED_L2_PREFETCH_PROGRAMS = int(os.environ.get("SPECTER_SHARED_L2_PREFETCH_PROGRAMS", "32"))
-SHARED_L2_PREFETCH_PARTS = os.environ.get("SPECTER_SHARED_L2_PREFETCH_PARTS", "all")
-"""``all`` the shared branch's weights, or ``first``: its largest (the gate/up GEMV's)."""
 
 
 FUSED_NEXT_NORM = env_switch("SPECTER_FUSED_NEXT_NORM")
@@ -177,7 +167,6 @@ class SharedExpertOverlap:
         self.enabled = enabled
         self.patched = 0  # blocks whose forward install_shared_expert_overlap replaced
         self.forks = 0  # blocks captured with the shared branch on a side stream
-        self.prefetching = 0  # decoder layers that prefetch their shared weights to the L2
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
         self.capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing
@@ -321,53 +310,4 @@ def install_shared_expert_overlap(
     overlap.patched = patch_forwards(
         model, lambda m: shared_branches(m) is not None, "_specter_shared_overlap", make_forward
     )
-    if SHARED_L2_PREFETCH not in ("", "0", "off"):
-        overlap.prefetching = _install_shared_l2_prefetch(model, overlap, SHARED_L2_PREFETCH)
     return overlap
-
-
-def shared_weights(block: nn.Module) -> list[torch.Tensor]:
-    """The distinct weight tensors the shared branch of ``block`` reads (a fused gate/up
-    weight once, as its concatenated base), largest first."""
-    parts = [
-        getattr(block, n, None) for n in ("shared_experts", "shared_expert", "shared_expert_gate")
-    ]
-    seen: dict[int, torch.Tensor] = {}
-    for part in parts:
-        if not isinstance(part, nn.Module):
-            continue
-        for p in part.parameters():
-            base = p._base if p._base is not None else p
-            seen.setdefault(base.data_ptr(), base.detach())
-    return sorted(seen.values(), key=lambda t: -t.numel())
-
-
-def _install_shared_l2_prefetch(model: nn.Module, overlap: SharedExpertOverlap, mode: str) -> int:
-    """A forward pre-hook on each decoder layer (a module whose ``mlp`` the overlap patched)
-    that, when the layer's block will fork, forks the side stream at the layer's start and
-    asks the L2 for the block's shared weights there (``l2_prefetch``). Returns the layers."""
-    from specter_kernels.l2_prefetch import l2_prefetch
-
-    count = 0
-    for layer in model.modules():
-        block = getattr(layer, "mlp", None)
-        if not isinstance(block, nn.Module) or not getattr(block, "_specter_shared_overlap", False):
-            continue
-
-        def hook(_layer: nn.Module, args: tuple, kwargs: dict, block: nn.Module = block) -> None:
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            if not isinstance(hidden, torch.Tensor):
-                return
-            side = overlap.side_stream(hidden)
-            if side is None:
-                return
-            side.wait_stream(torch.cuda.current_stream(hidden.device))
-            weights = shared_weights(block)
-            if SHARED_L2_PREFETCH_PARTS == "first":
-                weights = weights[:1]
-            with torch.cuda.stream(side):
-                l2_prefetch(weights, mode, SHARED_L2_PREFETCH_PROGRAMS)
-
-        layer.register_forward_pre_hook(hook, with_kwargs=True)
-        count += 1
-    return count
