@@ -504,7 +504,7 @@ def test_bench_prunes_the_calibrations_coldest_experts_from_the_draft(capsys, tm
 
 
 def test_info_shows_the_plan_with_a_pinned_hot_set(capsys):
-    argv = ("info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "24")
+    argv = ("info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "24", "--draft-pruned", "0")
     code, plain, _ = _run(capsys, *argv)
     assert code == 0
     code, pinned, _ = _run(capsys, *argv, "--hot-experts", "36")
@@ -520,14 +520,50 @@ def test_info_shows_the_plan_with_a_pinned_hot_set(capsys):
     code, _, err = _run(capsys, *argv, "--hot-experts", "65")
     assert code == 2
     assert "65" in err
-    code, pruned, _ = _run(capsys, *argv, "--hot-experts", "36", "--draft-pruned", "21")
+    code, pruned, _ = _run(capsys, *argv[:-2], "--hot-experts", "36", "--draft-pruned", "21")
     assert code == 0
     assert "INT4 draft experts (7/64 per layer)" in pruned
     assert re.search(r"experts the draft skips \(pruned, per layer\) +21\n", pruned)
     assert slots(pruned) > slots(pinned)
-    code, _, err = _run(capsys, *argv, "--hot-experts", "36", "--draft-pruned", "28")
+    code, _, err = _run(capsys, *argv[:-2], "--hot-experts", "36", "--draft-pruned", "28")
     assert code == 2
     assert "pruned_experts_per_layer must be an int in [0, 28)" in err
+
+
+def test_info_takes_the_pruned_count_bench_and_generate_take_by_default(capsys):
+    # Default auto: E // 3 = 21 of DeepSeek-V2-Lite's 64 where 24 GB leaves experts slotless
+    # (resolve_pruned_per_layer), the plan of `--draft-pruned 21`; none with every expert
+    # resident; never so many that pinned experts leave no INT4 expert.
+    from specter_models import get_preset, plan_memory, resolve_pruned_per_layer
+
+    config = get_preset("deepseek-v2-lite").make_config()
+    assert resolve_pruned_per_layer(config, 24, "auto") == 21
+    assert resolve_pruned_per_layer(config, None, "auto") == 0
+    assert resolve_pruned_per_layer(config, 24, 5) == 5
+    assert plan_memory(config, 24).slots_per_layer < 64
+    argv = ("info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "24")
+    code, auto, _ = _run(capsys, *argv)
+    assert code == 0
+    code, explicit, _ = _run(capsys, *argv, "--draft-pruned", "21")
+    assert code == 0
+    assert auto.split("memory plan:")[1] == explicit.split("memory plan:")[1]
+    assert re.search(r"experts the draft skips \(pruned, per layer\) +21\n", auto)
+    code, out, _ = _run(
+        capsys, "info", "--model", "deepseek-v2-lite", "--gpu-memory-gb", "unlimited"
+    )
+    assert code == 0
+    assert "experts the draft skips" not in out
+    code, out, _ = _run(capsys, *argv, "--hot-experts", "44")  # 44 + 21 would leave none
+    assert code == 0
+    assert re.search(r"experts the draft skips \(pruned, per layer\) +19\n", out)
+    assert "INT4 draft experts (1/64 per layer)" in out
+    code, out, _ = _run(capsys, *argv, "--draft-pruned", "auto", "--hot-experts", "36")
+    assert code == 0
+    assert "INT4 draft experts (7/64 per layer)" in out
+    code, _, err = _run(capsys, *argv, "--draft-pruned", "some")
+    assert code == 2
+    assert "--draft-pruned" in err
+    assert "'some'" in err
 
 
 def test_info_counts_a_staging_buffer_as_fixed_state(capsys):

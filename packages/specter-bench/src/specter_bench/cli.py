@@ -471,9 +471,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     info.add_argument(
         "--draft-pruned",
-        type=_non_negative_int,
-        default=0,
-        help="experts per layer the draft skips (no INT4 copy; default 0)",
+        type=_auto_or_non_negative_int,
+        default="auto",
+        help="experts per layer the draft skips (no INT4 copy), or auto: the count bench and "
+        "generate take by default (E // 3 under a budget that leaves some expert without a "
+        "slot, else 0; default auto)",
     )
     info.add_argument(
         "--stream-staging",

@@ -35,16 +35,21 @@ def describe_machine() -> str:
 def run_info(args: argparse.Namespace) -> int:
     """Print the machine and, for ``args.model``, the memory plan at ``args.gpu_memory_gb``
     (with ``args.hot_experts`` experts per layer pinned, ``args.draft_pruned`` pruned from the
-    draft and a staging buffer of ``args.stream_staging`` experts)."""
-    from specter_models import MemoryBudgetError, plan_memory
+    draft (``"auto"``: ``resolve_pruned_per_layer``, the count bench and generate take by
+    default) and a staging buffer of ``args.stream_staging`` experts)."""
+    from specter_models import MemoryBudgetError, plan_memory, resolve_pruned_per_layer
 
     print(describe_machine())
     config = model_config(args.model)
     kwargs = {} if args.max_seq_len is None else {"max_seq_len": args.max_seq_len}
     hot = getattr(args, "hot_experts", 0)
-    pruned = getattr(args, "draft_pruned", 0)
     staging = getattr(args, "stream_staging", 0)
     budget = args.gpu_memory_gb
+    asked = getattr(args, "draft_pruned", 0)
+    pruned = resolve_pruned_per_layer(config, budget, asked, **kwargs)
+    if asked == "auto" and pruned:  # leave at least one INT4 expert beside the pinned ones
+        E = plan_memory(config, slots_per_layer=1).num_experts
+        pruned = min(pruned, max(0, E - hot - 1))
     try:
         plan = plan_memory(
             config, budget, hot_experts_per_layer=hot, staging_slots=staging,

@@ -15,6 +15,7 @@ from specter_models.hot_experts import (
     coldest_experts,
     hottest_experts,
     replay_plain_decoding,
+    resolve_pruned_per_layer,
     routing_counts,
 )
 from specter_models.kv_cache import StaticKVCache
@@ -82,5 +83,6 @@ __all__ = [
     "preset_config",
     "reference_model_from",
     "replay_plain_decoding",
+    "resolve_pruned_per_layer",
     "routing_counts",
 ]

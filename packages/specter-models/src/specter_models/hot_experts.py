@@ -43,6 +43,7 @@ __all__ = [
     "coldest_experts",
     "hottest_experts",
     "replay_plain_decoding",
+    "resolve_pruned_per_layer",
     "routing_counts",
 ]
 
@@ -122,6 +123,36 @@ def auto_pruned_per_layer(num_experts: int, slots_per_layer: int) -> int:
     """The ``"auto"`` pruned count: ``E // 3`` when ``slots_per_layer < E`` (a budget that
     cannot hold every expert, where the INT4 memory buys slots), else 0."""
     return num_experts // AUTO_PRUNED_FRACTION if slots_per_layer < num_experts else 0
+
+
+def resolve_pruned_per_layer(
+    config: PretrainedConfig,
+    gpu_memory_gb: float | None,
+    pruned_per_layer: int | str,
+    **plan_args: object,
+) -> int:
+    """``pruned_per_layer`` as a count: an int as given; ``"auto"`` as
+    :func:`auto_pruned_per_layer` of the unpruned plan at ``gpu_memory_gb`` (``E // 3``
+    where it leaves some expert slotless or the whole INT4 draft does not fit, else 0).
+    ``plan_args`` go to ``plan_memory`` (dtype, max_seq_len, ...).
+
+    Raises:
+        ValueError: a string other than ``"auto"``.
+    """
+    if pruned_per_layer != "auto":
+        if isinstance(pruned_per_layer, str):
+            raise ValueError(
+                f"pruned_per_layer must be an int >= 0 or 'auto', got {pruned_per_layer!r}"
+            )
+        return pruned_per_layer
+    try:
+        unpruned = plan_memory(config, gpu_memory_gb, **plan_args)  # type: ignore[arg-type]
+        E, slots = unpruned.num_experts, unpruned.slots_per_layer
+    except MemoryBudgetError:  # the whole draft does not fit: a pruned one may
+        dtype = plan_args.get("dtype", torch.float16)
+        E = plan_memory(config, slots_per_layer=1, dtype=dtype).num_experts  # type: ignore[arg-type]
+        slots = 0
+    return auto_pruned_per_layer(E, slots)
 
 
 @dataclass(frozen=True)
@@ -223,21 +254,10 @@ def choose_hot_experts(
             hot_experts_per_layer=h, pruned_experts_per_layer=pruned_per_layer,
         )  # fmt: skip
 
-    if pruned_per_layer == "auto":
-        try:
-            unpruned = plan_memory(
-                config, gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
-                max_verify_rows=max_verify_rows, draft_group_size=draft_group_size,
-            )  # fmt: skip
-            E, slots = unpruned.num_experts, unpruned.slots_per_layer
-        except MemoryBudgetError:  # the whole draft does not fit: a pruned one may
-            E = plan_memory(config, slots_per_layer=1, dtype=dtype).num_experts
-            slots = 0
-        pruned_per_layer = auto_pruned_per_layer(E, slots)
-    elif isinstance(pruned_per_layer, str):
-        raise ValueError(
-            f"pruned_per_layer must be an int >= 0 or 'auto', got {pruned_per_layer!r}"
-        )
+    pruned_per_layer = resolve_pruned_per_layer(
+        config, gpu_memory_gb, pruned_per_layer, dtype=dtype, max_seq_len=max_seq_len,
+        max_verify_rows=max_verify_rows, draft_group_size=draft_group_size,
+    )  # fmt: skip
     base = plan(0)
     E, L = base.num_experts, base.num_moe_layers
     pruned = (
