@@ -133,3 +133,28 @@ for line in sys.stdin:
           'slots', d['slots_per_layer'])" "$(basename "$f")"
     done
 }
+
+# generate_record LABEL SECONDS ARGS...: one `specter generate --json --no-stream` process on
+# DeepSeek-V2-Lite, 64 new tokens of $out/prompt.txt (write it first), killed at SECONDS; its
+# statistics line, with "label": LABEL, appended to $out/generate.jsonl, and its main fields
+# printed. stderr goes to $out/generate.err.
+generate_record() {
+    local label=$1 seconds=$2
+    shift 2
+    echo "=== $label" >>"$out/generate.err"
+    timeout "$seconds" python3 -m specter_bench generate --json --no-stream \
+        --model deepseek-v2-lite --max-new-tokens 64 --prompt-file "$out/prompt.txt" "$@" \
+        >"$out/gen.txt" 2>>"$out/generate.err"
+    local rc=$?
+    tail -n 1 "$out/gen.txt" | python3 -c "import json, sys
+d = json.loads(sys.stdin.read())
+d.update(label=sys.argv[1])
+print(json.dumps(d))" "$label" >>"$out/generate.jsonl"
+    tail -n 1 "$out/generate.jsonl" | python3 -c "import json, sys
+d = json.loads(sys.stdin.read())
+keys = ('tpot_ms', 'prefill_ms', 'iterations', 'mean_depth', 'acceptance_rate', 'hit_rate',
+        'slots_per_layer', 'hot_experts_per_layer', 'draft_pruned_per_layer',
+        'h2d_mb_per_token', 'peak_gpu_memory_gb', 'graph_capture_s', 'auto_choice')
+print(sys.argv[1], 'rc', sys.argv[2], {k: d.get(k) for k in keys})" "$label" "$rc"
+    rm -f "$out/gen.txt"
+}

@@ -12,14 +12,6 @@ python3 -c "from specter_bench.prompt_sources import load_humaneval; \
 print(load_humaneval(2)[1].text, end='')" >"$out/prompt.txt"
 results=benchmarks/results/bench-deepseek-v2-lite-2026-12-04-cells37-24gb.jsonl
 for run in first second; do
-    timeout 110 python3 -m specter_bench generate --json --no-stream --model deepseek-v2-lite \
-        --max-new-tokens 64 --prompt-file "$out/prompt.txt" --gpu-memory-gb 24 \
-        --hot-experts "$results" >"$out/gen.txt" 2>>"$out/generate.err"
-    tail -n 1 "$out/gen.txt" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); \
-d.update(label='file-24gb-$run'); print(json.dumps(d))" >>"$out/generate.jsonl"
-    tail -n 1 "$out/generate.jsonl" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); \
-print('$run', {k: d.get(k) for k in ('tpot_ms','prefill_ms','iterations','acceptance_rate',\
-'hit_rate','h2d_mb_per_token','graph_capture_s')})"
+    generate_record "file-24gb-$run" 110 --gpu-memory-gb 24 --hot-experts "$results"
     echo "  at $(($(date +%s) - begin)) s"
 done
-rm -f "$out/gen.txt"
