@@ -11,7 +11,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specter_kernels import dequantize_int4
-from specter_models import architecture_for, get_preset
+from specter_models import architecture_for, get_preset, load
+from specter_models.architecture import find_moe_layers
 
 TINY_ARCHS = ("tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe")
 
@@ -159,3 +160,26 @@ def draft_experts_in_float64(lm, x, ids, weights):
             gate, up = (x[t].double() @ gate_up.T).chunk(2)
             expected[t] += weights[t, j] * (down @ (torch.nn.functional.silu(gate) * up))
     return expected
+
+
+def moe_layer_count(folder: Path) -> int:
+    """MoE layers of the checkpoint in ``folder`` (a draftless CPU load)."""
+    return len(find_moe_layers(load(folder, device="cpu", draft=None, slots_per_layer=8).model))
+
+
+def reference_with_draft_experts(lm, folder: Path) -> PreTrainedModel:
+    """transformers' float64 model of ``folder`` computing what ``lm``'s draft computes: in
+    each MoE layer the experts neither pinned nor pruned are their dequantized INT4 copies,
+    the pruned ones' down projections are zero (they add nothing), and the pinned hot ones
+    stay the checkpoint's own (the draft reads them from their FP16 slots)."""
+    reference = reference_from_checkpoint(folder)
+    layers = find_moe_layers(lm.model)
+    with torch.no_grad():
+        for module in lm.experts:
+            skipped = set(module.hot_experts) | set(module.pruned_experts)
+            cold = [e for e in range(module.num_experts) if e not in skipped]
+            experts = reference.model.layers[layers[module.layer].decoder_layer].mlp.experts
+            experts.gate_up_proj[cold] = dequantize_int4(module.draft_gate_up, torch.float64)
+            experts.down_proj[cold] = dequantize_int4(module.draft_down, torch.float64)
+            experts.down_proj[list(module.pruned_experts)] = 0.0
+    return reference

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from model_helpers import (
+    moe_layer_count,
     random_prompt,
     reference_from_checkpoint,
+    reference_with_draft_experts,
     speculate_beside_transformers,
 )
 from specter_cache import simulate_policy, windowed_trace
-from specter_kernels import dequantize_int4
 from specter_models import (
     MemoryBudgetError,
     choose_hot_experts,
@@ -33,15 +34,11 @@ def _hot(lm_or_layers: int) -> list[list[int]]:
     return [list(HOT) for _ in range(lm_or_layers)]
 
 
-def _moe_layers(folder) -> int:
-    return len(find_moe_layers(load(folder, device="cpu", draft=None, slots_per_layer=8).model))
-
-
 def _hot_load(folder, dtype: torch.dtype, slots: int):
     """The tiny checkpoint on the CPU with ``HOT`` pinned in every MoE layer."""
     return load(
         folder, device="cpu", dtype=dtype, slots_per_layer=slots,
-        hot_experts=_hot(_moe_layers(folder)),
+        hot_experts=_hot(moe_layer_count(folder)),
     )  # fmt: skip
 
 
@@ -50,20 +47,19 @@ def test_hot_draft_is_the_target_with_only_the_cold_experts_dequantized(checkpoi
     # the hot ones left exact computes the draft's logits: hot experts come from FP16 slots.
     folder = checkpoints[arch_name]
     lm = _hot_load(folder, torch.float64, 4)
-    reference = reference_from_checkpoint(folder)
+    reference = reference_with_draft_experts(lm, folder)
     exact = reference_from_checkpoint(folder)
     cold = [e for e in range(8) if e not in HOT]
+    layers = find_moe_layers(lm.model)
+    for module in lm.experts:
+        assert module.hot_experts == HOT
+        assert module.draft_gate_up.num_experts == len(cold)  # no INT4 copy of hot ones
+        decoder = layers[module.layer].decoder_layer
+        d = reference.model.layers[decoder].mlp.experts
+        ex = exact.model.layers[decoder].mlp.experts
+        for e in HOT:  # the hot experts stay the checkpoint's own
+            assert torch.equal(d.gate_up_proj[e], ex.gate_up_proj[e])
     with torch.no_grad():
-        for module in lm.experts:
-            decoder = find_moe_layers(lm.model)[module.layer].decoder_layer
-            d = reference.model.layers[decoder].mlp.experts
-            assert module.hot_experts == HOT
-            assert module.draft_gate_up.num_experts == len(cold)  # no INT4 copy of hot ones
-            d.gate_up_proj[cold] = dequantize_int4(module.draft_gate_up, torch.float64)
-            d.down_proj[cold] = dequantize_int4(module.draft_down, torch.float64)
-            for e in HOT:  # the hot experts stay the checkpoint's own
-                ex = exact.model.layers[decoder].mlp.experts
-                assert torch.equal(d.gate_up_proj[e], ex.gate_up_proj[e])
         ids = random_prompt(8, lm.config.vocab_size, seed=5)
         expected = reference(ids).logits
         plain = exact(ids).logits
@@ -123,7 +119,7 @@ def test_a_budget_buys_more_slots_with_a_hot_set():
 
 def test_bad_hot_sets_are_refused(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
-    layers = _moe_layers(folder)
+    layers = moe_layer_count(folder)
     with pytest.raises(ValueError, match=f"one list per MoE layer \\({layers} in this"):
         load(folder, device="cpu", slots_per_layer=4, hot_experts=[[1]] * (layers + 1))
     with pytest.raises(ValueError, match="same number of experts in every layer"):
@@ -140,7 +136,7 @@ def test_bad_hot_sets_are_refused(checkpoints):
 
 def test_drafting_with_unpinned_hot_experts_is_refused(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
-    lm = load(folder, device="cpu", slots_per_layer=4, hot_experts=_hot(_moe_layers(folder)))
+    lm = load(folder, device="cpu", slots_per_layer=4, hot_experts=_hot(moe_layer_count(folder)))
     lm.cache.unpin(0, list(HOT))
     with pytest.raises(RuntimeError, match=r"hot experts \[1, 6\] are not pinned"):
         lm.draft.forward(torch.tensor([[3, 4]]), 0)

@@ -10,11 +10,12 @@ import torch
 
 from model_helpers import (
     draft_experts_in_float64,
+    moe_layer_count,
     random_prompt,
     reference_from_checkpoint,
+    reference_with_draft_experts,
     speculate_beside_transformers,
 )
-from specter_kernels import dequantize_int4
 from specter_models import (
     MemoryBudgetError,
     auto_pruned_per_layer,
@@ -26,7 +27,6 @@ from specter_models import (
     plan_memory,
     routing_counts,
 )
-from specter_models.architecture import find_moe_layers
 from specter_models.experts_runtime import ExpertsMode
 from specter_models.int4_draft import int4_expert_bytes
 
@@ -34,13 +34,9 @@ HOT = (1, 6)  # pinned in every layer of the tiny models (8 experts each)
 PRUNED = (0, 3)  # skipped by the draft in every layer
 
 
-def _layers(folder) -> int:
-    return len(find_moe_layers(load(folder, device="cpu", draft=None, slots_per_layer=8).model))
-
-
 def _pruned_load(folder, dtype: torch.dtype, slots: int, hot: bool = True):
     """The tiny checkpoint on the CPU, ``PRUNED`` skipped (and ``HOT`` pinned) everywhere."""
-    n = _layers(folder)
+    n = moe_layer_count(folder)
     return load(
         folder, device="cpu", dtype=dtype, slots_per_layer=slots,
         hot_experts=[list(HOT)] * n if hot else None, draft_pruned_experts=[list(PRUNED)] * n,
@@ -54,19 +50,14 @@ def test_the_pruned_draft_is_the_target_without_its_pruned_experts(checkpoints, 
     # the draft's logits.
     folder = checkpoints[arch_name]
     lm = _pruned_load(folder, torch.float64, 4, hot=hot)
-    reference = reference_from_checkpoint(folder)
+    reference = reference_with_draft_experts(lm, folder)
     exact = reference_from_checkpoint(folder)
     skipped = set(PRUNED) | (set(HOT) if hot else set())
     cold = [e for e in range(8) if e not in skipped]
+    for module in lm.experts:
+        assert module.pruned_experts == PRUNED
+        assert module.draft_gate_up.num_experts == len(cold)  # no INT4 copy of pruned ones
     with torch.no_grad():
-        for module in lm.experts:
-            decoder = find_moe_layers(lm.model)[module.layer].decoder_layer
-            d = reference.model.layers[decoder].mlp.experts
-            assert module.pruned_experts == PRUNED
-            assert module.draft_gate_up.num_experts == len(cold)  # no INT4 copy of pruned ones
-            d.gate_up_proj[cold] = dequantize_int4(module.draft_gate_up, torch.float64)
-            d.down_proj[cold] = dequantize_int4(module.draft_down, torch.float64)
-            d.down_proj[list(PRUNED)] = 0.0
         ids = random_prompt(8, lm.config.vocab_size, seed=11)
         expected = reference(ids).logits
         target = exact(ids).logits
@@ -97,7 +88,7 @@ def test_fp16_hot_and_pruned_drafts_run_the_kernels_like_float64_experts(
     # (their torch references on the CPU): a token routed to a pruned, a hot and cold
     # experts, against float64 sums that leave the pruned pairs out.
     folder = checkpoints[arch_name]
-    n = _layers(folder)
+    n = moe_layer_count(folder)
     lm = load(
         folder, device="cpu", dtype=torch.float16, slots_per_layer=4,
         hot_experts=[list(HOT)] * n, draft_pruned_experts=[list(PRUNED)] * n if pruned else None,
@@ -151,7 +142,7 @@ def test_a_budget_buys_more_slots_with_a_pruned_draft():
 
 def test_bad_pruned_sets_are_refused(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
-    n = _layers(folder)
+    n = moe_layer_count(folder)
     with pytest.raises(ValueError, match=r"experts \[1\] are both hot and pruned"):
         load(folder, device="cpu", slots_per_layer=4, hot_experts=[[1, 6]] * n,
              draft_pruned_experts=[[1]] * n)  # fmt: skip

@@ -45,11 +45,9 @@ def run_info(args: argparse.Namespace) -> int:
     hot = getattr(args, "hot_experts", 0)
     staging = getattr(args, "stream_staging", 0)
     budget = args.gpu_memory_gb
-    asked = getattr(args, "draft_pruned", 0)
-    pruned = resolve_pruned_per_layer(config, budget, asked, **kwargs)
-    if asked == "auto" and pruned:  # leave at least one INT4 expert beside the pinned ones
-        E = plan_memory(config, slots_per_layer=1).num_experts
-        pruned = min(pruned, max(0, E - hot - 1))
+    pruned = resolve_pruned_per_layer(
+        config, budget, getattr(args, "draft_pruned", 0), hot_experts_per_layer=hot, **kwargs
+    )
     try:
         plan = plan_memory(
             config, budget, hot_experts_per_layer=hot, staging_slots=staging,

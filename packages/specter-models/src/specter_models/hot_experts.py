@@ -129,12 +129,14 @@ def resolve_pruned_per_layer(
     config: PretrainedConfig,
     gpu_memory_gb: float | None,
     pruned_per_layer: int | str,
+    hot_experts_per_layer: int = 0,
     **plan_args: object,
 ) -> int:
     """``pruned_per_layer`` as a count: an int as given; ``"auto"`` as
-    :func:`auto_pruned_per_layer` of the unpruned plan at ``gpu_memory_gb`` (``E // 3``
-    where it leaves some expert slotless or the whole INT4 draft does not fit, else 0).
-    ``plan_args`` go to ``plan_memory`` (dtype, max_seq_len, ...).
+    :func:`auto_pruned_per_layer` of the unpruned, unpinned plan at ``gpu_memory_gb``
+    (``E // 3`` where it leaves some expert slotless or the whole INT4 draft does not fit,
+    else 0), at most ``E - hot_experts_per_layer - 1`` so that one INT4 expert stays beside
+    the pinned ones. ``plan_args`` go to ``plan_memory`` (dtype, max_seq_len, ...).
 
     Raises:
         ValueError: a string other than ``"auto"``.
@@ -152,7 +154,7 @@ def resolve_pruned_per_layer(
         dtype = plan_args.get("dtype", torch.float16)
         E = plan_memory(config, slots_per_layer=1, dtype=dtype).num_experts  # type: ignore[arg-type]
         slots = 0
-    return auto_pruned_per_layer(E, slots)
+    return min(auto_pruned_per_layer(E, slots), max(0, E - hot_experts_per_layer - 1))
 
 
 @dataclass(frozen=True)

@@ -249,8 +249,8 @@ def load(
     config = _load_config(folder) if folder is not None else get_preset(preset_name).make_config()
     arch = architecture_for(config)
     arch.check_config(config, max_seq_len)
-    hot = _check_hot_experts(hot_experts)
-    pruned = _check_hot_experts(draft_pruned_experts, "draft_pruned_experts")
+    hot = _check_expert_sets(hot_experts, "hot_experts")
+    pruned = _check_expert_sets(draft_pruned_experts, "draft_pruned_experts")
     if pruned and draft is None:
         raise ValueError(
             "draft_pruned_experts needs a draft (draft='rtn' or a GPTQ folder): without one "
@@ -509,33 +509,31 @@ def _int4_entries(num_experts: int, skip: Sequence[int]) -> dict[int, int]:
     return {e: i for i, e in enumerate(e for e in range(num_experts) if e not in skip)}
 
 
-def _check_hot_experts(
-    hot_experts: Sequence[Sequence[int]] | None, name: str = "hot_experts"
-) -> list[tuple[int, ...]]:
-    """``hot_experts`` (or another per-layer expert set, called ``name`` in errors) as
-    tuples, checked for shape (ids are checked per layer later).
+def _check_expert_sets(sets: Sequence[Sequence[int]] | None, name: str) -> list[tuple[int, ...]]:
+    """Per-layer expert sets (``hot_experts``, ``draft_pruned_experts``: called ``name`` in
+    errors) as tuples, checked for shape (ids are checked per layer later).
 
     Raises:
         ValueError: not one sequence of distinct ints per layer, or layers of different sizes.
     """
-    if hot_experts is None:
+    if sets is None:
         return []
     try:
-        hot = [tuple(int(e) for e in layer) for layer in hot_experts]
+        checked = [tuple(int(e) for e in layer) for layer in sets]
     except TypeError as error:
         raise ValueError(
             f"{name} must be one sequence of expert ids per MoE layer "
-            f"({name}[layer] = [ids]), got {hot_experts!r}"
+            f"({name}[layer] = [ids]), got {sets!r}"
         ) from error
-    sizes = {len(layer) for layer in hot}
+    sizes = {len(layer) for layer in checked}
     if len(sizes) > 1:
         raise ValueError(
             f"{name} must name the same number of experts in every layer, got sizes {sorted(sizes)}"
         )
-    for i, layer in enumerate(hot):
+    for i, layer in enumerate(checked):
         if len(set(layer)) != len(layer) or any(e < 0 for e in layer):
             raise ValueError(f"{name}[{i}] must be distinct expert ids >= 0, got {layer}")
-    return hot
+    return checked
 
 
 class _PhaseTimer:
