@@ -518,13 +518,8 @@ class BenchRunner:
         )  # fmt: skip
         self.hot_choices[budget] = choice
         self.log(
-            f"hot set at {_budget(budget)}: {choice.per_layer} pinned experts per layer, "
-            + (
-                f"{choice.pruned_per_layer} pruned from the draft, "
-                if choice.pruned_per_layer
-                else ""
-            )
-            + f"{choice.slots_per_layer} slots (replayed loads per candidate: {choice.loads})"
+            f"hot set at {_budget(budget)}: {choice.describe()} (replayed loads per candidate: "
+            f"{choice.loads})"
         )
         data = {
             **choice.as_dict(),

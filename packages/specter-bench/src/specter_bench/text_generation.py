@@ -484,16 +484,7 @@ def run_generate(args: argparse.Namespace) -> int:
                     asked_path, asked_fills, budgeted=budgeted, speculate=False
                 )
         if choice is not None:
-            print(
-                f"hot set: {choice.per_layer} experts per layer pinned, "
-                + (
-                    f"{choice.pruned_per_layer} pruned from the draft, "
-                    if choice.pruned_per_layer
-                    else ""
-                )
-                + f"{choice.slots_per_layer} slots per layer",
-                file=sys.stderr,
-            )
+            print(f"hot set: {choice.describe()}", file=sys.stderr)
             hot = choice.hot_experts if choice.per_layer else None
             pruned = choice.pruned_experts or None
     elif args.hot_experts is not None:

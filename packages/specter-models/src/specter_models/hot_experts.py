@@ -187,6 +187,14 @@ class HotExpertChoice:
         """Experts per layer the draft skips (0: none)."""
         return len(self.pruned_experts[0]) if self.pruned_experts else 0
 
+    def describe(self) -> str:
+        """``"h experts per layer pinned, [p pruned from the draft, ]s slots per layer"``."""
+        pruned = f"{self.pruned_per_layer} pruned from the draft, " if self.pruned_per_layer else ""
+        return (
+            f"{self.per_layer} experts per layer pinned, {pruned}{self.slots_per_layer} slots "
+            "per layer"
+        )
+
     def as_dict(self) -> dict[str, object]:
         return {
             "per_layer": self.per_layer,
