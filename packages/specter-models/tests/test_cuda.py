@@ -204,6 +204,33 @@ def test_cuda_graphs_captured_ahead_serve_every_decode_step(name):
         assert stats[role]["replays"] > 0
 
 
+def test_cuda_capture_compiles_the_greedy_argmax_before_the_first_decode(monkeypatch):
+    # The argmax runs on the logits outside the graphs; a fresh machine's first generate
+    # compiled it inside its timed decode. Triton's hook sees each kernel's first use in
+    # this process (the argmax's in-memory cache is emptied first, so earlier tests'
+    # launches do not hide it).
+    import triton
+
+    from specter_kernels.argmax_triton import _argmax_kernel
+
+    lm = load("tiny-deepseek-v2", device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
+    _argmax_kernel.device_caches.clear()
+    phase, first_uses = ["capture"], []
+
+    def hook(*, fn, **_):
+        first_uses.append((phase[0], fn.name))
+        return False  # compile as usual
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", hook)
+    lm.capture_step_graphs()
+    phase[0] = "decode"
+    prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
+    SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4).generate(prompt, 24)
+    SpecController(None, lm.target, depth=0).generate(prompt, 8)
+    assert ("capture", "_argmax_kernel") in first_uses
+    assert ("decode", "_argmax_kernel") not in first_uses
+
+
 def test_cuda_captures_run_with_the_collector_paused_and_survive_a_collection_of_old_graphs():
     # An earlier model's graphs and events left in a reference cycle: a collection during
     # a capture would tear them down on the capturing thread. Every capture sees the

@@ -191,6 +191,47 @@ def test_capturing_ahead_visits_the_windows_and_rows_asked_for(checkpoints, monk
     assert lm.kv.cache.get_seq_length() == 0  # cropped back after the capturing forwards
 
 
+def test_capturing_ahead_hands_each_forwards_logits_to_on_logits(checkpoints, monkeypatch):
+    lm = _load(checkpoints["tiny-deepseek-v2"], max_seq_len=600)
+    lm.enable_step_graphs(capture=False)
+    graphs = lm.target.graphs
+    graphs.capture = True
+    monkeypatch.setattr(
+        graphs, "forward", lambda ids, start: torch.full((1, ids.shape[1], 5), float(start))
+    )
+    seen = []
+    graphs.capture_ahead(min_end=513, max_rows=3, on_logits=seen.append)
+    # one call per capturing forward, with that forward's own logits
+    assert [(t.shape[1], t[0, 0, 0].item()) for t in seen] == [(1, 599), (2, 598), (3, 597)]
+
+
+def test_capture_step_graphs_runs_each_roles_argmax_on_its_capturing_logits(
+    checkpoints, monkeypatch
+):
+    # Greedy decoding's argmax runs outside the graphs: capture runs it, so its kernel
+    # compiles there and not in the first decode step.
+    lm = _load(checkpoints["tiny-deepseek-v2"], max_seq_len=320)
+    lm.enable_step_graphs(capture=False)
+    vocab = lm.config.vocab_size
+    calls = {}
+    for role, adapter in (("target", lm.target), ("draft", lm.draft)):
+        adapter.graphs.capture = True
+        monkeypatch.setattr(
+            adapter.graphs,
+            "forward",
+            lambda ids, start: torch.randn(1, ids.shape[1], vocab),
+        )
+        real = adapter.argmax
+
+        def recorded(logits, role=role, real=real):
+            calls.setdefault(role, []).append(tuple(logits.shape))
+            return real(logits)
+
+        monkeypatch.setattr(adapter, "argmax", recorded)
+    lm.capture_step_graphs(min_length=300, max_rows=1)
+    assert calls == {"target": [(1, 1, vocab)], "draft": [(1, 1, vocab)]}
+
+
 @pytest.mark.parametrize("verification", ["expert", "token"])
 def test_piecewise_window_mode_under_a_budget_keeps_tokens_loads_and_trace(
     checkpoints, arch_name, verification

@@ -287,6 +287,8 @@ class SpecterModel:
 
         ``min_length`` (the prompt's length plus one, say) leaves out the windows no later
         step reaches; ``max_rows`` caps the rows captured (1: plain decoding's steps only).
+        Each role's argmax (greedy decoding's, outside the graphs) runs on its capturing
+        forwards' logits, so its kernel compiles here too, not in the first decode.
 
         The target's graphs are captured only where they apply (every expert resident, the
         streamed miss path, or piecewise graphs), for the current ``miss_path`` (switching it
@@ -318,7 +320,7 @@ class SpecterModel:
                 )
                 with streamed:
                     captured[role] = graphs.capture_ahead(
-                        max_length, min_end=min_length, max_rows=max_rows
+                        max_length, min_end=min_length, max_rows=max_rows, on_logits=adapter.argmax
                     )
         finally:
             self.kv.reset()

@@ -384,7 +384,12 @@ class StepGraphs:
         return logits[:, :rows].clone()  # the next replay overwrites the graph's buffer
 
     def capture_ahead(
-        self, max_end: int | None = None, *, min_end: int = 1, max_rows: int | None = None
+        self,
+        max_end: int | None = None,
+        *,
+        min_end: int = 1,
+        max_rows: int | None = None,
+        on_logits: Callable[[torch.Tensor], object] | None = None,
     ) -> int:
         """Capture every row bucket's graph up to ``max_rows`` rows for every window from the
         one holding ``min_end`` positions to the one holding ``max_end`` (default
@@ -400,6 +405,11 @@ class StepGraphs:
                 a prompt's prefill has passed already.
             max_rows: the widest forward to capture (default: this role's ``max_rows``);
                 1 captures plain decoding's steps only.
+            on_logits: called with each capturing forward's logits (``[1, rows, V]``), as
+                the decode will call what runs on them outside the graphs (the model's
+                argmax): its kernels then compile here, not in the first decode (a fresh
+                machine's first ``specter generate`` took 10.9 ms a token on
+                DeepSeek-V2-Lite at 24 GB against 7.4 with the argmax compiled).
 
         Returns:
             Graphs captured by this call.
@@ -438,7 +448,10 @@ class StepGraphs:
                     continue
                 start = window - rows
                 self.cache.crop_to(start)
-                self.forward(torch.zeros(1, rows, dtype=torch.long, device=self._device), start)
+                ids = torch.zeros(1, rows, dtype=torch.long, device=self._device)
+                logits = self.forward(ids, start)
+                if on_logits is not None:
+                    on_logits(logits)
         self.cache.crop_to(0)
         return self.stats.captures - before
 
