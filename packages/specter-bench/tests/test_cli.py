@@ -97,6 +97,76 @@ def test_generate_captures_the_decode_graphs_before_decoding(capsys):
     assert model.calls == []
 
 
+def test_depth_warm_up_measures_the_adaptive_depth_then_resets_the_model():
+    # With every expert resident, --depth auto decodes some tokens of the prompt first so
+    # its AdaptiveDepth starts from measured draft and verify times; nothing else stays.
+    from specter_bench.engine_systems import make_depth_policy
+    from specter_bench.text_generation import warm_adaptive_depth
+    from specter_spec import SpecController
+
+    lm = specter_models.load("tiny-deepseek-v2", device="cpu", seed=3, max_seq_len=128)
+    ids = torch.randint(0, lm.config.vocab_size, (12,)).tolist()
+    policy = make_depth_policy("auto", 4)
+    made = []
+
+    def make(depth=policy):
+        made.append(SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth))
+        return made[-1]
+
+    seconds = warm_adaptive_depth(make, lm, ids, 8, every_expert_resident=True)
+    assert seconds is not None
+    assert seconds > 0
+    assert policy.verify_costs
+    assert policy.draft_times
+    assert lm.kv.cache.length == 0  # the warm-up's KV rows are gone
+    assert int(lm.counter.counts.sum()) == 0
+    assert lm.cache.stats()["total"]["hits"] == 0
+    # The decode after it gives plain decoding's greedy tokens.
+    warmed = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=policy)
+    tokens = warmed.generate(ids, 10).tokens
+    lm.reset()
+    assert tokens == SpecController(None, lm.target, depth=0).generate(ids, 10).tokens
+    # No warm-up at a fixed depth, under a budget or for no tokens.
+    fresh = make_depth_policy("auto", 4)
+    for depth, resident, n in ((3, True, 8), (fresh, False, 8), (fresh, True, 0)):
+        assert (
+            warm_adaptive_depth(
+                lambda depth=depth: make(depth), lm, ids, n, every_expert_resident=resident
+            )
+            is None
+        )
+    assert not fresh.verify_costs
+
+
+def test_generate_warms_the_adaptive_depth_up_only_with_every_expert_resident(capsys):
+    runs = {}
+    for name, extra in (
+        ("auto", ["--gpu-memory-gb", "unlimited"]),
+        ("fixed", ["--gpu-memory-gb", "unlimited", "--depth", "2"]),
+        ("budget", ["--slots-per-layer", "4"]),
+        ("plain", ["--gpu-memory-gb", "unlimited", "--depth", "0"]),
+        ("off", ["--gpu-memory-gb", "unlimited", "--depth-warmup", "0"]),
+    ):
+        code, out, err = _run(
+            capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "12",
+            "--json", "--no-stream", *extra, "def f(x):",
+        )  # fmt: skip
+        assert code == 0, err
+        runs[name] = (json.loads(out.strip().splitlines()[-1]), out, err)
+    stats, out, err = runs["auto"]
+    assert stats["depth_warmup_s"] > 0
+    assert "warming --depth auto up on 12 tokens" in err
+    assert stats["new_tokens"] == 12
+    for name in ("fixed", "budget", "plain", "off"):
+        assert runs[name][0]["depth_warmup_s"] is None
+
+    # the warmed decode's greedy text is plain decoding's
+    def text(out):
+        return out.strip().splitlines()[:-1]  # all but the statistics line
+
+    assert text(out) == text(runs["plain"][1])
+
+
 def test_generate_streams_missing_experts_on_request(capsys):
     argv = ("generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "8", "--json",
             "--no-stream", "--slots-per-layer", "2", "--depth", "3", "hi")  # fmt: skip
@@ -244,6 +314,7 @@ def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_pa
         (["bench", "--model", "tiny-qwen2-moe", "--calibration-prompts", "x"], "an int >= 0"),
         (["bench", "--model", "tiny-qwen2-moe", "--sweep-prompts", "0"], "an int >= 1"),
         (["generate", "--batch-invariant", "maybe", "x"], "expected auto, on or off"),
+        (["generate", "--depth-warmup", "-1", "x"], "expected an int >= 0, got '-1'"),
         (["report", "/no/such.jsonl"], "does not exist"),
     ],
 )

@@ -256,6 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --depth auto under a budget, always load the INT4 draft and speculate, "
         "even where plain decoding would move fewer experts",
     )
+    gen.add_argument(
+        "--depth-warmup",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="with --depth auto and every expert resident, decode N tokens of the prompt "
+        "unrecorded first, so the adaptive depth starts from measured step times (default "
+        "32; 0: none)",
+    )
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128)
     gen.add_argument(
         "--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default)"
