@@ -25,6 +25,6 @@ python3 - "$out/generate.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     d = json.loads(line)
-    print(d["label"], "tpot", round(d["tpot_ms"], 3), "depth", round(d["mean_depth"], 2),
+    print(d["label"], "tpot", round(d["tpot_ms"] or 0, 3), "depth", round(d["mean_depth"] or 0, 2),
           "iters", d["iterations"], "acc", d["acceptance_rate"], "warmup_s", d.get("depth_warmup_s"))
 PY
