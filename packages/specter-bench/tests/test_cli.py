@@ -582,6 +582,12 @@ def test_info_shows_the_plan_with_a_pinned_hot_set(capsys):
     assert code == 0
     assert "INT4 draft experts (64/64 per layer)" in plain
     assert "INT4 draft experts (28/64 per layer)" in pinned
+    # Without a hot set the plan says that bench and generate pin one, and how to see it.
+    assert "--hot-experts N shows the plan with N pinned" in plain
+    assert "--hot-experts N shows" not in pinned
+    code, unlimited, _ = _run(capsys, "info", "--model", "deepseek-v2-lite")
+    assert code == 0
+    assert "--hot-experts N shows" not in unlimited  # no budget: no slots to free
 
     def slots(out):
         line = next(line for line in out.splitlines() if line.startswith("FP16 expert slots"))

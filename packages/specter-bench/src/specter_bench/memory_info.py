@@ -66,6 +66,12 @@ def run_info(args: argparse.Namespace) -> int:
         print(plain.describe())
         return 0
     print(plan.describe())
+    if budget is not None and not hot:
+        print(
+            "note: bench and generate pin a hot set chosen on routing (calibration decodes, or "
+            "the prompt): a pinned expert's INT4 copy is not held, so each one frees draft "
+            "memory for slots; --hot-experts N shows the plan with N pinned per layer"
+        )
     if plain is not None and plain.slots_per_layer > plan.slots_per_layer:
         print(
             f"without the INT4 draft (generate --depth 0): {plain.slots_per_layer}/"
