@@ -158,3 +158,36 @@ keys = ('tpot_ms', 'prefill_ms', 'iterations', 'mean_depth', 'acceptance_rate', 
 print(sys.argv[1], 'rc', sys.argv[2], {k: d.get(k) for k in keys})" "$label" "$rc"
     rm -f "$out/gen.txt"
 }
+
+# compile_trace LABEL SECONDS ARGS...: one `specter generate --json --no-stream ARGS` process
+# under scripts/compile_trace_probe.py, killed at SECONDS: its record in $out/trace-LABEL.jsonl,
+# stderr appended to $out/trace.err, and printed: kernels compiled (count, seconds) per phase,
+# the decode phase's kernels, and the run's TPOT. Point TRITON_CACHE_DIR at an empty folder
+# first to see a fresh machine's compiles.
+compile_trace() {
+    local label=$1 seconds=$2
+    shift 2
+    echo "=== $label" | tee -a "$out/trace.err"
+    timeout "$seconds" python3 scripts/compile_trace_probe.py --out "$out/trace-$label.jsonl" \
+        -- --json --no-stream "$@" >/dev/null 2>>"$out/trace.err"
+    echo "rc $?"
+    python3 - "$out/trace-$label.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+phases = {}
+for r in rows:
+    if r["kind"] == "compile":
+        p = phases.setdefault(r["phase"], [0, 0.0])
+        p[0] += 1
+        p[1] += r["seconds"] or 0.0
+print({k: (n, round(s, 2)) for k, (n, s) in phases.items()})
+for r in rows:
+    if r["kind"] == "compile" and r["phase"] == "decode":
+        print("  decode:", r["kernel"], round(r["seconds"] or 0, 3), r["constants"], r["frames"][-2:])
+g = [r for r in rows if r["kind"] == "generate"]
+if g:
+    d = g[0]
+    print("  tpot", d.get("tpot_ms"), "prefill", d.get("prefill_ms"), "acc", d.get("acceptance_rate"),
+          "iters", d.get("iterations"), "capture_s", d.get("graph_capture_s"))
+PY
+}
