@@ -1,6 +1,7 @@
 """AdaptiveDepth: acceptance and cost estimates, the depth they imply, recovery from K=0."""
 
 import itertools
+import json
 import random
 
 import pytest
@@ -441,3 +442,70 @@ def test_skipped_probes_resume_when_speculation_starts_to_pay():
     good = Environment(alpha=0.97, draft_cost=0.2e-3, verify_fixed=2e-3, verify_per_row=0.1e-3)
     depths = run(policy, good, 400)
     assert sorted(depths[-100:])[50] >= 8
+
+
+def test_a_policy_primed_with_anothers_costs_starts_at_its_best_depth():
+    # A run's measured costs carried to a fresh policy: its first choice is the depth those
+    # costs favour, with no exploration of the depths they already priced.
+    env = BudgetEnvironment(alpha=0.9)
+    learned = AdaptiveDepth(AdaptiveDepthConfig(max_depth=8))
+    run(learned, env, 200)
+    costs = learned.export_costs()
+    assert costs["draft"]
+    assert costs["verify"]
+    fresh = AdaptiveDepth(AdaptiveDepthConfig(max_depth=8))
+    unprimed_first = fresh.choose_depth()
+    assert unprimed_first == fresh.config.initial_depth  # knows nothing: starts exploring
+    fresh.reset()
+    fresh.prime(json.loads(json.dumps(costs)))  # as a file stores it
+    assert fresh.verify_costs == pytest.approx(learned.verify_costs)
+    assert fresh.draft_times == pytest.approx(learned.draft_times)
+    assert fresh.acceptance == fresh.config.prior_acceptance  # a prompt's, not carried over
+    # at the learned acceptance both policies price every depth alike
+    fresh._accepted, fresh._trials = learned._accepted, learned._trials
+    assert fresh.best_depth() == learned.best_depth()
+    first = [fresh.choose_depth() for _ in range(fresh.config.probe_interval - 1)]
+    assert first == [learned.best_depth()] * len(first)
+
+
+def test_primed_costs_give_way_to_measured_ones_and_expire():
+    env = Environment(alpha=0.8, draft_cost=1e-3, verify_fixed=10e-3, verify_per_row=1e-3)
+    config = AdaptiveDepthConfig(max_depth=8)
+    policy = AdaptiveDepth(config)
+    wrong = {"draft": {"2": 50e-3}, "verify": {"1": 10e-3, "3": 90e-3, "9": 200e-3}}
+    policy.prime(wrong)  # prices speculation far too dear: starts plainly
+    assert policy.choose_depth() == 0
+    depths = run(policy, env, 200)
+    assert policy.best_depth() > 0  # speculation came back on measured costs
+    assert 2 in depths  # the primed depth ran and was measured again ...
+    assert policy.verify_cost_s(3) == pytest.approx(env.verify(3), rel=0.05)  # ... and won
+    assert policy.draft_time_s(2) == pytest.approx(env.draft(2), rel=0.05)
+    # a count never measured again is forgotten after cost_horizon iterations
+    stale = AdaptiveDepth(config)
+    stale.prime(wrong)
+    run(stale, Environment(0.8, 1e-3, 10e-3, 1e-3), config.cost_horizon + 1)
+    assert 9 not in stale.verify_costs
+
+
+@pytest.mark.parametrize(
+    ("costs", "message"),
+    [
+        ([1, 2], "costs must be a mapping"),
+        ({"draft": {"0": 1e-3}}, "count '0'; expected an int in \\[1, 8\\]"),
+        ({"draft": {"9": 1e-3}}, "count '9'"),
+        ({"verify": {"10": 1e-3}}, "count '10'; expected an int in \\[1, 9\\]"),
+        ({"verify": {"x": 1e-3}}, "count 'x'"),
+        ({"verify": {"2": -1.0}}, "finite number of seconds >= 0, got -1.0"),
+        ({"verify": {"2": float("nan")}}, "got nan"),
+        ({"draft": [1.0]}, "costs\\['draft'\\] must be a mapping"),
+        ({"overhead": {"plain": "fast"}}, "overhead plain must be a finite number"),
+        ({"steady_plain": True}, "steady_plain must be a finite number"),
+    ],
+)
+def test_priming_refuses_costs_it_cannot_use_and_changes_nothing(costs, message):
+    policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=8))
+    with pytest.raises(ValueError, match=message):
+        policy.prime(costs)
+    assert policy.verify_costs == {}
+    assert policy.draft_times == {}
+    assert policy.choose_depth() == policy.config.initial_depth

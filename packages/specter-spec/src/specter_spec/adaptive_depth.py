@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from specter_spec.depth_policy import check_depth
 from specter_spec.statistics import IterationStats
@@ -127,6 +129,37 @@ class AdaptiveDepthConfig:
                 f"AdaptiveDepthConfig.skip_losing_probes must be a bool, "
                 f"got {self.skip_losing_probes!r}."
             )
+
+
+def _primed_time(value: Any, name: str) -> float | None:
+    """``value`` as seconds (None stays None) for :meth:`AdaptiveDepth.prime`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _primed_times(values: Any, name: str, lowest: int, highest: int) -> dict[int, float]:
+    """``{count: seconds}`` of a primed table (keys may be strings, as JSON writes them)."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"costs[{name!r}] must be a mapping of counts to seconds, got {values!r}")
+    out = {}
+    for key, value in values.items():
+        try:
+            count = int(key)
+        except (TypeError, ValueError):
+            count = None
+        if count is None or str(count) != str(key).strip() or not lowest <= count <= highest:
+            raise ValueError(
+                f"costs[{name!r}] has count {key!r}; expected an int in [{lowest}, {highest}]"
+            )
+        seconds = _primed_time(value, f"costs[{name!r}][{key!r}]")
+        if seconds is not None:
+            out[count] = seconds
+    return out
 
 
 def _decayed(mean: float | None, value: float, decay: float) -> float:
@@ -401,6 +434,63 @@ class AdaptiveDepth:
             return False
         rates = self._rates(depth, acceptance=1.0)
         return rates is not None and rates[depth] < rates[0]
+
+    # -- carried over between runs ---------------------------------------------------
+
+    def export_costs(self) -> dict[str, Any]:
+        """What this policy measured, to :meth:`prime` another one with (JSON-ready).
+
+        ``{"draft": {K: s}, "verify": {rows: s}, "overhead": {"plain": s, "speculative": s},
+        "steady_plain": s}``: the decaying mean draft time of each depth K, verify time of
+        each row count, per-iteration overheads and pipelined plain step (None where not
+        measured, or past ``cost_horizon``). Acceptance is left out: it belongs to a
+        prompt, the costs to a model, budget and machine.
+        """
+        return {
+            "draft": {str(k): v for k, v in self.draft_times.items()},
+            "verify": {str(n): v for n, v in self.verify_costs.items()},
+            "overhead": {"plain": self._overhead[False], "speculative": self._overhead[True]},
+            "steady_plain": self.steady_plain_s,
+        }
+
+    def prime(self, costs: Mapping[str, Any]) -> None:
+        """Start from costs an earlier run measured (:meth:`export_costs`' form).
+
+        Each draft and verify time counts as one measurement made now, so the first
+        choice is already the depth those costs favour (no exploration of depths the
+        earlier run priced), and later measurements of the same count outweigh it within
+        a few iterations (``cost_decay``); counts no iteration measures again expire after
+        ``cost_horizon`` iterations, as measured ones do. The acceptance estimate keeps its
+        prior. Call it before the first iteration or after :meth:`reset`.
+
+        Raises:
+            ValueError: a depth below 1 or above ``max_depth``, a row count below 1 or
+                above ``max_depth + 1``, or a time that is not a finite number >= 0; the
+                policy is left as it was.
+        """
+        if not isinstance(costs, Mapping):
+            raise ValueError(
+                f"costs must be a mapping (export_costs()), got {type(costs).__name__}"
+            )
+        draft = _primed_times(costs.get("draft", {}), "draft", 1, self.max_depth)
+        verify = _primed_times(costs.get("verify", {}), "verify", 1, self.max_depth + 1)
+        overhead = costs.get("overhead") or {}
+        if not isinstance(overhead, Mapping):
+            raise ValueError(f"costs['overhead'] must be a mapping, got {overhead!r}")
+        plain = _primed_time(overhead.get("plain"), "overhead plain")
+        speculative = _primed_time(overhead.get("speculative"), "overhead speculative")
+        steady = _primed_time(costs.get("steady_plain"), "steady_plain")
+        for depth, seconds in draft.items():
+            self._draft.add(depth, seconds, self._observed)
+        for rows, seconds in verify.items():
+            self._verify.add(rows, seconds, self._observed)
+        for table in (self._draft, self._verify):
+            table.tick(self._observed, self.config.cost_horizon)
+        for kind, seconds in ((False, plain), (True, speculative)):
+            if seconds is not None:
+                self._overhead[kind] = seconds
+        if steady is not None:
+            self._steady = (steady, self._observed)
 
     # -- policy ----------------------------------------------------------------------
 
