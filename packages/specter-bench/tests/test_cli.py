@@ -167,6 +167,51 @@ def test_generate_warms_the_adaptive_depth_up_only_with_every_expert_resident(ca
     assert text(out) == text(runs["plain"][1])
 
 
+def test_generate_keeps_the_adaptive_depths_costs_for_the_next_run_of_its_setup(
+    capsys, tmp_path, monkeypatch
+):
+    import os
+
+    from specter_bench.depth_memory import CACHE_ENV_VAR
+
+    def generate(*extra):
+        code, out, err = _run(
+            capsys, "generate", "--model", "tiny-qwen2-moe", "--max-new-tokens", "10", "--json",
+            "--no-stream", "--depth-warmup", "0", *extra, "def f(x):",
+        )  # fmt: skip
+        assert code == 0, err
+        return json.loads(out.strip().splitlines()[-1]), out.strip().splitlines()[:-1], err
+
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV_VAR, str(folder))
+    first, text, err = generate()
+    assert first["depth_costs"] == "first run of this setup"
+    (stored,) = (folder / "depth-costs").iterdir()
+    data = json.loads(stored.read_text())
+    assert data["setup"]["model"] == "tiny-qwen2-moe"
+    assert data["costs"]["verify"]  # what the policy measured
+    second, text2, err = generate()
+    assert second["depth_costs"] == "primed from an earlier run"
+    assert "starts from the step costs an earlier run of this setup measured" in err
+    assert text2 == text  # greedy: the same tokens whatever the depth
+    # Another setup has a file of its own; --no-depth-memory neither reads nor writes one.
+    other, _, _ = generate("--slots-per-layer", "5")
+    assert other["depth_costs"] == "first run of this setup"
+    assert len(os.listdir(folder / "depth-costs")) == 2
+    off, _, err = generate("--no-depth-memory", "--slots-per-layer", "4")
+    assert off["depth_costs"] is None
+    assert len(os.listdir(folder / "depth-costs")) == 2
+    # A fixed depth has no policy to prime.
+    fixed, _, _ = generate("--depth", "2")
+    assert fixed["depth_costs"] is None
+    # A damaged file is said and replaced, never trusted.
+    stored.write_text("{not json")
+    again, _, err = generate()
+    assert again["depth_costs"] == "first run of this setup"
+    assert f"ignoring the depth costs in {stored}" in err
+    assert json.loads(stored.read_text())["costs"]["verify"]
+
+
 def test_generate_streams_missing_experts_on_request(capsys):
     argv = ("generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "8", "--json",
             "--no-stream", "--slots-per-layer", "2", "--depth", "3", "hi")  # fmt: skip

@@ -265,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
         "unrecorded first, so the adaptive depth starts from measured step times (default "
         "32; 0: none)",
     )
+    gen.add_argument(
+        "--no-depth-memory",
+        action="store_true",
+        help="with --depth auto, neither start from the step costs an earlier run of the same "
+        "setup measured nor keep this run's (kept under $SPECTER_CACHE_DIR, default "
+        "~/.cache/specter)",
+    )
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128)
     gen.add_argument(
         "--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default)"

@@ -1,0 +1,90 @@
+"""What ``specter generate --depth auto`` measured, kept for the next run on the same setup.
+
+The adaptive depth (specter-spec ``AdaptiveDepth``) starts knowing no draft or verify time,
+so a one-shot ``generate`` spends its first iterations exploring depths (plain steps among
+them) that a warmed-up policy would not run: on DeepSeek-V2-Lite at 24 GB on the H200,
+``--depth auto`` took 8.4-8.7 ms a token over 64 tokens where ``--depth 2``, the depth the
+bench's warmed-up policy holds there, took 6.7-7.6. So ``generate`` writes the costs its
+policy measured (``AdaptiveDepth.export_costs``: times per depth and per verified row count,
+overheads; not the acceptance, which belongs to a prompt) to a small JSON file after each
+run, and primes the next run's policy with them (``AdaptiveDepth.prime``), as Triton keeps
+its compiled kernels. The file is keyed by everything those times depend on
+(:func:`setup_key`): the model, device, dtype, budget, slots, pinned and pruned experts,
+miss path, batch invariance, CUDA graphs, the largest depth and the torch, triton and
+specter-spec versions.
+
+The folder is ``$SPECTER_CACHE_DIR/depth-costs`` (default ``~/.cache/specter/depth-costs``).
+A file that cannot be read or used is reported and replaced, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CACHE_ENV_VAR",
+    "depth_costs_path",
+    "read_depth_costs",
+    "setup_key",
+    "write_depth_costs",
+]
+
+CACHE_ENV_VAR = "SPECTER_CACHE_DIR"
+"""The folder Specter keeps what it measured in (default ``~/.cache/specter``)."""
+SCHEMA = 1
+
+
+def setup_key(**setup: Any) -> dict[str, Any]:
+    """The setup a depth-costs file belongs to: ``setup`` (JSON values) in a fixed order."""
+    for name, value in setup.items():
+        if not isinstance(value, str | int | float | bool | type(None)):
+            raise TypeError(f"setup value {name}={value!r} must be a JSON scalar")
+    return dict(sorted(setup.items()))
+
+
+def depth_costs_path(setup: dict[str, Any]) -> Path:
+    """The file of ``setup`` (a :func:`setup_key`) under the cache folder."""
+    root = os.environ.get(CACHE_ENV_VAR) or str(Path.home() / ".cache" / "specter")
+    digest = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(root) / "depth-costs" / f"{digest}.json"
+
+
+def read_depth_costs(path: Path, setup: dict[str, Any]) -> dict[str, Any] | None:
+    """The costs stored at ``path`` for ``setup``, or None: no file yet, or one that is not
+    this setup's costs in this schema (said on stderr; the next write replaces it)."""
+    if not path.exists():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("schema") != SCHEMA or stored.get("setup") != setup:
+            raise ValueError("written for another setup or schema")
+        costs = stored["costs"]
+        if not isinstance(costs, dict):
+            raise ValueError(f"costs is {type(costs).__name__}, not an object")
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        print(
+            f"note: ignoring the depth costs in {path} ({exc}); this run replaces them",
+            file=sys.stderr,
+        )
+        return None
+    return costs
+
+
+def write_depth_costs(path: Path, setup: dict[str, Any], costs: dict[str, Any]) -> None:
+    """Store ``costs`` (``AdaptiveDepth.export_costs()``) for ``setup`` at ``path``, whole
+    or not at all (a temporary file renamed over it). An unwritable folder is said on
+    stderr, not raised: the generation it follows has succeeded."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(
+            json.dumps({"schema": SCHEMA, "setup": setup, "costs": costs}, indent=1)
+        )
+        temporary.replace(path)
+    except OSError as exc:
+        print(f"note: could not keep the depth costs in {path}: {exc}", file=sys.stderr)
