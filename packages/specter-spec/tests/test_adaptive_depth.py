@@ -500,6 +500,9 @@ def test_primed_costs_give_way_to_measured_ones_and_expire():
         ({"draft": [1.0]}, "costs\\['draft'\\] must be a mapping"),
         ({"overhead": {"plain": "fast"}}, "overhead plain must be a finite number"),
         ({"steady_plain": True}, "steady_plain must be a finite number"),
+        ({"ages": [1]}, "costs\\['ages'\\] must be a mapping"),
+        ({"ages": {"verify": {"2": -1}}}, "must be an int >= 0 \\(iterations\\), got -1"),
+        ({"ages": {"draft": {"x": 1}}}, "has count 'x'; expected an int"),
     ],
 )
 def test_priming_refuses_costs_it_cannot_use_and_changes_nothing(costs, message):
@@ -509,3 +512,28 @@ def test_priming_refuses_costs_it_cannot_use_and_changes_nothing(costs, message)
     assert policy.verify_costs == {}
     assert policy.draft_times == {}
     assert policy.choose_depth() == policy.config.initial_depth
+
+
+def test_primed_costs_keep_their_age_across_runs():
+    # A count the earlier run measured long ago expires when it would have there, so a
+    # cost no later run measures again is not carried from run to run for ever.
+    config = AdaptiveDepthConfig(max_depth=8)
+    env = Environment(alpha=0.8, draft_cost=1e-3, verify_fixed=10e-3, verify_per_row=1e-3)
+    first = AdaptiveDepth(config)
+    run(first, env, 40)
+    costs = first.export_costs()
+    ages = costs["ages"]
+    assert set(ages["verify"]) == set(costs["verify"])
+    assert all(0 <= a < 40 for a in ages["verify"].values())
+    second = AdaptiveDepth(config)
+    second.prime(costs)
+    assert second.verify_costs == pytest.approx(first.verify_costs)
+    assert second.export_costs()["ages"] == ages  # none of them measured again yet
+    old = json.loads(json.dumps(costs))
+    old["ages"]["verify"] = dict.fromkeys(old["verify"], config.cost_horizon)
+    third = AdaptiveDepth(config)
+    third.prime(old)
+    assert third.verify_costs == {}  # all of them past the horizon
+    assert third.draft_times == pytest.approx(first.draft_times)
+    with pytest.raises(RuntimeError, match="prime a fresh AdaptiveDepth"):
+        first.prime(costs)  # it has measured costs of its own

@@ -162,6 +162,33 @@ def _primed_times(values: Any, name: str, lowest: int, highest: int) -> dict[int
     return out
 
 
+def _primed_age(value: Any, name: str) -> int | None:
+    """``value`` as iterations since a measurement (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0 (iterations), got {value!r}")
+    return value
+
+
+def _primed_ages(values: Any, name: str) -> dict[int, int]:
+    """``{count: iterations since measured}`` of ``costs["ages"][name]`` (string keys allowed)."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"costs['ages'][{name!r}] must be a mapping, got {values!r}")
+    out = {}
+    for key, value in values.items():
+        try:
+            count = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"costs['ages'][{name!r}] has count {key!r}; expected an int"
+            ) from None
+        age = _primed_age(value, f"costs['ages'][{name!r}][{key!r}]")
+        if age is not None:
+            out[count] = age
+    return out
+
+
 def _decayed(mean: float | None, value: float, decay: float) -> float:
     """An exponential moving average's next value: ``value`` itself when there is none yet."""
     return value if mean is None else decay * mean + (1 - decay) * value
@@ -441,33 +468,49 @@ class AdaptiveDepth:
         """What this policy measured, to :meth:`prime` another one with (JSON-ready).
 
         ``{"draft": {K: s}, "verify": {rows: s}, "overhead": {"plain": s, "speculative": s},
-        "steady_plain": s}``: the decaying mean draft time of each depth K, verify time of
-        each row count, per-iteration overheads and pipelined plain step (None where not
-        measured, or past ``cost_horizon``). Acceptance is left out: it belongs to a
-        prompt, the costs to a model, budget and machine.
+        "steady_plain": s, "ages": {"draft": {K: i}, "verify": {rows: i}, "steady_plain":
+        i}}``: the decaying mean draft time of each depth K, verify time of each row count,
+        per-iteration overheads and pipelined plain step (None where not measured, or past
+        ``cost_horizon``), and how many iterations ago each was last measured, so a primed
+        policy expires them when this one would have, whatever runs they span.
+        Acceptance is left out: it belongs to a prompt, the costs to a model, budget and
+        machine.
         """
+        steady = self.steady_plain_s
         return {
             "draft": {str(k): v for k, v in self.draft_times.items()},
             "verify": {str(n): v for n, v in self.verify_costs.items()},
             "overhead": {"plain": self._overhead[False], "speculative": self._overhead[True]},
-            "steady_plain": self.steady_plain_s,
+            "steady_plain": steady,
+            "ages": {
+                "draft": {str(k): self._observed - s for k, s in self._draft.last_seen.items()},
+                "verify": {str(n): self._observed - s for n, s in self._verify.last_seen.items()},
+                "steady_plain": None if steady is None else self._observed - self._steady[1],
+            },
         }
 
     def prime(self, costs: Mapping[str, Any]) -> None:
-        """Start from costs an earlier run measured (:meth:`export_costs`' form).
+        """Start a fresh policy from costs an earlier one measured (:meth:`export_costs`).
 
-        Each draft and verify time counts as one measurement made now, so the first
-        choice is already the depth those costs favour (no exploration of depths the
-        earlier run priced), and later measurements of the same count outweigh it within
-        a few iterations (``cost_decay``); counts no iteration measures again expire after
-        ``cost_horizon`` iterations, as measured ones do. The acceptance estimate keeps its
-        prior. Call it before the first iteration or after :meth:`reset`.
+        Each draft and verify time counts as one measurement made as many iterations ago
+        as ``costs["ages"]`` says (now, where it says nothing), so the first choice is
+        already the depth those costs favour (no exploration of depths the earlier run
+        priced), later measurements of the same count outweigh it within a few iterations
+        (``cost_decay``), and a count no iteration measures again expires ``cost_horizon``
+        iterations after it was last measured, counting the earlier run's iterations too.
+        The acceptance estimate keeps its prior.
 
         Raises:
+            RuntimeError: this policy has observed an iteration since its last reset.
             ValueError: a depth below 1 or above ``max_depth``, a row count below 1 or
-                above ``max_depth + 1``, or a time that is not a finite number >= 0; the
-                policy is left as it was.
+                above ``max_depth + 1``, a time that is not a finite number >= 0 or an age
+                that is not an int >= 0; the policy is left as it was.
         """
+        if self._observed or self._draft.weight or self._verify.weight:
+            raise RuntimeError(
+                "prime a fresh AdaptiveDepth (before its first iteration, or after reset()): "
+                "this one has measured costs of its own"
+            )
         if not isinstance(costs, Mapping):
             raise ValueError(
                 f"costs must be a mapping (export_costs()), got {type(costs).__name__}"
@@ -480,17 +523,24 @@ class AdaptiveDepth:
         plain = _primed_time(overhead.get("plain"), "overhead plain")
         speculative = _primed_time(overhead.get("speculative"), "overhead speculative")
         steady = _primed_time(costs.get("steady_plain"), "steady_plain")
-        for depth, seconds in draft.items():
-            self._draft.add(depth, seconds, self._observed)
-        for rows, seconds in verify.items():
-            self._verify.add(rows, seconds, self._observed)
-        for table in (self._draft, self._verify):
-            table.tick(self._observed, self.config.cost_horizon)
+        ages = costs.get("ages") or {}
+        if not isinstance(ages, Mapping):
+            raise ValueError(f"costs['ages'] must be a mapping, got {ages!r}")
+        draft_ages = _primed_ages(ages.get("draft") or {}, "draft")
+        verify_ages = _primed_ages(ages.get("verify") or {}, "verify")
+        steady_age = _primed_age(ages.get("steady_plain"), "ages steady_plain")
+        for table, times, age_of in (
+            (self._draft, draft, draft_ages),
+            (self._verify, verify, verify_ages),
+        ):
+            for count, seconds in times.items():
+                table.add(count, seconds, -age_of.get(count, 0))
+            table.tick(0, self.config.cost_horizon)
         for kind, seconds in ((False, plain), (True, speculative)):
             if seconds is not None:
                 self._overhead[kind] = seconds
         if steady is not None:
-            self._steady = (steady, self._observed)
+            self._steady = (steady, -(steady_age or 0))
 
     # -- policy ----------------------------------------------------------------------
 
