@@ -26,10 +26,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 __all__ = [
     "CACHE_ENV_VAR",
     "depth_costs_path",
+    "engine_setup",
     "read_depth_costs",
+    "recall_depth_costs",
     "setup_key",
     "write_depth_costs",
 ]
@@ -88,3 +92,61 @@ def write_depth_costs(path: Path, setup: dict[str, Any], costs: dict[str, Any]) 
         temporary.replace(path)
     except OSError as exc:
         print(f"note: could not keep the depth costs in {path}: {exc}", file=sys.stderr)
+
+
+def engine_setup(
+    model: str,
+    loaded: Any,
+    *,
+    device: str,
+    dtype: torch.dtype,
+    budget_gb: float | None,
+    max_depth: int,
+) -> dict[str, Any]:
+    """The :func:`setup_key` of ``loaded`` (a ``SpecterModel`` of ``model``, a preset or a
+    checkpoint folder) on ``device``: what its decode's step times depend on."""
+    import triton
+
+    import specter_spec
+
+    plan = loaded.memory.plan
+    folder = Path(model)
+    return setup_key(
+        model=str(folder.resolve()) if folder.exists() else model,
+        device=torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
+        dtype=str(dtype),
+        budget_gb=budget_gb,
+        slots_per_layer=plan.slots_per_layer,
+        hot_experts_per_layer=plan.hot_experts_per_layer,
+        pruned_experts_per_layer=plan.pruned_experts_per_layer,
+        draft=loaded.draft is not None,
+        miss_path=getattr(loaded, "miss_path", "load"),
+        stream_fills=getattr(loaded, "stream_fills", 0),
+        stream_staging=getattr(loaded, "stream_staging", 0),
+        batch_invariant=bool(loaded.batch_invariant),
+        cuda_graphs=bool(loaded.cuda_graphs),
+        max_depth=max_depth,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        specter_spec=specter_spec.__version__,
+    )
+
+
+def recall_depth_costs(policy: Any, setup: dict[str, Any]) -> tuple[Path, bool]:
+    """Prime ``policy`` (a fresh ``AdaptiveDepth``) with the costs kept for ``setup``, where
+    there are usable ones; ``(their file, whether it was primed)``."""
+    path = depth_costs_path(setup)
+    costs = read_depth_costs(path, setup)
+    if costs is None:
+        return path, False
+    try:
+        policy.prime(costs)
+    except ValueError as exc:
+        print(f"note: ignoring the depth costs in {path} ({exc})", file=sys.stderr)
+        return path, False
+    print(
+        f"--depth auto starts from the step costs an earlier run of this setup measured "
+        f"({path}; --no-depth-memory ignores them)",
+        file=sys.stderr,
+    )
+    return path, True

@@ -18,12 +18,7 @@ from typing import Any, TextIO
 import torch
 
 from specter_bench.bench_command import parse_dtype
-from specter_bench.depth_memory import (
-    depth_costs_path,
-    read_depth_costs,
-    setup_key,
-    write_depth_costs,
-)
+from specter_bench.depth_memory import engine_setup, recall_depth_costs, write_depth_costs
 from specter_bench.engine_systems import DecodeWindow, make_depth_policy
 from specter_bench.hot_sets import (
     CONTINUATION_TOKENS,
@@ -284,63 +279,6 @@ def capture_decode_graphs(loaded: Any, *, prompt_length: int, speculate: bool) -
 DEPTH_WARMUP_TOKENS = 32
 """Tokens of the prompt ``generate --depth auto`` decodes once, unrecorded, before its
 decode when every expert is resident (the bench's warm-up is as long)."""
-
-
-def _depth_memory(
-    args: argparse.Namespace,
-    loaded: Any,
-    policy: Any,
-    device: str,
-    dtype: torch.dtype,
-    max_depth: int,
-) -> tuple[Path, dict[str, Any], str] | None:
-    """Prime ``--depth auto``'s policy with the costs an earlier run of this setup measured
-    (``specter_bench.depth_memory``); ``(file, setup, "primed from an earlier run" or "first
-    run of this setup")`` for the write after the decode, or None (a fixed depth, or
-    ``--no-depth-memory``)."""
-    if not isinstance(policy, AdaptiveDepth) or getattr(args, "no_depth_memory", False):
-        return None
-    import triton
-
-    import specter_spec
-
-    plan = loaded.memory.plan
-    model = Path(args.model)
-    setup = setup_key(
-        model=str(model.resolve()) if model.exists() else args.model,
-        device=torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
-        dtype=str(dtype),
-        budget_gb=args.gpu_memory_gb,
-        slots_per_layer=plan.slots_per_layer,
-        hot_experts_per_layer=plan.hot_experts_per_layer,
-        pruned_experts_per_layer=plan.pruned_experts_per_layer,
-        draft=loaded.draft is not None,
-        miss_path=getattr(loaded, "miss_path", "load"),
-        stream_fills=getattr(loaded, "stream_fills", 0),
-        stream_staging=getattr(loaded, "stream_staging", 0),
-        batch_invariant=bool(loaded.batch_invariant),
-        cuda_graphs=bool(loaded.cuda_graphs),
-        max_depth=max_depth,
-        torch=torch.__version__,
-        triton=triton.__version__,
-        specter_spec=specter_spec.__version__,
-    )
-    path = depth_costs_path(setup)
-    costs = read_depth_costs(path, setup)
-    if costs is not None:
-        try:
-            policy.prime(costs)
-        except ValueError as exc:
-            print(f"note: ignoring the depth costs in {path} ({exc})", file=sys.stderr)
-            costs = None
-    if costs is None:
-        return path, setup, "first run of this setup"
-    print(
-        f"--depth auto starts from the step costs an earlier run of this setup measured "
-        f"({path}; --no-depth-memory ignores them)",
-        file=sys.stderr,
-    )
-    return path, setup, "primed from an earlier run"
 
 
 def _depth_warmup_tokens(args: argparse.Namespace) -> int:
@@ -661,7 +599,18 @@ def run_generate(args: argparse.Namespace) -> int:
 
     controller = controller_for(sampling)
     capture = capture_decode_graphs(loaded, prompt_length=len(ids), speculate=speculate)
-    memory = _depth_memory(args, loaded, depth_policy, device, dtype, max_depth)
+    memory = None  # (file, setup, what the summary says) where the policy's costs are kept
+    if isinstance(depth_policy, AdaptiveDepth) and not getattr(args, "no_depth_memory", False):
+        setup = engine_setup(
+            args.model, loaded, device=device, dtype=dtype, budget_gb=args.gpu_memory_gb,
+            max_depth=max_depth,
+        )  # fmt: skip
+        kept, primed = recall_depth_costs(depth_policy, setup)
+        memory = (
+            kept,
+            setup,
+            "primed from an earlier run" if primed else "first run of this setup",
+        )
     warmup_s = warm_adaptive_depth(
         lambda: controller_for(SamplingConfig()),
         loaded,
