@@ -191,3 +191,16 @@ if g:
           "iters", d.get("iterations"), "capture_s", d.get("graph_capture_s"))
 PY
 }
+
+# generate_lines [FIELD...]: each $out/generate.jsonl record (generate_record's) on one line:
+# its label, TPOT, mean depth, iterations and acceptance, then each FIELD named.
+generate_lines() {
+    python3 - "$out/generate.jsonl" "$@" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    print(d["label"], "tpot", round(d["tpot_ms"] or 0, 3), "depth", round(d["mean_depth"] or 0, 2),
+          "iters", d["iterations"], "acc", d["acceptance_rate"],
+          *(f"{k} {d.get(k)}" for k in sys.argv[2:]))
+PY
+}

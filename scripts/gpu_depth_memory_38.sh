@@ -18,11 +18,5 @@ for arm in first primed off primed2; do
     generate_record "24gb-memory-$arm" 110 --gpu-memory-gb 24 --hot-experts "$results" "${extra[@]}"
     echo "  at $(($(date +%s) - begin)) s"
 done
-python3 - "$out/generate.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    d = json.loads(line)
-    print(d["label"], "tpot", round(d["tpot_ms"] or 0, 3), "depth", round(d["mean_depth"] or 0, 2),
-          "iters", d["iterations"], "acc", d["acceptance_rate"], "costs", d.get("depth_costs"))
-PY
+generate_lines depth_costs
 cp "$SPECTER_CACHE_DIR"/depth-costs/*.json "$out/" 2>/dev/null

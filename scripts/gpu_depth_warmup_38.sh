@@ -21,10 +21,4 @@ for arm in off on; do
     generate_record "qwen-unlimited-64-$arm" 120 --model qwen1.5-moe "${warm[@]}"
     echo "  at $(($(date +%s) - begin)) s"
 done
-python3 - "$out/generate.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    d = json.loads(line)
-    print(d["label"], "tpot", round(d["tpot_ms"] or 0, 3), "depth", round(d["mean_depth"] or 0, 2),
-          "iters", d["iterations"], "acc", d["acceptance_rate"], "warmup_s", d.get("depth_warmup_s"))
-PY
+generate_lines depth_warmup_s

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,26 +142,6 @@ def _primed_time(value: Any, name: str) -> float | None:
     return float(value)
 
 
-def _primed_times(values: Any, name: str, lowest: int, highest: int) -> dict[int, float]:
-    """``{count: seconds}`` of a primed table (keys may be strings, as JSON writes them)."""
-    if not isinstance(values, Mapping):
-        raise ValueError(f"costs[{name!r}] must be a mapping of counts to seconds, got {values!r}")
-    out = {}
-    for key, value in values.items():
-        try:
-            count = int(key)
-        except (TypeError, ValueError):
-            count = None
-        if count is None or str(count) != str(key).strip() or not lowest <= count <= highest:
-            raise ValueError(
-                f"costs[{name!r}] has count {key!r}; expected an int in [{lowest}, {highest}]"
-            )
-        seconds = _primed_time(value, f"costs[{name!r}][{key!r}]")
-        if seconds is not None:
-            out[count] = seconds
-    return out
-
-
 def _primed_age(value: Any, name: str) -> int | None:
     """``value`` as iterations since a measurement (None stays None)."""
     if value is None:
@@ -171,21 +151,24 @@ def _primed_age(value: Any, name: str) -> int | None:
     return value
 
 
-def _primed_ages(values: Any, name: str) -> dict[int, int]:
-    """``{count: iterations since measured}`` of ``costs["ages"][name]`` (string keys allowed)."""
+def _primed_table(
+    values: Any, where: str, lowest: int, highest: int, parse: Callable[[Any, str], Any]
+) -> dict[int, Any]:
+    """``{count: parse(value)}`` of the mapping ``values`` found at ``where`` (keys may be
+    strings, as JSON writes them; counts in ``[lowest, highest]``; None values left out)."""
     if not isinstance(values, Mapping):
-        raise ValueError(f"costs['ages'][{name!r}] must be a mapping, got {values!r}")
+        raise ValueError(f"{where} must be a mapping of counts, got {values!r}")
     out = {}
     for key, value in values.items():
         try:
             count = int(key)
         except (TypeError, ValueError):
-            raise ValueError(
-                f"costs['ages'][{name!r}] has count {key!r}; expected an int"
-            ) from None
-        age = _primed_age(value, f"costs['ages'][{name!r}][{key!r}]")
-        if age is not None:
-            out[count] = age
+            count = None
+        if count is None or str(count) != str(key).strip() or not lowest <= count <= highest:
+            raise ValueError(f"{where} has count {key!r}; expected an int in [{lowest}, {highest}]")
+        parsed = parse(value, f"{where}[{key!r}]")
+        if parsed is not None:
+            out[count] = parsed
     return out
 
 
@@ -515,8 +498,9 @@ class AdaptiveDepth:
             raise ValueError(
                 f"costs must be a mapping (export_costs()), got {type(costs).__name__}"
             )
-        draft = _primed_times(costs.get("draft", {}), "draft", 1, self.max_depth)
-        verify = _primed_times(costs.get("verify", {}), "verify", 1, self.max_depth + 1)
+        top, rows = self.max_depth, self.max_depth + 1
+        draft = _primed_table(costs.get("draft", {}), "costs['draft']", 1, top, _primed_time)
+        verify = _primed_table(costs.get("verify", {}), "costs['verify']", 1, rows, _primed_time)
         overhead = costs.get("overhead") or {}
         if not isinstance(overhead, Mapping):
             raise ValueError(f"costs['overhead'] must be a mapping, got {overhead!r}")
@@ -526,8 +510,12 @@ class AdaptiveDepth:
         ages = costs.get("ages") or {}
         if not isinstance(ages, Mapping):
             raise ValueError(f"costs['ages'] must be a mapping, got {ages!r}")
-        draft_ages = _primed_ages(ages.get("draft") or {}, "draft")
-        verify_ages = _primed_ages(ages.get("verify") or {}, "verify")
+        draft_ages = _primed_table(
+            ages.get("draft") or {}, "costs['ages']['draft']", 1, top, _primed_age
+        )
+        verify_ages = _primed_table(
+            ages.get("verify") or {}, "costs['ages']['verify']", 1, rows, _primed_age
+        )
         steady_age = _primed_age(ages.get("steady_plain"), "ages steady_plain")
         for table, times, age_of in (
             (self._draft, draft, draft_ages),
