@@ -107,13 +107,11 @@ def test_depth_warm_up_measures_the_adaptive_depth_then_resets_the_model():
     lm = specter_models.load("tiny-deepseek-v2", device="cpu", seed=3, max_seq_len=128)
     ids = torch.randint(0, lm.config.vocab_size, (12,)).tolist()
     policy = make_depth_policy("auto", 4)
-    made = []
 
     def make(depth=policy):
-        made.append(SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth))
-        return made[-1]
+        return SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=depth)
 
-    seconds = warm_adaptive_depth(make, lm, ids, 8, every_expert_resident=True)
+    seconds = warm_adaptive_depth(make(), lm, ids, 8, every_expert_resident=True)
     assert seconds is not None
     assert seconds > 0
     assert policy.verify_costs
@@ -129,12 +127,7 @@ def test_depth_warm_up_measures_the_adaptive_depth_then_resets_the_model():
     # No warm-up at a fixed depth, under a budget or for no tokens.
     fresh = make_depth_policy("auto", 4)
     for depth, resident, n in ((3, True, 8), (fresh, False, 8), (fresh, True, 0)):
-        assert (
-            warm_adaptive_depth(
-                lambda depth=depth: make(depth), lm, ids, n, every_expert_resident=resident
-            )
-            is None
-        )
+        assert warm_adaptive_depth(make(depth), lm, ids, n, every_expert_resident=resident) is None
     assert not fresh.verify_costs
 
 

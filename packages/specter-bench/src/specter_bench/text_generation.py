@@ -11,7 +11,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -287,7 +286,7 @@ def _depth_warmup_tokens(args: argparse.Namespace) -> int:
 
 
 def warm_adaptive_depth(
-    make_controller: Callable[[], Any],
+    controller: Any,
     loaded: Any,
     prompt_ids: list[int],
     tokens: int,
@@ -301,17 +300,19 @@ def warm_adaptive_depth(
     decoding. With every expert resident a draft step costs most of a target step, so on
     DeepSeek-V2-Lite those iterations are the slow part of a short generation
     (``generate`` at unlimited took 3.65 ms a token over 64 tokens where the bench, which
-    warms up first, decodes plainly at 2.16). So the controller ``make_controller`` gives
-    (greedy, sharing the decode's depth policy, which keeps what it learns) decodes
-    ``tokens`` tokens of the prompt, unrecorded, and then the model is reset (KV, counts,
-    statistics). Under a budget nothing runs: a warm-up decode would also leave the
-    prompt's experts in the cache, which the timed decode would then find.
+    warms up first, decodes plainly at 2.16). So ``controller`` decodes ``tokens`` tokens of
+    the prompt, unrecorded, and then the model is reset (KV, counts, statistics). Under a
+    budget nothing runs: a warm-up decode would also leave the prompt's experts in the
+    cache, which the timed decode would then find.
+
+    Args:
+        controller: a greedy ``SpecController`` sharing the decode's depth policy, which
+            keeps what it learns.
 
     Returns:
         The seconds the warm-up took, None where none ran (a fixed depth, some expert
         not resident, or no tokens).
     """
-    controller = make_controller()
     adaptive = isinstance(controller.depth_policy, AdaptiveDepth)
     if not (adaptive and every_expert_resident and tokens >= 1):
         return None
@@ -599,20 +600,16 @@ def run_generate(args: argparse.Namespace) -> int:
 
     controller = controller_for(sampling)
     capture = capture_decode_graphs(loaded, prompt_length=len(ids), speculate=speculate)
-    memory = None  # (file, setup, what the summary says) where the policy's costs are kept
+    memory = None  # (file, setup, primed): where the policy's costs are kept
     if isinstance(depth_policy, AdaptiveDepth) and not getattr(args, "no_depth_memory", False):
         setup = engine_setup(
             args.model, loaded, device=device, dtype=dtype, budget_gb=args.gpu_memory_gb,
             max_depth=max_depth,
         )  # fmt: skip
         kept, primed = recall_depth_costs(depth_policy, setup)
-        memory = (
-            kept,
-            setup,
-            "primed from an earlier run" if primed else "first run of this setup",
-        )
+        memory = (kept, setup, primed)
     warmup_s = warm_adaptive_depth(
-        lambda: controller_for(SamplingConfig()),
+        controller_for(SamplingConfig()),
         loaded,
         ids,
         min(_depth_warmup_tokens(args), args.max_new_tokens),
@@ -655,7 +652,11 @@ def run_generate(args: argparse.Namespace) -> int:
     summary["hot_set_choice_s"] = choice_s
     summary.update(capture)
     summary["depth_warmup_s"] = warmup_s
-    summary["depth_costs"] = None if memory is None else memory[2]
+    summary["depth_costs"] = (
+        None
+        if memory is None
+        else ("primed from an earlier run" if memory[2] else "first run of this setup")
+    )
     if args.json:
         print(json.dumps(summary))
     else:

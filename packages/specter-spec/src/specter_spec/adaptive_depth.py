@@ -135,9 +135,8 @@ def _primed_time(value: Any, name: str) -> float | None:
     """``value`` as seconds (None stays None) for :meth:`AdaptiveDepth.prime`."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    if value < 0:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
 
