@@ -204,3 +204,42 @@ for line in open(sys.argv[1]):
           *(f"{k} {d.get(k)}" for k in sys.argv[2:]))
 PY
 }
+
+# iteration_trace LABEL SECONDS ARGS...: one `specter generate --json --no-stream` process on
+# DeepSeek-V2-Lite, 64 new tokens of $out/prompt.txt, under scripts/iteration_trace_probe.py,
+# killed at SECONDS: each iteration with the captures, eager forwards and compiles inside it in
+# $out/iterations-LABEL.jsonl; printed: the decode's iterations per depth (count, median and
+# largest draft and verify ms), every decode iteration with an event in it, and the TPOT.
+iteration_trace() {
+    local label=$1 seconds=$2
+    shift 2
+    echo "=== $label" | tee -a "$out/iterations.err"
+    timeout "$seconds" python3 scripts/iteration_trace_probe.py --out "$out/iterations-$label.jsonl" \
+        -- --json --no-stream --model deepseek-v2-lite --max-new-tokens 64 \
+        --prompt-file "$out/prompt.txt" "$@" >/dev/null 2>>"$out/iterations.err"
+    echo "rc $?"
+    python3 - "$out/iterations-$label.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+its = [r for r in rows if r["kind"] == "iteration" and r["phase"] == "decode"]
+by = {}
+for r in its:
+    by.setdefault(r["depth"], []).append(r)
+for k, rs in sorted(by.items()):
+    d = [r["draft_ms"] for r in rs]
+    v = [r["verify_ms"] for r in rs]
+    print(f"  K={k} n={len(rs)} draft med {statistics.median(d):.2f} max {max(d):.2f}"
+          f" verify med {statistics.median(v):.2f} max {max(v):.2f}")
+for r in its:
+    if r["events"]:
+        kinds = {}
+        for e in r["events"]:
+            kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+        print(f"  #{r['index']} K={r['depth']} draft {r['draft_ms']:.2f} verify {r['verify_ms']:.2f}",
+              kinds, [e.get("key") or e.get("name") for e in r["events"]][:4])
+g = [r for r in rows if r["kind"] == "generate"]
+if g:
+    print("  tpot", g[0].get("tpot_ms"), "acc", g[0].get("acceptance_rate"), "depth",
+          g[0].get("mean_depth"), "iters", g[0].get("iterations"))
+PY
+}

@@ -1,0 +1,154 @@
+"""Each iteration of ``specter generate``, with what else happened inside it.
+
+Runs ``specter generate ARGS...`` in this process and records every ``IterationStats`` the
+controller makes (depth, accepted, the draft, verify and whole iteration's seconds, whether a
+plain step was pipelined) with the run's phase (``load`` until the decode graphs' capture,
+``capture``, ``warmup`` for ``--depth auto``'s unrecorded warm-up, ``decode`` after) and the
+events that fell inside the iteration's wall time: CUDA graph captures and eager window
+forwards (``StepGraphs``, per role and key) and Triton kernels used for the first time.
+One JSON line per iteration to ``--out``, then the generate's own statistics line.
+
+The point: a cost ``AdaptiveDepth`` learns from one iteration that captured a graph or
+compiled a kernel is not the step's cost (the thirty-eighth session's kept 24 GB costs priced
+drafting 3 and 4 proposals at 44-45 ms against 3.9 and 6.3 for 1 and 2).
+
+    python scripts/iteration_trace_probe.py --out it.jsonl -- --model deepseek-v2-lite \
+        --gpu-memory-gb 24 --max-new-tokens 64 --prompt-file p.txt --json --no-stream
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import time
+
+import triton
+
+EVENTS: list[dict] = []
+ITERATIONS: list[dict] = []
+STATE = {"phase": "load", "pending": {}}
+
+
+def _event(kind: str, started: float, **fields) -> None:
+    EVENTS.append({"kind": kind, "start": started, "end": time.perf_counter(), **fields})
+
+
+def _pre(*, key, **_):
+    STATE["pending"][id(key)] = time.perf_counter()
+    return False
+
+
+def _post(*, key, fn, **_):
+    started = STATE["pending"].pop(id(key), None)
+    if started is not None:
+        _event("compile", started, name=fn.name, phase=STATE["phase"])
+
+
+def _install() -> None:
+    triton.knobs.runtime.jit_cache_hook = _pre
+    triton.knobs.runtime.jit_post_compile_hook = _post
+
+    import specter_spec.controller as controller
+    from specter_models import step_graphs
+    from specter_spec.statistics import IterationStats
+
+    class TracedIterationStats(IterationStats):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            ITERATIONS.append(
+                {
+                    "phase": STATE["phase"],
+                    "end": time.perf_counter(),
+                    "depth": self.depth,
+                    "accepted": self.accepted,
+                    "verified": self.verified,
+                    "pipelined": self.pipelined,
+                    "draft_ms": self.draft_time_s * 1e3,
+                    "verify_ms": self.verify_time_s * 1e3,
+                    "total_ms": self.total_time_s * 1e3,
+                }
+            )
+
+    controller.IterationStats = TracedIterationStats
+
+    capture, window_forward = step_graphs.StepGraphs._capture, step_graphs.StepGraphs._window_forward
+
+    def traced_capture(self, key, step, window, end):
+        started = time.perf_counter()
+        try:
+            return capture(self, key, step, window, end)
+        finally:
+            _event("capture", started, role=self.mode.value, key=list(key), phase=STATE["phase"])
+
+    def traced_window_forward(self, step, window, end, split):
+        started = time.perf_counter()
+        try:
+            return window_forward(self, step, window, end, split)
+        finally:
+            _event("eager", started, role=self.mode.value, window=window, phase=STATE["phase"])
+
+    step_graphs.StepGraphs._capture = traced_capture
+    step_graphs.StepGraphs._window_forward = traced_window_forward
+
+
+def _phased(module, name: str, phase: str, after: str) -> None:
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        STATE["phase"] = phase
+        try:
+            return original(*args, **kwargs)
+        finally:
+            STATE["phase"] = after
+
+    setattr(module, name, wrapper)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("generate_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    rest = [a for a in args.generate_args if a != "--"]
+    _install()
+    from specter_bench import text_generation
+    from specter_bench.cli import main as cli_main
+
+    _phased(text_generation, "capture_decode_graphs", "capture", "decode")
+    _phased(text_generation, "warm_adaptive_depth", "warmup", "decode")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = cli_main(["generate", *rest])
+    lines = stdout.getvalue().strip().splitlines()
+    with open(args.out, "w") as f:
+        for i, it in enumerate(ITERATIONS):
+            start = it["end"] - it["total_ms"] / 1e3
+            inside = [
+                {k: v for k, v in e.items() if k not in ("start", "end")}
+                | {"ms": (e["end"] - e["start"]) * 1e3}
+                for e in EVENTS
+                if e["end"] >= start and e["start"] <= it["end"]
+            ]
+            f.write(json.dumps({"kind": "iteration", "index": i, **it, "events": inside}) + "\n")
+        if lines and lines[-1].startswith("{"):
+            f.write(json.dumps({"kind": "generate", **json.loads(lines[-1])}) + "\n")
+    for it in ITERATIONS:
+        if it["phase"] != "decode":
+            continue
+        start = it["end"] - it["total_ms"] / 1e3
+        kinds = sorted(
+            {e["kind"] for e in EVENTS if e["end"] >= start and e["start"] <= it["end"]}
+        )
+        print(
+            f"K={it['depth']} acc={it['accepted']} draft {it['draft_ms']:.2f} verify "
+            f"{it['verify_ms']:.2f} total {it['total_ms']:.2f} {' '.join(kinds)}",
+            file=sys.stderr,
+        )
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
