@@ -205,17 +205,22 @@ for line in open(sys.argv[1]):
 PY
 }
 
-# iteration_trace LABEL SECONDS ARGS...: one `specter generate --json --no-stream` process on
-# DeepSeek-V2-Lite, 64 new tokens of $out/prompt.txt, under scripts/iteration_trace_probe.py,
-# killed at SECONDS: each iteration with the captures, eager forwards and compiles inside it in
-# $out/iterations-LABEL.jsonl; printed: the decode's iterations per depth (count, median and
-# largest draft and verify ms), every decode iteration with an event in it, and the TPOT.
+# iteration_trace LABEL SECONDS [--sync-prefill] ARGS...: one `specter generate --json
+# --no-stream` process on DeepSeek-V2-Lite, 64 new tokens of $out/prompt.txt, under
+# scripts/iteration_trace_probe.py, killed at SECONDS: each iteration with the captures, eager
+# forwards and compiles inside it and its host time per method in $out/iterations-LABEL.jsonl;
+# printed: the decode's iterations per depth (count, median and largest draft and verify ms),
+# every decode iteration with an event in it, the first two iterations' host times, the TPOT.
 iteration_trace() {
-    local label=$1 seconds=$2
+    local label=$1 seconds=$2 probe=()
     shift 2
+    if [ "${1:-}" = --sync-prefill ]; then
+        probe=(--sync-prefill)
+        shift
+    fi
     echo "=== $label" | tee -a "$out/iterations.err"
     timeout "$seconds" python3 scripts/iteration_trace_probe.py --out "$out/iterations-$label.jsonl" \
-        -- --json --no-stream --model deepseek-v2-lite --max-new-tokens 64 \
+        "${probe[@]}" -- --json --no-stream --model deepseek-v2-lite --max-new-tokens 64 \
         --prompt-file "$out/prompt.txt" "$@" >/dev/null 2>>"$out/iterations.err"
     echo "rc $?"
     python3 - "$out/iterations-$label.jsonl" <<'PY'
@@ -236,7 +241,10 @@ for r in its:
         for e in r["events"]:
             kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
         print(f"  #{r['index']} K={r['depth']} draft {r['draft_ms']:.2f} verify {r['verify_ms']:.2f}",
-              kinds, [e.get("key") or e.get("name") for e in r["events"]][:4])
+              kinds, [e.get("key") or e.get("name") or round(e["ms"], 2) for e in r["events"]][:4])
+for r in its[:2]:
+    print(f"  #{r['index']} K={r['depth']} draft {r['draft_ms']:.2f} verify {r['verify_ms']:.2f} host",
+          {k: round(v, 1) for k, v in r["host_ms"].items() if v >= 0.5})
 g = [r for r in rows if r["kind"] == "generate"]
 if g:
     print("  tpot", g[0].get("tpot_ms"), "acc", g[0].get("acceptance_rate"), "depth",

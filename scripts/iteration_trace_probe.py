@@ -29,7 +29,25 @@ import triton
 
 EVENTS: list[dict] = []
 ITERATIONS: list[dict] = []
-STATE = {"phase": "load", "pending": {}}
+STATE = {"phase": "load", "pending": {}, "calls": []}
+HOST_CALLS = (
+    "specter_cache.expert_cache:ExpertCache.settle",
+    "specter_cache.expert_cache:ExpertCache.prefetch",
+    "specter_cache.expert_cache:ExpertCache.set_plan",
+    "specter_cache.expert_cache:ExpertCache.prepare_fills",
+    "specter_cache.expert_cache:ExpertCache.release_copies",
+    "specter_cache.speculative_prefetcher:SpeculativePrefetcher.on_draft_start",
+    "specter_cache.speculative_prefetcher:SpeculativePrefetcher.on_draft_token",
+    "specter_cache.speculative_prefetcher:SpeculativePrefetcher.on_verify_start",
+    "specter_cache.speculative_prefetcher:SpeculativePrefetcher.on_verify_end",
+    "specter_cache.speculative_prefetcher:SpeculativePrefetcher._finish_boundary",
+    "specter_cache.speculative_prefetcher:SpeculativePrefetcher._layerwise_final",
+    "specter_models.spec_adapters:DraftModel.forward",
+    "specter_models.spec_adapters:TargetModel.forward",
+    "specter_models.spec_adapters:_Adapter.argmax",
+)
+"""Methods whose host time each iteration sums (``host_ms``: the calls that started inside
+the iteration; nested calls count in both)."""
 
 
 def _event(kind: str, started: float, **fields) -> None:
@@ -47,7 +65,38 @@ def _post(*, key, fn, **_):
         _event("compile", started, name=fn.name, phase=STATE["phase"])
 
 
+def _timed_method(spec: str) -> None:
+    import importlib
+
+    module_name, qualified = spec.split(":")
+    owner_name, method = qualified.split(".")
+    owner = getattr(importlib.import_module(module_name), owner_name)
+    original = getattr(owner, method)
+
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            STATE["calls"].append((qualified, started, time.perf_counter() - started))
+
+    setattr(owner, method, wrapper)
+
+
+def _host_ms(since: float) -> dict[str, float]:
+    """The host time per wrapped method of the calls that started at ``since`` or later
+    (every call recorded so far is then forgotten)."""
+    out: dict[str, float] = {}
+    for name, started, seconds in STATE["calls"]:
+        if started >= since:
+            out[name] = out.get(name, 0.0) + seconds * 1e3
+    STATE["calls"] = []
+    return {k: round(v, 3) for k, v in out.items()}
+
+
 def _install() -> None:
+    for spec in HOST_CALLS:
+        _timed_method(spec)
     triton.knobs.runtime.jit_cache_hook = _pre
     triton.knobs.runtime.jit_post_compile_hook = _post
 
@@ -69,6 +118,7 @@ def _install() -> None:
                     "draft_ms": self.draft_time_s * 1e3,
                     "verify_ms": self.verify_time_s * 1e3,
                     "total_ms": self.total_time_s * 1e3,
+                    "host_ms": _host_ms(time.perf_counter() - self.total_time_s),
                 }
             )
 
@@ -94,6 +144,24 @@ def _install() -> None:
     step_graphs.StepGraphs._window_forward = traced_window_forward
 
 
+def _sync_after_prefill() -> None:
+    import torch
+    from specter_models.spec_adapters import _Adapter
+
+    prefill = _Adapter.prefill
+
+    def wrapper(self, *args, **kwargs):
+        try:
+            return prefill(self, *args, **kwargs)
+        finally:
+            if torch.cuda.is_available():
+                started = time.perf_counter()
+                torch.cuda.synchronize()
+                _event("prefill_sync", started, role=self.role, phase=STATE["phase"])
+
+    _Adapter.prefill = wrapper
+
+
 def _phased(module, name: str, phase: str, after: str) -> None:
     original = getattr(module, name)
 
@@ -110,10 +178,18 @@ def _phased(module, name: str, phase: str, after: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--sync-prefill",
+        action="store_true",
+        help="synchronise the device after each prefill (an event `prefill_sync` with its "
+        "wait), so that work the prefill left queued does not land in the first iteration",
+    )
     parser.add_argument("generate_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     rest = [a for a in args.generate_args if a != "--"]
     _install()
+    if args.sync_prefill:
+        _sync_after_prefill()
     from specter_bench import text_generation
     from specter_bench.cli import main as cli_main
 
