@@ -205,7 +205,7 @@ for line in open(sys.argv[1]):
 PY
 }
 
-# iteration_trace LABEL SECONDS [--sync-prefill] ARGS...: one `specter generate --json
+# iteration_trace LABEL SECONDS [--sync-prefill] [--warm-snapshot] ARGS...: one `specter generate --json
 # --no-stream` process on DeepSeek-V2-Lite, 64 new tokens of $out/prompt.txt, under
 # scripts/iteration_trace_probe.py, killed at SECONDS: each iteration with the captures, eager
 # forwards and compiles inside it and its host time per method in $out/iterations-LABEL.jsonl;
@@ -214,10 +214,10 @@ PY
 iteration_trace() {
     local label=$1 seconds=$2 probe=()
     shift 2
-    if [ "${1:-}" = --sync-prefill ]; then
-        probe=(--sync-prefill)
+    while [ "${1:-}" = --sync-prefill ] || [ "${1:-}" = --warm-snapshot ]; do
+        probe+=("$1")
         shift
-    fi
+    done
     echo "=== $label" | tee -a "$out/iterations.err"
     timeout "$seconds" python3 scripts/iteration_trace_probe.py --out "$out/iterations-$label.jsonl" \
         "${probe[@]}" -- --json --no-stream --model deepseek-v2-lite --max-new-tokens 64 \
@@ -244,7 +244,7 @@ for r in its:
               kinds, [e.get("key") or e.get("name") or round(e["ms"], 2) for e in r["events"]][:4])
 for r in its[:2]:
     print(f"  #{r['index']} K={r['depth']} draft {r['draft_ms']:.2f} verify {r['verify_ms']:.2f} host",
-          {k: round(v, 1) for k, v in r["host_ms"].items() if v >= 0.5})
+          {k.split(".")[-1]: round(v, 1) for k, v in r["host_ms"].items() if v >= 0.3})
 g = [r for r in rows if r["kind"] == "generate"]
 if g:
     print("  tpot", g[0].get("tpot_ms"), "acc", g[0].get("acceptance_rate"), "depth",
