@@ -132,7 +132,8 @@ def _install() -> None:
 
     controller.IterationStats = TracedIterationStats
 
-    capture, window_forward = step_graphs.StepGraphs._capture, step_graphs.StepGraphs._window_forward
+    graphs = step_graphs.StepGraphs
+    capture, window_forward = graphs._capture, graphs._window_forward
 
     def traced_capture(self, key, step, window, end):
         started = time.perf_counter()
@@ -154,6 +155,7 @@ def _install() -> None:
 
 def _sync_after_prefill() -> None:
     import torch
+
     from specter_models.spec_adapters import _Adapter
 
     prefill = _Adapter.prefill
@@ -247,9 +249,7 @@ def main() -> int:
         if it["phase"] != "decode":
             continue
         start = it["end"] - it["total_ms"] / 1e3
-        kinds = sorted(
-            {e["kind"] for e in EVENTS if e["end"] >= start and e["start"] <= it["end"]}
-        )
+        kinds = sorted({e["kind"] for e in EVENTS if e["end"] >= start and e["start"] <= it["end"]})
         print(
             f"K={it['depth']} acc={it['accepted']} draft {it['draft_ms']:.2f} verify "
             f"{it['verify_ms']:.2f} total {it['total_ms']:.2f} {' '.join(kinds)}",

@@ -132,6 +132,26 @@ def test_prefetcher_on_cuda_prefetches_from_device_counters():
     assert st["bandwidth_bytes_per_s"] > 0
 
 
+def test_warm_up_on_cuda_leaves_the_counts_and_the_first_plan_as_they_were():
+    store, _ = build_store(2, 8, LAYOUT, seed=6)
+    cache = ExpertCache(store, slots_per_layer=3, device="cuda", policy="predictive")
+    counter = RoutingCounter(2, 8, "cuda")
+    pf = SpeculativePrefetcher(cache, counter, PrefetchPlanner(PlannerConfig(initial_chunk=2)))
+    counter.observe(0, torch.tensor([[4, 4]], device="cuda"))
+    before = counter.counts.clone()
+    pf.warm_up()
+    assert torch.equal(counter.counts, before)
+    assert cache.stats()["total"]["prefetch_loads"] == 0
+    pf.on_draft_start(2)
+    for i in range(2):
+        counter.observe(1, torch.tensor([[5, 6]], device="cuda"))
+        torch.cuda.synchronize()
+        pf.on_draft_token(i)
+    pf.on_verify_start(3)
+    cache.synchronize()
+    assert sorted(cache.resident_experts(1)) == [5, 6]
+
+
 def test_snapshot_async_waits_for_its_own_copy_not_for_later_work():
     counter = RoutingCounter(2, 8, "cuda")
     counter.observe(0, torch.tensor([[1, 3], [3, 5], [1, 3]], device="cuda"))

@@ -121,6 +121,30 @@ def test_protocol_misuse_is_reported(make_store):
         SpeculativePrefetcher(cache, counter, top_m=[1])
 
 
+def test_warm_up_takes_one_snapshot_and_changes_nothing(make_store, monkeypatch):
+    cache, counter, pf = make(make_store)
+    counter.observe(0, torch.tensor([1, 1, 4]))
+    counts = counter.counts.clone()
+    taken = []
+    snapshot = counter.snapshot_async
+    monkeypatch.setattr(
+        counter, "snapshot_async", lambda top_m: taken.append(top_m) or snapshot(top_m)
+    )
+    pf.warm_up()
+    assert taken == [pf.top_m]  # the planning snapshot's own call: the same buffer and kernels
+    assert torch.equal(counter.counts, counts)
+    assert pf.stats()["boundaries"] == 0
+    assert pf.stats()["drafts"] == 0
+    assert cache.stats()["total"]["prefetch_loads"] == 0
+    # A draft after the warm-up plans as one without it.
+    pf.on_draft_start(4)
+    with pytest.raises(RuntimeError, match="during a draft"):
+        pf.warm_up()
+    draft_token(pf, 0, {0: [0, 1], 1: [2]})
+    draft_token(pf, 1, {0: [0], 1: [2, 3]})
+    assert sorted(cache.resident_experts(1)) == [2, 3]
+
+
 def test_observer_protocol_signatures():
     # specter-spec calls these by duck typing with these argument names.
     expected = {

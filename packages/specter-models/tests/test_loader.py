@@ -286,6 +286,19 @@ def test_memory_report_and_phases(checkpoints):
     assert set(report["load_seconds"]) >= {"non_expert", "experts_and_draft", "cache", "total"}
 
 
+def test_the_prefetcher_is_warmed_up_once_at_load(checkpoints, monkeypatch):
+    from specter_cache import SpeculativePrefetcher
+
+    warmed = []
+    warm_up = SpeculativePrefetcher.warm_up
+    monkeypatch.setattr(
+        SpeculativePrefetcher, "warm_up", lambda self: warmed.append(self) or warm_up(self)
+    )
+    loaded = load(checkpoints["tiny-deepseek-v2"], device="cpu", slots_per_layer=2)
+    assert warmed == [loaded.prefetcher]
+    assert int(loaded.counter.counts.sum()) == 0  # nothing counted by the warm-up
+
+
 def test_demo_checkpoint_resolves_or_says_it_is_missing():
     if not (Path(specter_models.__file__).parent / "data" / "specter-code-tiny").is_dir():
         with pytest.raises(FileNotFoundError, match="specter-code-tiny"):
