@@ -4,7 +4,9 @@
 ``W_UK``) and the parts alone beside them.
 
 Each figure is microseconds per layer: 27 calls over 27 layers' own weights and caches
-(so they come from HBM, as in a step) captured in one CUDA graph and replayed.
+(so they come from HBM, as in a step) captured in one CUDA graph and replayed. ``--points``
+names the key chunk and the chunks' merge of each pass (``SPLIT:serial`` walks the chunks
+one after another, ``SPLIT:vector`` reads ``CHUNK_BLOCK`` at a time).
 
     source scripts/gpu-env.sh && python3 scripts/bench_mla_projection.py --out $OUT/mla-uv.jsonl
 """
@@ -19,6 +21,7 @@ import torch
 from bench_kernels import time_graph  # a sibling script (scripts/ is on sys.path)
 
 import specter_kernels as sk
+from specter_kernels import mla_attention_triton as kernel
 
 H, NOPE, ROPE, V, R, LAYERS = 16, 128, 64, 128, 512, 27
 
@@ -27,7 +30,7 @@ def randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor
     return (scale * torch.randn(*shape, device="cuda", generator=gen)).half()
 
 
-def point(gen: torch.Generator, weights: list, L: int, T: int) -> list[dict]:
+def point(gen: torch.Generator, weights: list, L: int, T: int, tag: dict) -> list[dict]:
     """The records of one cache length ``L`` and row count ``T``."""
     caches = [(randn(gen, L, R), randn(gen, L, ROPE)) for _ in range(LAYERS)]
     q = [randn(gen, 1, T, H, NOPE + ROPE).transpose(1, 2)[0] for _ in range(LAYERS)]
@@ -62,7 +65,7 @@ def point(gen: torch.Generator, weights: list, L: int, T: int) -> list[dict]:
         ("block_fused", fused),
     ):
         us = time_graph([functools.partial(fn, i) for i in range(LAYERS)], reps=LAYERS)
-        records.append({"L": L, "T": T, "part": name, "us": us, "rel_diff": diff})
+        records.append({"L": L, "T": T, "part": name, "us": us, "rel_diff": diff, **tag})
         print(json.dumps(records[-1]), flush=True)
     return records
 
@@ -71,6 +74,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="264,1100")
     p.add_argument("--rows", default="1,5")
+    p.add_argument("--points", default=f"{kernel.SPLIT}:vector")
     p.add_argument("--out", default="mla-uv.jsonl")
     args = p.parse_args()
     gen = torch.Generator("cuda").manual_seed(0)
@@ -78,9 +82,15 @@ def main() -> int:
         randn(gen, H * (NOPE + V), R, scale=0.03).view(H, NOPE + V, R) for _ in range(LAYERS)
     ]
     records = []
-    for L in (int(v) for v in args.lengths.split(",")):
-        for T in (int(v) for v in args.rows.split(",")):
-            records += point(gen, weights, L, T)
+    shipped = (kernel.SPLIT, kernel.VECTOR_MERGE)
+    for spec in args.points.split(","):
+        split, merge = spec.split(":")
+        kernel.SPLIT, kernel.VECTOR_MERGE = int(split), merge == "vector"
+        tag = {"split": int(split), "merge": merge}
+        for L in (int(v) for v in args.lengths.split(",")):
+            for T in (int(v) for v in args.rows.split(",")):
+                records += point(gen, weights, L, T, tag)
+    kernel.SPLIT, kernel.VECTOR_MERGE = shipped
     with open(args.out, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     return 0
