@@ -150,9 +150,9 @@ def test_the_two_merges_agree_to_rounding(seed, triton_backend, monkeypatch, w_u
 
 def test_the_key_chunk_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv(mla_triton.SPLIT_ENV_VAR, raising=False)
-    assert mla_triton._split_from_env() == 64
-    monkeypatch.setenv(mla_triton.SPLIT_ENV_VAR, "32")
     assert mla_triton._split_from_env() == 32
+    monkeypatch.setenv(mla_triton.SPLIT_ENV_VAR, "64")
+    assert mla_triton._split_from_env() == 64
     for bad in ("48", "8", "x", "-16"):
         monkeypatch.setenv(mla_triton.SPLIT_ENV_VAR, bad)
         with pytest.raises(ValueError, match=f"SPECTER_MLA_SPLIT='{bad}' is not a key chunk"):
