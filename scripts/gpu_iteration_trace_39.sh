@@ -11,8 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
 SPECTER_CACHE_DIR=$(mktemp -d)
 export SPECTER_CACHE_DIR
-python3 -c "from specter_bench.prompt_sources import load_humaneval; \
-print(load_humaneval(2)[1].text, end='')" >"$out/prompt.txt"
+humaneval_prompt 1
 results=benchmarks/results/bench-deepseek-v2-lite-2026-12-04-cells37-24gb.jsonl
 iteration_trace 24gb-auto 120 --gpu-memory-gb 24 --hot-experts "$results" --no-depth-memory
 echo "  at $(($(date +%s) - begin)) s"

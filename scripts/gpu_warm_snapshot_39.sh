@@ -12,8 +12,7 @@ cuda_tests_to gpu-tests-2026-12-04-warm39.txt packages/specter-cache/tests/test_
 echo "  at $(($(date +%s) - begin)) s"
 SPECTER_CACHE_DIR=$(mktemp -d)
 export SPECTER_CACHE_DIR
-python3 -c "from specter_bench.prompt_sources import load_humaneval; \
-print(load_humaneval(2)[1].text, end='')" >"$out/prompt.txt"
+humaneval_prompt 1
 results=benchmarks/results/bench-deepseek-v2-lite-2026-12-04-cells37-24gb.jsonl
 iteration_trace 24gb-k3 100 --gpu-memory-gb 24 --hot-experts "$results" --depth 3
 echo "  at $(($(date +%s) - begin)) s"
