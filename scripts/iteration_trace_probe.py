@@ -243,6 +243,10 @@ def main() -> int:
                 if e["end"] >= start and e["start"] <= it["end"]
             ]
             f.write(json.dumps({"kind": "iteration", "index": i, **it, "events": inside}) + "\n")
+        for e in EVENTS:  # every event, those between iterations too (a prefill's sync)
+            if e["kind"] != "compile" or e.get("phase") == "decode":
+                f.write(json.dumps({**e, "kind": "event", "event": e["kind"],
+                                    "ms": (e["end"] - e["start"]) * 1e3}) + "\n")  # fmt: skip
         if lines and lines[-1].startswith("{"):
             f.write(json.dumps({"kind": "generate", **json.loads(lines[-1])}) + "\n")
     for it in ITERATIONS:
