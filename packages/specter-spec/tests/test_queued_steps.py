@@ -229,3 +229,18 @@ def test_queued_steps_after_the_first_of_a_run_are_flagged_pipelined():
     assert flags[:6] == [(0, False), (0, True), (0, True), (2, False), (0, False), (0, True)]
     in_order = _generate(_table_target(), ScriptedDepth(script), False, draft=draft, new=12)
     assert not any(it.pipelined for it in in_order.stats.iterations)
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+@pytest.mark.parametrize("script", [[0, 2, 0], [3, 0, 0]])
+def test_each_generations_first_iteration_and_only_it_is_flagged_first(pipeline, script):
+    target = _table_target()
+    draft = ShiftedDraft(target, wrong=lambda index: False)
+    policy = ScriptedDepth(script + script)
+    controller = SpecController(draft, target, depth=policy, pipeline_plain=pipeline)
+    for _ in range(2):  # a second generation's first iteration is first again
+        result = controller.generate([3, 1, 4], max_new_tokens=8)
+        firsts = [it.first for it in result.stats.iterations]
+        assert firsts == [True] + [False] * (len(firsts) - 1)
+        assert result.stats.iterations[0].as_dict()["first"] is True
+    assert [it.first for it in policy.observed].count(True) == 2

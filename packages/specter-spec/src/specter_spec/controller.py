@@ -371,6 +371,7 @@ class SpecController:
                 verify_time_s=verify_end - draft_end,
                 total_time_s=iteration_end - iteration_start,
                 verified=verified,
+                first=not stream.stats.iterations,
             )
             stream.stats.iterations.append(record)
             self.depth_policy.observe(record)
@@ -451,7 +452,9 @@ class SpecController:
         plain.last_read = read_at
         if self.cache is not None:
             self.cache.on_verify_end(0)
-        record = IterationStats.plain_step(read_at - started, pipelined=pipelined)
+        record = IterationStats.plain_step(
+            read_at - started, pipelined=pipelined, first=not stream.stats.iterations
+        )
         stream.stats.iterations.append(record)
         self.depth_policy.observe(record)
         stream.tokens.append(token)
