@@ -44,3 +44,16 @@ def test_env_switch_is_on_unless_zero_or_off(monkeypatch, value, on):
     else:
         monkeypatch.setenv("SPECTER_TEST_SWITCH", value)
     assert env_switch("SPECTER_TEST_SWITCH") is on
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, False), ("", False), ("1", True), (" On ", True), ("off", False)]
+)
+def test_an_off_by_default_switch_is_on_only_when_asked(monkeypatch, value, on):
+    from specter_kernels.backend import env_switch
+
+    if value is None:
+        monkeypatch.delenv("SPECTER_TEST_SWITCH", raising=False)
+    else:
+        monkeypatch.setenv("SPECTER_TEST_SWITCH", value)
+    assert env_switch("SPECTER_TEST_SWITCH", default=False) is on

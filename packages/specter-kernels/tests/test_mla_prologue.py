@@ -115,3 +115,66 @@ def test_bad_inputs_name_the_value(seed):
         sk.mla_prologue(q_pe, kv_nope, k_pe, weight, 1e-6, freqs, caches[1], caches[1], 0)
     with pytest.raises(ValueError, match="eps must be >= 0"):
         sk.mla_prologue(q_pe, kv_nope, k_pe, weight, -1.0, freqs, *caches, 0)
+
+
+def _absorb_inputs(T: int, H: int = 3, nope: int = 8, R: int = 24, dtype=torch.float16):
+    """q_nope as a strided view of a query projection, W_UK as a view of kv_b_proj's weight
+    (``[H * (nope + v), R]``, v = 5)."""
+    q = (2 * torch.randn(T, H, nope + 8)).to(dtype)
+    kv_b = (0.3 * torch.randn(H * (nope + 5), R)).to(dtype)
+    return q[..., :nope], kv_b.view(H, nope + 5, R)[:, :nope]
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_the_absorption_in_the_launch_matches_the_reference(seed, backend, T):
+    S = 12
+    q_pe, kv_nope, k_pe, weight = _inputs(T)
+    q_nope, w_uk = _absorb_inputs(T)
+    freqs = _freqs(T, 4, offset=3)
+    caches, plain_caches = _caches(S), _caches(S)
+    out, q_lat = sk.mla_prologue_absorb(
+        q_pe, kv_nope, k_pe, weight, 1e-6, freqs, *caches, 5, q_nope, w_uk
+    )
+    plain = sk.mla_prologue(q_pe, kv_nope, k_pe, weight, 1e-6, freqs, *plain_caches, 5)
+    assert torch.equal(out, plain)  # the prologue's own bits
+    for cache, want in zip(caches, plain_caches, strict=True):
+        assert torch.equal(cache, want)
+    expected = torch.einsum("thk,hkr->htr", q_nope.double(), w_uk.double())
+    assert q_lat.shape == (3, T, 24)
+    assert q_lat.is_contiguous()
+    assert q_lat.dtype == torch.float16
+    assert rel_err(q_lat, expected) < 2e-3
+    ref = sk.mla_prologue_absorb_reference(
+        q_pe, kv_nope, k_pe, weight, 1e-6, freqs, *_caches(S), 5, q_nope, w_uk
+    )[1]
+    assert rel_err(q_lat, ref) < 2e-3
+
+
+def test_absorbed_rows_are_batch_invariant(seed, triton_backend):
+    T, S = 5, 8
+    q_pe, kv_nope, k_pe, weight = _inputs(T)
+    q_nope, w_uk = _absorb_inputs(T)
+    freqs = _freqs(T, 4)
+    _, together = sk.mla_prologue_absorb(
+        q_pe, kv_nope, k_pe, weight, 1e-6, freqs, *_caches(S), 2, q_nope, w_uk
+    )
+    for i in range(T):
+        _, alone = sk.mla_prologue_absorb(
+            q_pe[i : i + 1], kv_nope[i : i + 1], k_pe[i : i + 1], weight, 1e-6,
+            freqs[:, i : i + 1], *_caches(S), 2 + i, q_nope[i : i + 1], w_uk,
+        )  # fmt: skip
+        assert torch.equal(alone[:, 0], together[:, i])
+
+
+def test_bad_absorption_inputs_name_the_value(seed):
+    q_pe, kv_nope, k_pe, weight = _inputs(2)
+    q_nope, w_uk = _absorb_inputs(2)
+    args = (q_pe, kv_nope, k_pe, weight, 1e-6, _freqs(2, 4), *_caches(4), 0)
+    with pytest.raises(ValueError, match=r"q_nope must be \[T, H, nope\] = \[2, 3, nope\]"):
+        sk.mla_prologue_absorb(*args, q_nope[:1], w_uk)
+    with pytest.raises(ValueError, match=r"w_uk must be W_UK \[H, nope, R\] = \[3, 8, 24\]"):
+        sk.mla_prologue_absorb(*args, q_nope, w_uk[:, :4])
+    with pytest.raises(ValueError, match="unit stride along R"):
+        sk.mla_prologue_absorb(*args, q_nope, w_uk.transpose(1, 2).contiguous().transpose(1, 2))
+    with pytest.raises(TypeError, match="w_uk must be a tensor of q_pe's dtype"):
+        sk.mla_prologue_absorb(*args, q_nope, w_uk.float())

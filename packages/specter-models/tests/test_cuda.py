@@ -668,6 +668,12 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
         assert bool(calls)
         assert all(n == (7 if fused else 6) for n in calls)
     assert (out[True] - out[False]).abs().max() < 0.02 * out[False].abs().max()
+    _assert_rows_invariant_and_speculation_exact(lm, prompt, rows)
+
+
+def _assert_rows_invariant_and_speculation_exact(lm, prompt, rows) -> None:
+    """Rows verified together equal each row alone after the rows before it, and speculative
+    greedy tokens equal plain greedy tokens."""
     lm.reset()
     lm.target.forward(prompt, 0)
     together = lm.target.forward(rows, 40)
@@ -680,6 +686,34 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
     spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4).generate(tokens, 24)
     plain = SpecController(None, lm.target, depth=0).generate(tokens, 24)
     assert spec.tokens == plain.tokens
+
+
+@BUDGETS
+def test_cuda_queries_absorbed_in_the_prologue_are_close_and_speculation_stays_exact(
+    budget, monkeypatch
+):
+    # SPECTER_MLA_FUSED_ABSORB: q_lat computed by the prologue's launch in decode and
+    # verification steps (the prefill keeps the bmm): logits close to the bmm's (another
+    # summation order), rows verified together equal to each alone, speculative greedy
+    # tokens equal to plain greedy tokens.
+    from specter_models import absorbed_mla
+
+    kwargs, prompt, rows = _tiny_problem(budget, seed=9)
+    calls = []
+    real = absorbed_mla.mla_prologue_absorb
+    monkeypatch.setattr(
+        absorbed_mla, "mla_prologue_absorb", lambda *a: calls.append(a[0].shape[0]) or real(*a)
+    )
+    out = {}
+    for fused in (False, True):
+        monkeypatch.setattr(absorbed_mla, "MLA_FUSED_ABSORB", fused)
+        lm = load("tiny-deepseek-v2", **kwargs)
+        calls.clear()
+        out[fused] = _rows_eager_captured_replayed(lm, prompt, rows).float()
+        assert bool(calls) is fused
+        assert all(t <= absorbed_mla.ABSORB_MAX_ROWS for t in calls)
+    assert (out[True] - out[False]).abs().max() < 0.02 * out[False].abs().max()
+    _assert_rows_invariant_and_speculation_exact(lm, prompt, rows)
 
 
 @pytest.mark.parametrize("name", TINY)

@@ -56,7 +56,13 @@ from specter_kernels.join_norm import (
     residual_add_routed_pairs_rms_norm_reference,
 )
 from specter_kernels.mla_attention import mla_attention, mla_attention_reference
-from specter_kernels.mla_prologue import MAX_LATENT, mla_prologue, mla_prologue_reference
+from specter_kernels.mla_prologue import (
+    MAX_LATENT,
+    mla_prologue,
+    mla_prologue_absorb,
+    mla_prologue_absorb_reference,
+    mla_prologue_reference,
+)
 from specter_kernels.moe_align import (
     max_aligned_blocks,
     moe_align_block_size,
@@ -130,6 +136,8 @@ __all__ = [
     "mla_attention",
     "mla_attention_reference",
     "mla_prologue",
+    "mla_prologue_absorb",
+    "mla_prologue_absorb_reference",
     "mla_prologue_reference",
     "moe_align_block_size",
     "moe_align_block_size_reference",

@@ -30,11 +30,17 @@ Backend = Literal["triton", "torch"]
 _CHOICES = ("auto", "triton", "torch")
 
 
-def env_switch(name: str) -> bool:
-    """An on/off switch from the environment, on unless ``$name`` is ``0`` or ``off`` (any
-    case, spaces ignored). The fusion switches (``SPECTER_ROUTER_ONE_LAUNCH``,
-    ``SPECTER_MLA_FUSED_UV``, ...) read it once at import, for A/B runs."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "off")
+def env_switch(name: str, default: bool = True) -> bool:
+    """An on/off switch from the environment: ``$name`` ``0`` or ``off`` is off, ``1`` or
+    ``on`` is on (any case, spaces ignored), unset or anything else is ``default``. The
+    fusion switches (``SPECTER_ROUTER_ONE_LAUNCH``, ``SPECTER_MLA_FUSED_UV``, ...) read it
+    once at import, for A/B runs."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("0", "off"):
+        return False
+    if value in ("1", "on"):
+        return True
+    return default
 
 
 def triton_available() -> bool:

@@ -13,6 +13,12 @@ it in one launch, one program per token, in the same arithmetic as :func:`rms_no
 The cache rows go where the caller says: ``rows`` is the first position of ``T`` consecutive
 rows (an int), or a ``[T]`` int64 device tensor of positions (a CUDA graph's window mode,
 where no position may be a host constant).
+
+:func:`mla_prologue_absorb` also absorbs the queries in the same launch, ``q_lat = q_nope
+@ W_UK`` per head (the absorbed attention's query side, a ``bmm`` after the prologue
+otherwise): the two are independent, and as one launch they run side by side instead of
+one after the other. Each ``(token, head, 64 columns)`` is a program of its own with
+fixed-order fp32 sums, so a token's ``q_lat`` does not depend on the tokens beside it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,13 @@ from specter_kernels.backend import FLOAT_DTYPES, select_backend
 from specter_kernels.rms_norm import rms_norm_reference
 from specter_kernels.rotary import rotary_complex_reference
 
-__all__ = ["MAX_LATENT", "mla_prologue", "mla_prologue_reference"]
+__all__ = [
+    "MAX_LATENT",
+    "mla_prologue",
+    "mla_prologue_absorb",
+    "mla_prologue_absorb_reference",
+    "mla_prologue_reference",
+]
 
 MAX_LATENT = 4096
 """Widest latent (``R``) one program normalises in one block: ``rms_norm``'s widest block
@@ -96,9 +108,7 @@ def mla_prologue(
         )
     from specter_kernels.mla_prologue_triton import launch_mla_prologue
 
-    freqs = torch.view_as_real(freqs_cis.reshape(kv_nope.shape[0], -1))  # [T, rope/2, 2]
-    if freqs.stride(-1) != 1 or freqs.stride(-2) != 2:
-        freqs = freqs.contiguous()
+    freqs = _kernel_freqs(freqs_cis, kv_nope.shape[0])
     return launch_mla_prologue(
         q_pe, kv_nope, k_pe, norm_weight.contiguous(), float(eps), freqs, latent_cache,
         rope_cache, rows,
@@ -184,4 +194,111 @@ def _check(q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_
         raise ValueError(
             f"mla_prologue: rows must be a [T] = [{T}] int64 tensor on {latent_cache.device}, got "
             f"{rows.dtype} {tuple(rows.shape)} on {rows.device}"
+        )
+
+
+def mla_prologue_absorb_reference(
+    q_pe: torch.Tensor,
+    kv_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    freqs_cis: torch.Tensor,
+    latent_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    rows: int | torch.Tensor,
+    q_nope: torch.Tensor,
+    w_uk: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mla_prologue_reference`, then ``q_lat[h] = q_nope[:, h] @ W_UK[h]`` in fp32
+    (float64 for float64 inputs), rounded once to the inputs' dtype."""
+    out = mla_prologue_reference(
+        q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows
+    )
+    work = torch.float64 if q_nope.dtype == torch.float64 else torch.float32
+    q_lat = torch.bmm(q_nope.transpose(0, 1).to(work), w_uk.to(work)).to(q_nope.dtype)
+    return out, q_lat
+
+
+def mla_prologue_absorb(
+    q_pe: torch.Tensor,
+    kv_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    freqs_cis: torch.Tensor,
+    latent_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    rows: int | torch.Tensor,
+    q_nope: torch.Tensor,
+    w_uk: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mla_prologue` and the query absorption ``q_lat = q_nope @ W_UK`` in one launch
+    (Triton on CUDA, the reference elsewhere).
+
+    Args:
+        q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows:
+            as :func:`mla_prologue`.
+        q_nope: ``[T, H, nope]`` the queries' no-position parts, any strides (a view of the
+            query projection), ``q_pe``'s dtype.
+        w_uk: ``W_UK [H, nope, R]`` (a view of ``kv_b_proj``'s weight), unit stride along
+            ``R``, ``q_pe``'s dtype.
+
+    Returns:
+        ``(q_pe_rotated [H, T, rope], q_lat [H, T, R])``, both contiguous.
+
+    Raises:
+        TypeError: an unsupported dtype, or dtypes that differ.
+        ValueError: shapes, devices or rows that do not fit.
+    """
+    _check(q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows)
+    _check_absorb(q_pe, kv_nope, q_nope, w_uk)
+    if kv_nope.shape[0] == 0 or select_backend(kv_nope.device) == "torch":
+        return mla_prologue_absorb_reference(
+            q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows,
+            q_nope, w_uk,
+        )  # fmt: skip
+    from specter_kernels.mla_prologue_triton import launch_mla_prologue
+
+    freqs = _kernel_freqs(freqs_cis, kv_nope.shape[0])
+    return launch_mla_prologue(
+        q_pe, kv_nope, k_pe, norm_weight.contiguous(), float(eps), freqs, latent_cache,
+        rope_cache, rows, absorb=(q_nope, w_uk),
+    )  # fmt: skip
+
+
+def _kernel_freqs(freqs_cis: torch.Tensor, T: int) -> torch.Tensor:
+    """``freqs_cis`` as the kernel reads it: ``[T, rope/2, 2]`` float32, unit strides."""
+    freqs = torch.view_as_real(freqs_cis.reshape(T, -1))
+    if freqs.stride(-1) != 1 or freqs.stride(-2) != 2:
+        freqs = freqs.contiguous()
+    return freqs
+
+
+def _check_absorb(q_pe, kv_nope, q_nope, w_uk) -> None:
+    for name, t in (("q_nope", q_nope), ("w_uk", w_uk)):
+        if not isinstance(t, torch.Tensor) or t.dtype != q_pe.dtype:
+            raise TypeError(
+                f"mla_prologue_absorb: {name} must be a tensor of q_pe's dtype {q_pe.dtype}, got "
+                f"{getattr(t, 'dtype', type(t).__name__)}"
+            )
+    T, H, _ = q_pe.shape
+    R = kv_nope.shape[1]
+    if q_nope.dim() != 3 or tuple(q_nope.shape[:2]) != (T, H) or q_nope.shape[2] == 0:
+        raise ValueError(
+            f"mla_prologue_absorb: q_nope must be [T, H, nope] = [{T}, {H}, nope], got "
+            f"{tuple(q_nope.shape)}"
+        )
+    nope = q_nope.shape[2]
+    if w_uk.dim() != 3 or tuple(w_uk.shape) != (H, nope, R):
+        raise ValueError(
+            f"mla_prologue_absorb: w_uk must be W_UK [H, nope, R] = [{H}, {nope}, {R}], got "
+            f"{tuple(w_uk.shape)}"
+        )
+    if w_uk.stride(2) != 1:
+        raise ValueError("mla_prologue_absorb: w_uk needs unit stride along R (its last dim)")
+    if q_nope.device != q_pe.device or w_uk.device != q_pe.device:
+        raise ValueError(
+            f"mla_prologue_absorb: q_nope and w_uk must be on {q_pe.device}, got "
+            f"{q_nope.device} and {w_uk.device}"
         )

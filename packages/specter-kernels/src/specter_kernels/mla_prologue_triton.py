@@ -1,4 +1,5 @@
-"""Triton kernel of :func:`specter_kernels.mla_prologue`: one program per token.
+"""Triton kernel of :func:`specter_kernels.mla_prologue`: one program per token (and, for
+:func:`specter_kernels.mla_prologue_absorb`, the query absorption's programs after them).
 
 Each program normalises its latent row as ``_rms_norm_kernel`` does (the same lanes, warps
 and tree, so the same bits), rotates its key's and every head's query rope pairs as
@@ -17,19 +18,16 @@ from specter_kernels.pdl import pdl_enter, pdl_options
 from specter_kernels.rms_norm_triton import NUM_WARPS
 
 
-@triton.jit(
-    do_not_specialize=["start", "sq_t", "sq_h", "sq_d", "skv_t", "skp_t", "sf_t", "s_lat", "s_rope"]
-)
-def _mla_prologue_kernel(
-    q_ptr, kv_ptr, kp_ptr, w_ptr, f_ptr, lat_ptr, rope_ptr, out_ptr, pos_ptr,
+@triton.jit
+def _prologue_token(
+    t, q_ptr, kv_ptr, kp_ptr, w_ptr, f_ptr, lat_ptr, rope_ptr, out_ptr, pos_ptr,
     start, T, H, R, HALF,
     sq_t, sq_h, sq_d, skv_t, skp_t, sf_t, s_lat, s_rope,
     eps,
     BLOCK_R: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_POSITIONS: tl.constexpr, PDL: tl.constexpr = 0,
+    HAS_POSITIONS: tl.constexpr,
 ):  # fmt: skip
-    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
-    t = tl.program_id(0).to(tl.int64)
+    """Token ``t``'s latent norm, rotations and cache writes (see the module docstring)."""
     if HAS_POSITIONS:
         row = tl.load(pos_ptr + t)
     else:
@@ -74,6 +72,73 @@ def _mla_prologue_kernel(
     )
 
 
+@triton.jit(
+    do_not_specialize=["start", "sq_t", "sq_h", "sq_d", "skv_t", "skp_t", "sf_t", "s_lat", "s_rope"]
+)
+def _mla_prologue_kernel(
+    q_ptr, kv_ptr, kp_ptr, w_ptr, f_ptr, lat_ptr, rope_ptr, out_ptr, pos_ptr,
+    start, T, H, R, HALF,
+    sq_t, sq_h, sq_d, skv_t, skp_t, sf_t, s_lat, s_rope,
+    eps,
+    qn_ptr, wuk_ptr, ql_ptr, NOPE, sn_t, sn_h, sn_d, su_h, su_k,
+    BLOCK_R: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr, ABSORB: tl.constexpr = 0, BLOCK_NOPE: tl.constexpr = 16,
+    BLOCK_A: tl.constexpr = 16, PDL: tl.constexpr = 0,
+):  # fmt: skip
+    """Programs ``0 .. T-1``: one token's prologue each. With ``ABSORB``, programs from ``T``
+    on: one ``(token, head, BLOCK_A latent columns)`` of ``q_lat = q_nope @ W_UK`` each, its
+    constant ``W_UK`` tile loaded before the PDL wait, fixed-order fp32 sums, one rounding."""
+    pid = tl.program_id(0)
+    if ABSORB:
+        if pid >= T:
+            _absorb_columns(
+                pid - T, qn_ptr, wuk_ptr, ql_ptr, T, H, R, NOPE, sn_t, sn_h, sn_d, su_h, su_k,
+                BLOCK_NOPE, BLOCK_A, PDL,
+            )  # fmt: skip
+        else:
+            pdl_enter(PDL)
+            _prologue_token(
+                pid.to(tl.int64), q_ptr, kv_ptr, kp_ptr, w_ptr, f_ptr, lat_ptr, rope_ptr,
+                out_ptr, pos_ptr, start, T, H, R, HALF, sq_t, sq_h, sq_d, skv_t, skp_t, sf_t,
+                s_lat, s_rope, eps, BLOCK_R, BLOCK_HALF, BLOCK_H, HAS_POSITIONS,
+            )  # fmt: skip
+    else:
+        pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
+        _prologue_token(
+            pid.to(tl.int64), q_ptr, kv_ptr, kp_ptr, w_ptr, f_ptr, lat_ptr, rope_ptr, out_ptr,
+            pos_ptr, start, T, H, R, HALF, sq_t, sq_h, sq_d, skv_t, skp_t, sf_t, s_lat,
+            s_rope, eps, BLOCK_R, BLOCK_HALF, BLOCK_H, HAS_POSITIONS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _absorb_columns(
+    a, qn_ptr, wuk_ptr, ql_ptr, T, H, R, NOPE, sn_t, sn_h, sn_d, su_h, su_k,
+    BLOCK_NOPE: tl.constexpr, BLOCK_A: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """Absorbing program ``a``: ``q_lat[h, t, cols] = q_nope[t, h] @ W_UK[h][:, cols]``."""
+    blocks = tl.cdiv(R, BLOCK_A)
+    rb = a % blocks
+    h = (a // blocks) % H
+    t = (a // blocks // H).to(tl.int64)
+    kk = tl.arange(0, BLOCK_NOPE)
+    rr = rb * BLOCK_A + tl.arange(0, BLOCK_A)
+    w = tl.load(
+        wuk_ptr + h * su_h + kk[:, None] * su_k + rr[None, :],
+        mask=(kk < NOPE)[:, None] & (rr < R)[None, :],
+        other=0.0,
+    )  # a weight no kernel of the step writes: read before the wait
+    pdl_enter(PDL)
+    q = tl.load(qn_ptr + t * sn_t + h * sn_h + kk * sn_d, mask=kk < NOPE, other=0.0)
+    q_lat = tl.sum(w.to(tl.float32) * q.to(tl.float32)[:, None], axis=0)
+    tl.store(ql_ptr + (h * T + t) * R + rr, q_lat.to(ql_ptr.dtype.element_ty), mask=rr < R)
+
+
+ABSORB_BLOCK = 64
+"""Latent columns of ``q_lat`` one absorbing program computes (a ``[nope, 64]`` tile of
+``W_UK``: 16 KB at DeepSeek-V2-Lite's 128 x 512 per head, so 128 programs a token)."""
+
+
 def launch_mla_prologue(
     q_pe: torch.Tensor,
     kv_nope: torch.Tensor,
@@ -84,21 +149,38 @@ def launch_mla_prologue(
     latent_cache: torch.Tensor,
     rope_cache: torch.Tensor,
     rows: int | torch.Tensor,
-) -> torch.Tensor:
+    absorb: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run the kernel on validated inputs (``freqs [T, rope/2, 2]`` float32, unit strides in
-    its last two dims); returns the rotated queries ``[H, T, rope]``."""
+    its last two dims); returns the rotated queries ``[H, T, rope]``, and with ``absorb =
+    (q_nope [T, H, nope], W_UK [H, nope, R] with unit stride along R)`` also ``q_lat [H, T,
+    R]`` computed in the same launch."""
     T, H, rope = q_pe.shape
     R = kv_nope.shape[1]
     out = torch.empty(H, T, rope, dtype=q_pe.dtype, device=q_pe.device)
     positions = isinstance(rows, torch.Tensor)
-    _mla_prologue_kernel[(T,)](
+    if absorb is None:
+        q_nope, w_uk, q_lat, nope, block_a, grid = out, out, out, 1, 16, T
+        strides = (0, 0, 0, 0, 0)
+    else:
+        q_nope, w_uk = absorb
+        nope = q_nope.shape[2]
+        q_lat = torch.empty(H, T, R, dtype=q_pe.dtype, device=q_pe.device)
+        block_a = min(ABSORB_BLOCK, max(16, triton.next_power_of_2(R)))
+        grid = T + T * H * triton.cdiv(R, block_a)
+        strides = (q_nope.stride(0), q_nope.stride(1), q_nope.stride(2), w_uk.stride(0),
+                   w_uk.stride(1))  # fmt: skip
+    _mla_prologue_kernel[(grid,)](
         q_pe, kv_nope, k_pe, weight, freqs, latent_cache, rope_cache, out,
         rows if positions else out, 0 if positions else rows, T, H, R, rope // 2,
         q_pe.stride(0), q_pe.stride(1), q_pe.stride(2), kv_nope.stride(0), k_pe.stride(0),
         freqs.stride(0), latent_cache.stride(0), rope_cache.stride(0), eps,
+        q_nope, w_uk, q_lat, nope, *strides,
         BLOCK_R=triton.next_power_of_2(R),  # R <= MAX_LATENT: rms_norm's one block
         BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_H=triton.next_power_of_2(H),
-        HAS_POSITIONS=positions, num_warps=NUM_WARPS, enable_fp_fusion=False,
+        HAS_POSITIONS=positions, ABSORB=int(absorb is not None),
+        BLOCK_NOPE=max(16, triton.next_power_of_2(nope)), BLOCK_A=block_a,
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
         **pdl_options(q_pe.device, early_trigger=True),
     )  # fmt: skip
-    return out
+    return out if absorb is None else (out, q_lat)

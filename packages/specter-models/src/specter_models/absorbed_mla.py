@@ -28,6 +28,9 @@ With Specter's fused RMSNorm and rotary kernels installed, on CUDA, over a
 :class:`~specter_models.kv_cache.StaticKVCache`, the latent norm, both rotations and the two
 cache writes run as one launch (specter-kernels ``mla_prologue``), which writes the bits
 those kernels and copies write. ``SPECTER_MLA_PROLOGUE=0`` (read at import) keeps them apart.
+``SPECTER_MLA_FUSED_ABSORB=1`` (off by default, not yet measured) makes that launch compute
+``q_lat`` too in decode and verification steps (``mla_prologue_absorb``), beside the
+prologue rather than after it.
 
 The replacement takes batch size one with ``sdpa`` or ``eager`` attention (what Specter
 runs); anything else falls back to transformers' forward.
@@ -42,7 +45,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from specter_kernels import FLOAT_DTYPES, MAX_LATENT, mla_attention, mla_prologue
+from specter_kernels import (
+    FLOAT_DTYPES,
+    MAX_LATENT,
+    mla_attention,
+    mla_prologue,
+    mla_prologue_absorb,
+)
 from specter_kernels.backend import env_switch
 from specter_models.fused_rotary import rotary_applies
 from specter_models.kv_cache import StaticKVCache, StaticKVLayer
@@ -58,6 +67,18 @@ can (``SPECTER_MLA_PROLOGUE=0`` at import keeps them apart; tests flip this cons
 MLA_FUSED_UV = env_switch("SPECTER_MLA_FUSED_UV")
 """Whether the value up-projection runs inside the attention's merge kernel on CUDA
 (``SPECTER_MLA_FUSED_UV=0`` at import keeps it a separate ``bmm``; tests flip this constant)."""
+
+
+MLA_FUSED_ABSORB = env_switch("SPECTER_MLA_FUSED_ABSORB", default=False)
+"""Whether the prologue's launch also absorbs the queries (``q_lat = q_nope @ W_UK``,
+specter-kernels ``mla_prologue_absorb``) in forwards of at most :data:`ABSORB_MAX_ROWS`
+rows, instead of a ``bmm`` after it (``SPECTER_MLA_FUSED_ABSORB=1`` at import; off by
+default: built in the thirty-ninth session, not yet measured on a GPU)."""
+
+ABSORB_MAX_ROWS = 32
+"""The widest forward whose queries the prologue absorbs: every decode and verification
+step (the step graphs' widest row bucket). A prefill keeps the ``bmm``: its rows are no
+decode step's, so they need not share its arithmetic."""
 
 
 def fused_value_projection(q_lat: torch.Tensor) -> bool:
@@ -124,15 +145,24 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
         q_nope, q_pe = torch.split(q, [nope, rope], dim=-1)
         kv_nope, k_pe = torch.split(compressed, [R, rope], dim=-1)
         freqs = position_embeddings.to(q_pe.device)
+        w_kv_b = module.kv_b_proj.weight.view(H, nope + v, R)
+        q_lat = None
         layer = _prologue_layer(module, past_key_values, q_pe, k_pe, freqs)
         if layer is not None:
             key_pe = k_pe[0]  # [T, rope], rotated and cached by the one launch
             rows, latent, k_pe = layer.reserve(T)
             norm = module.kv_a_layernorm
-            q_pe = mla_prologue(
+            args = (
                 q_pe[0].transpose(0, 1), kv_nope[0], key_pe, norm.weight, norm.variance_epsilon,
                 freqs, layer.keys[0, 0], layer.values[0, 0], rows,
-            )[None]  # fmt: skip
+            )  # fmt: skip
+            if MLA_FUSED_ABSORB and T <= ABSORB_MAX_ROWS:
+                q_pe, q_lat = mla_prologue_absorb(
+                    *args, q_nope[0].transpose(0, 1), w_kv_b[:, :nope]
+                )
+            else:
+                q_pe = mla_prologue(*args)
+            q_pe = q_pe[None]
         else:
             latent = module.kv_a_layernorm(kv_nope).view(1, 1, T, R)
             k_pe = k_pe.view(1, 1, T, rope)
@@ -141,8 +171,8 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
             if past_key_values is not None:
                 latent, k_pe = past_key_values.update(latent, k_pe, module.layer_idx)
         L = latent.shape[2]
-        w_kv_b = module.kv_b_proj.weight.view(H, nope + v, R)
-        q_lat = torch.bmm(q_nope[0], w_kv_b[:, :nope])  # [H, T, nope] @ [H, nope, R]
+        if q_lat is None:
+            q_lat = torch.bmm(q_nope[0], w_kv_b[:, :nope])  # [H, T, nope] @ [H, nope, R]
         mask = _mask(attention_mask, T, L)
         if fused_value_projection(q_lat):  # [T, H, v] from the kernel that merges the chunks
             out = mla_attention(
