@@ -152,7 +152,7 @@ d.update(label=sys.argv[1])
 print(json.dumps(d))" "$label" >>"$out/generate.jsonl"
     tail -n 1 "$out/generate.jsonl" | python3 -c "import json, sys
 d = json.loads(sys.stdin.read())
-keys = ('tpot_ms', 'prefill_ms', 'iterations', 'mean_depth', 'acceptance_rate', 'hit_rate',
+keys = ('tpot_ms', 'prefill_ms', 'first_iteration_ms', 'iterations', 'mean_depth', 'acceptance_rate', 'hit_rate',
         'slots_per_layer', 'hot_experts_per_layer', 'draft_pruned_per_layer',
         'h2d_mb_per_token', 'peak_gpu_memory_gb', 'graph_capture_s', 'auto_choice')
 print(sys.argv[1], 'rc', sys.argv[2], {k: d.get(k) for k in keys})" "$label" "$rc"

@@ -45,8 +45,9 @@ def test_generate_on_a_preset_streams_and_prints_statistics(capsys):
     )
     assert code == 0, err
     assert out.startswith("hi")
-    for line in ("TPOT (ms, decode only)", "acceptance (per proposed token)", "mean depth K",
-                 "expert cache hit rate", "peak GPU memory (GB)"):  # fmt: skip
+    for line in ("TPOT (ms, decode only)", "first iteration (ms, in TPOT)",
+                 "acceptance (per proposed token)", "mean depth K", "expert cache hit rate",
+                 "peak GPU memory (GB)"):  # fmt: skip
         assert line in out
     assert "random weights and no tokenizer" in err
     code, out, _ = _run(
@@ -55,6 +56,8 @@ def test_generate_on_a_preset_streams_and_prints_statistics(capsys):
     )  # fmt: skip
     stats = json.loads(out.strip().splitlines()[-1])
     assert stats["new_tokens"] == 5
+    # The decode's first iteration, inside the decode time TPOT divides.
+    assert 0 < stats["first_iteration_ms"] <= stats["tpot_ms"] * stats["new_tokens"] * 1.0001
     assert stats["slots_per_layer"] == stats["num_experts"]
     assert stats["device"] == "cpu"
     assert stats["graphs_captured"] is None  # a CPU model has no CUDA graphs
