@@ -60,6 +60,21 @@ tpot_cells() {
     model_cells deepseek-v2-lite "$@"
 }
 
+# switch_arms VAR TAG ON OFF: DeepSeek-V2-Lite unlimited plain decoding (`lru`, 3 HumanEval
+# prompts x 64 tokens), one process an arm, in turn with VAR=1, VAR=0, VAR=1 (tags
+# TAG-ON-unlimited, TAG-OFF-unlimited, TAG-ON2-unlimited); prints each arm's seconds since $begin.
+switch_arms() {
+    local var=$1 tag=$2 on=$3 off=$4 arm switch
+    for arm in "$on" "$off" "${on}2"; do
+        switch=1
+        [[ $arm == "$off" ]] && switch=0
+        export "$var=$switch"
+        tpot_cells 100 unlimited lru "$tag-$arm-unlimited" 1.5
+        echo "== $arm at $(($(date +%s) - begin)) s"
+    done
+    unset "$var"
+}
+
 # resident_steps TAG TOKENS [ARGS...]: DeepSeek-V2-Lite's resident step times (draft 1 row,
 # target 1 and 5 rows, graphs replayed) and the plain/speculative decode check of TOKENS
 # tokens with its TPOT (prefill excluded), one process (scripts/gpu_step_graphs.py); prints

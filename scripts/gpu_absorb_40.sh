@@ -17,12 +17,7 @@ CUDA_TESTS_TIMEOUT=150 cuda_tests_to gpu-tests-absorb40.txt \
     packages/specter-models/tests/test_cuda.py \
     -k "absorbed_in_the_prologue or value_projection or mla_prologue or speculation_is_exact"
 echo "== tests at $(($(date +%s) - begin)) s"
-for arm in absorbed apart absorbed2; do
-    switch=1
-    [[ $arm == apart ]] && switch=0
-    SPECTER_MLA_FUSED_ABSORB=$switch tpot_cells 90 unlimited lru "absorb-$arm-unlimited" 1.4
-    echo "== $arm at $(($(date +%s) - begin)) s"
-done
+switch_arms SPECTER_MLA_FUSED_ABSORB absorb absorbed apart
 SPECTER_CACHE_DIR=$(mktemp -d)
 export SPECTER_CACHE_DIR
 humaneval_prompt 1

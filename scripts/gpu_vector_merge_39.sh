@@ -28,9 +28,4 @@ for part in ("attention_w_uv", "block_fused"):
             print(part, r["split"], r["merge"], "L", r["L"], "T", r["T"], round(r["us"], 2))
 PY
 echo "== kernels at $(($(date +%s) - begin)) s"
-for arm in vector walk vector2; do
-    switch=1
-    [[ $arm == walk ]] && switch=0
-    SPECTER_MLA_VECTOR_MERGE=$switch tpot_cells 100 unlimited lru "merge-$arm-unlimited" 1.5
-    echo "== $arm at $(($(date +%s) - begin)) s"
-done
+switch_arms SPECTER_MLA_VECTOR_MERGE merge vector walk

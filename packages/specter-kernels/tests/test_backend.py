@@ -34,26 +34,18 @@ def test_unknown_backend_is_refused_with_the_choices(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("value", "on"), [(None, True), ("1", True), ("on", True), ("0", False), (" OFF ", False)]
-)
-def test_env_switch_is_on_unless_zero_or_off(monkeypatch, value, on):
+    ("default", "value", "on"),
+    [
+        (True, None, True), (True, "1", True), (True, "on", True), (True, "0", False),
+        (True, " OFF ", False), (False, None, False), (False, "", False), (False, "1", True),
+        (False, " On ", True), (False, "off", False),
+    ],
+)  # fmt: skip
+def test_env_switch_is_its_default_unless_set_on_or_off(monkeypatch, default, value, on):
     from specter_kernels.backend import env_switch
 
     if value is None:
         monkeypatch.delenv("SPECTER_TEST_SWITCH", raising=False)
     else:
         monkeypatch.setenv("SPECTER_TEST_SWITCH", value)
-    assert env_switch("SPECTER_TEST_SWITCH") is on
-
-
-@pytest.mark.parametrize(
-    ("value", "on"), [(None, False), ("", False), ("1", True), (" On ", True), ("off", False)]
-)
-def test_an_off_by_default_switch_is_on_only_when_asked(monkeypatch, value, on):
-    from specter_kernels.backend import env_switch
-
-    if value is None:
-        monkeypatch.delenv("SPECTER_TEST_SWITCH", raising=False)
-    else:
-        monkeypatch.setenv("SPECTER_TEST_SWITCH", value)
-    assert env_switch("SPECTER_TEST_SWITCH", default=False) is on
+    assert env_switch("SPECTER_TEST_SWITCH", default=default) is on

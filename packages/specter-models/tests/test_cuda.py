@@ -653,39 +653,10 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
     # separate bmm's (another summation order), eager, captured and replayed rows equal, a
     # row verified with others equal to the row alone, and speculative greedy tokens equal
     # to plain greedy tokens.
-    from specter_models import absorbed_mla
-
-    kwargs, prompt, rows = _tiny_problem(budget, seed=9)
-    calls = []
-    real = absorbed_mla.mla_attention
-    monkeypatch.setattr(absorbed_mla, "mla_attention", lambda *a: calls.append(len(a)) or real(*a))
-    out = {}
+    calls = _mla_fusion_against_apart(budget, monkeypatch, "MLA_FUSED_UV", "mla_attention", len)
     for fused in (False, True):
-        monkeypatch.setattr(absorbed_mla, "MLA_FUSED_UV", fused)
-        lm = load("tiny-deepseek-v2", **kwargs)
-        calls.clear()
-        out[fused] = _rows_eager_captured_replayed(lm, prompt, rows).float()
-        assert bool(calls)
-        assert all(n == (7 if fused else 6) for n in calls)
-    assert (out[True] - out[False]).abs().max() < 0.02 * out[False].abs().max()
-    _assert_rows_invariant_and_speculation_exact(lm, prompt, rows)
-
-
-def _assert_rows_invariant_and_speculation_exact(lm, prompt, rows) -> None:
-    """Rows verified together equal each row alone after the rows before it, and speculative
-    greedy tokens equal plain greedy tokens."""
-    lm.reset()
-    lm.target.forward(prompt, 0)
-    together = lm.target.forward(rows, 40)
-    lm.target.truncate(40)
-    for i in range(rows.shape[1]):  # each row alone after the rows before it
-        alone = lm.target.forward(rows[:, i : i + 1], 40 + i)
-        assert torch.equal(alone[:, -1], together[:, i])
-    lm.reset()
-    tokens = prompt[0, :20].tolist()
-    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4).generate(tokens, 24)
-    plain = SpecController(None, lm.target, depth=0).generate(tokens, 24)
-    assert spec.tokens == plain.tokens
+        assert bool(calls[fused])
+        assert all(n == (7 if fused else 6) for n in calls[fused])
 
 
 @BUDGETS
@@ -698,22 +669,48 @@ def test_cuda_queries_absorbed_in_the_prologue_are_close_and_speculation_stays_e
     # tokens equal to plain greedy tokens.
     from specter_models import absorbed_mla
 
-    kwargs, prompt, rows = _tiny_problem(budget, seed=9)
-    calls = []
-    real = absorbed_mla.mla_prologue_absorb
-    monkeypatch.setattr(
-        absorbed_mla, "mla_prologue_absorb", lambda *a: calls.append(a[0].shape[0]) or real(*a)
+    calls = _mla_fusion_against_apart(
+        budget, monkeypatch, "MLA_FUSED_ABSORB", "mla_prologue_absorb", lambda a: a[0].shape[0]
     )
-    out = {}
     for fused in (False, True):
-        monkeypatch.setattr(absorbed_mla, "MLA_FUSED_ABSORB", fused)
+        assert bool(calls[fused]) is fused
+        assert all(t <= absorbed_mla.ABSORB_MAX_ROWS for t in calls[fused])
+
+
+def _mla_fusion_against_apart(budget, monkeypatch, switch, kernel, note) -> dict[bool, list]:
+    """The tiny DeepSeek-V2's target with ``absorbed_mla.<switch>`` off and on: logits of
+    rows eager, captured and replayed (equal), close between the two; with it on, rows
+    invariant and speculation exact. Returns ``note(args)`` of each call of
+    ``absorbed_mla.<kernel>`` per setting."""
+    from specter_models import absorbed_mla
+
+    kwargs, prompt, rows = _tiny_problem(budget, seed=9)
+    calls: list = []
+    real = getattr(absorbed_mla, kernel)
+    monkeypatch.setattr(absorbed_mla, kernel, lambda *a: calls.append(note(a)) or real(*a))
+    out, per_setting = {}, {}
+    for fused in (False, True):
+        monkeypatch.setattr(absorbed_mla, switch, fused)
         lm = load("tiny-deepseek-v2", **kwargs)
         calls.clear()
         out[fused] = _rows_eager_captured_replayed(lm, prompt, rows).float()
-        assert bool(calls) is fused
-        assert all(t <= absorbed_mla.ABSORB_MAX_ROWS for t in calls)
+        per_setting[fused] = list(calls)
     assert (out[True] - out[False]).abs().max() < 0.02 * out[False].abs().max()
-    _assert_rows_invariant_and_speculation_exact(lm, prompt, rows)
+    # Rows verified together equal each row alone after the rows before it, and speculative
+    # greedy tokens equal plain greedy tokens.
+    lm.reset()
+    lm.target.forward(prompt, 0)
+    together = lm.target.forward(rows, 40)
+    lm.target.truncate(40)
+    for i in range(rows.shape[1]):
+        alone = lm.target.forward(rows[:, i : i + 1], 40 + i)
+        assert torch.equal(alone[:, -1], together[:, i])
+    lm.reset()
+    tokens = prompt[0, :20].tolist()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4).generate(tokens, 24)
+    plain = SpecController(None, lm.target, depth=0).generate(tokens, 24)
+    assert spec.tokens == plain.tokens
+    return per_setting
 
 
 @pytest.mark.parametrize("name", TINY)

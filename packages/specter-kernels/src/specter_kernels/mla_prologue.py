@@ -101,17 +101,27 @@ def mla_prologue(
         TypeError: an unsupported dtype.
         ValueError: shapes, devices or rows that do not fit.
     """
-    _check(q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows)
+    args = (q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows)
+    _check(*args)
+    return _run(args)
+
+
+def _run(args: tuple, absorb: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """The checked prologue (with ``absorb = (q_nope, w_uk)``, and the absorption): the
+    Triton kernel on CUDA, the reference elsewhere."""
+    q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows = args
     if kv_nope.shape[0] == 0 or select_backend(kv_nope.device) == "torch":
-        return mla_prologue_reference(
-            q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows
-        )
+        if absorb is None:
+            return mla_prologue_reference(*args)
+        return mla_prologue_absorb_reference(*args, *absorb)
     from specter_kernels.mla_prologue_triton import launch_mla_prologue
 
-    freqs = _kernel_freqs(freqs_cis, kv_nope.shape[0])
+    freqs = torch.view_as_real(freqs_cis.reshape(kv_nope.shape[0], -1))  # [T, rope/2, 2]
+    if freqs.stride(-1) != 1 or freqs.stride(-2) != 2:
+        freqs = freqs.contiguous()
     return launch_mla_prologue(
         q_pe, kv_nope, k_pe, norm_weight.contiguous(), float(eps), freqs, latent_cache,
-        rope_cache, rows,
+        rope_cache, rows, absorb=absorb,
     )  # fmt: skip
 
 
@@ -251,28 +261,10 @@ def mla_prologue_absorb(
         TypeError: an unsupported dtype, or dtypes that differ.
         ValueError: shapes, devices or rows that do not fit.
     """
-    _check(q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows)
+    args = (q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows)
+    _check(*args)
     _check_absorb(q_pe, kv_nope, q_nope, w_uk)
-    if kv_nope.shape[0] == 0 or select_backend(kv_nope.device) == "torch":
-        return mla_prologue_absorb_reference(
-            q_pe, kv_nope, k_pe, norm_weight, eps, freqs_cis, latent_cache, rope_cache, rows,
-            q_nope, w_uk,
-        )  # fmt: skip
-    from specter_kernels.mla_prologue_triton import launch_mla_prologue
-
-    freqs = _kernel_freqs(freqs_cis, kv_nope.shape[0])
-    return launch_mla_prologue(
-        q_pe, kv_nope, k_pe, norm_weight.contiguous(), float(eps), freqs, latent_cache,
-        rope_cache, rows, absorb=(q_nope, w_uk),
-    )  # fmt: skip
-
-
-def _kernel_freqs(freqs_cis: torch.Tensor, T: int) -> torch.Tensor:
-    """``freqs_cis`` as the kernel reads it: ``[T, rope/2, 2]`` float32, unit strides."""
-    freqs = torch.view_as_real(freqs_cis.reshape(T, -1))
-    if freqs.stride(-1) != 1 or freqs.stride(-2) != 2:
-        freqs = freqs.contiguous()
-    return freqs
+    return _run(args, (q_nope, w_uk))
 
 
 def _check_absorb(q_pe, kv_nope, q_nope, w_uk) -> None:
