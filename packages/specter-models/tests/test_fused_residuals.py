@@ -147,3 +147,73 @@ def test_the_cpu_runs_transformers_forward(checkpoints, monkeypatch):
     lm = _load(checkpoints, "tiny-qwen2-moe")
     lm.target.forward(random_prompt(4, lm.config.vocab_size, seed=7), 0)
     assert calls == []  # CPU tensors: fused_applies is False
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
+def test_the_router_is_routed_in_the_norm_launch_with_the_same_logits(
+    checkpoints, name, forced, monkeypatch
+):
+    # Where the MLP's gate is a fused router that applies, the layer's add_rms_norm and the
+    # router run as one call (add_rms_norm_router_topk; on the CPU its two calls) whose
+    # routing is handed to the gate, which then launches nothing: the same logits, target and
+    # draft, one fused call per MoE layer and no router_topk of the gates' own.
+    from specter_models import fused_routers
+
+    gate_calls = []
+    real_router = fused_routers.router_topk
+    monkeypatch.setattr(
+        fused_routers, "router_topk", lambda *a, **k: gate_calls.append(1) or real_router(*a, **k)
+    )
+    monkeypatch.setattr(fused_routers, "fused_applies", lambda x, weight: True)
+    fused_calls = []
+    real_fused = fused_residuals.add_rms_norm_router_topk
+    monkeypatch.setattr(
+        fused_residuals,
+        "add_rms_norm_router_topk",
+        lambda *a, **k: fused_calls.append(a[0].shape) or real_fused(*a, **k),
+    )
+    prompt = random_prompt(7, 96, seed=8)
+    monkeypatch.setattr(fused_residuals, "NORM_ROUTER", False)
+    apart = _load(checkpoints, name)
+    expected = apart.target.forward(prompt, 0)
+    expected_draft = apart.draft.forward(prompt[:, -1:], 7)
+    layers, moe_blocks = EXPECTED[name]
+    assert fused_calls == []
+    assert len(gate_calls) == 2 * moe_blocks  # the gates route themselves
+    assert forced["add_rms_norm"] == 2 * layers
+    gate_calls.clear()
+    monkeypatch.setattr(fused_residuals, "NORM_ROUTER", True)
+    fused = _load(checkpoints, name)
+    assert torch.equal(fused.target.forward(prompt, 0), expected)
+    assert torch.equal(fused.draft.forward(prompt[:, -1:], 7), expected_draft)
+    assert (
+        fused_calls
+        == [(7, fused.config.hidden_size)] * moe_blocks
+        + [(1, fused.config.hidden_size)] * moe_blocks
+    )
+    assert gate_calls == []  # every routing was handed over
+    # The dense first layer (DeepSeek's) has no gate: its add_rms_norm stays.
+    assert forced["add_rms_norm"] == 2 * layers + 2 * (layers - moe_blocks)
+    for gate in (m for m in fused.model.modules() if hasattr(m, fused_routers.PREROUTED)):
+        raise AssertionError(f"{gate} kept a handed routing after its call")
+
+
+def test_a_handed_routing_is_taken_only_for_its_own_rows(checkpoints, monkeypatch):
+    # A view of all of the handed rows (a block flattening them) takes it; other rows of the
+    # same values route themselves; one call takes it away.
+    from specter_models import fused_routers
+
+    monkeypatch.setattr(fused_routers, "fused_applies", lambda x, weight: True)
+    lm = _load(checkpoints, "tiny-qwen2-moe")
+    gate = next(m for m in lm.model.modules() if getattr(m, "_specter_fused_router", False))
+    x = torch.randn(1, 3, lm.config.hidden_size)
+    marker = (torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.long))
+    fused_routers.hand_routed(gate, x, marker)
+    assert gate(x.view(3, -1)) is marker
+    assert gate(x.view(3, -1)) is not marker  # taken by the call before
+    fused_routers.hand_routed(gate, x, marker)
+    routed = gate(x.clone().view(3, -1))
+    assert routed is not marker
+    assert torch.equal(routed[2], gate(x.view(3, -1))[2])
+    fused_routers.hand_routed(gate, x, marker)
+    assert gate(x[:, :2].reshape(2, -1)) is not marker  # a part of the rows is not all of them
