@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call (fortieth session): the post-attention add_rms_norm and the router in one
-# launch (SPECTER_NORM_ROUTER, on by default). The kernels' router/norm CUDA tests and the
+# One device call (fortieth session), run at 2647685 (its code measured 4% slower and was
+# removed): the post-attention add_rms_norm and the router in one launch
+# (SPECTER_NORM_ROUTER, on by default there). The kernels' router/norm CUDA tests and the
 # models' norm-router/exactness CUDA tests; DeepSeek-V2-Lite unlimited plain decoding (`lru`,
 # 3 HumanEval prompts x 64 tokens), arms in turn: one launch, two launches, one launch; then,
 # if the call has time left, the unlimited cell (hf, lru, specter) in one process.

@@ -339,49 +339,6 @@ def test_router_in_one_launch_on_the_gpu(seed, monkeypatch, E, k, renormalize):
     assert int(counters.count_nonzero()) == 0
 
 
-@pytest.mark.parametrize(
-    ("E", "k", "logits_dtype", "renormalize"),
-    [(64, 6, torch.float32, False), (60, 4, torch.float16, True)],
-)
-def test_add_rms_norm_router_in_one_launch_on_the_gpu(
-    seed, monkeypatch, E, k, logits_dtype, renormalize
-):
-    # DeepSeek-V2-Lite's and Qwen1.5-MoE's post-attention norm and router (H = 2048: the
-    # norm's and the router's warps agree): the bits of add_rms_norm and router_topk, rows
-    # alone as together, 100 launches and 20 graph replays the same, counters left zero.
-    from specter_kernels import invariant_matmul_triton
-
-    monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
-    x = torch.randn(5, 2048, device="cuda").half()
-    residual = (4 * torch.randn(5, 2048, device="cuda")).half()
-    norm_weight = (1 + 0.1 * torch.randn(2048, device="cuda")).half()
-    gate = (0.02 * torch.randn(E, 2048, device="cuda")).half()
-    router = {"logits_dtype": logits_dtype, "renormalize": renormalize, "scaling": 1.5,
-              "weights_dtype": logits_dtype}  # fmt: skip
-    args = (x, residual, norm_weight, 1e-6, gate, k)
-    summed, normed = sk.add_rms_norm(x, residual, norm_weight, 1e-6)
-    apart = (summed, normed, *sk.router_topk(normed, gate, k, **router))
-
-    def flat(out):
-        return (out[0], out[1], *out[2])
-
-    one = flat(sk.add_rms_norm_router_topk(*args, **router))
-    assert all(torch.equal(a, b) for a, b in zip(one, apart, strict=True))
-    alone = flat(sk.add_rms_norm_router_topk(x[2:3], residual[2:3], *args[2:], **router))
-    assert all(torch.equal(a[0], b[2]) for a, b in zip(alone, one, strict=True))
-    for _ in range(100):
-        again = flat(sk.add_rms_norm_router_topk(*args, **router))
-        assert all(torch.equal(a, b) for a, b in zip(again, one, strict=True))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = flat(sk.add_rms_norm_router_topk(*args, **router))
-    for _ in range(20):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(captured, one, strict=True))
-    assert int(invariant_matmul_triton.tile_counters(x.device, 5).count_nonzero()) == 0
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("R", "V"), [(1, 102400), (5, 151936), (3, 32064), (2, 300)])
 def test_argmax_on_the_gpu_equals_torch(seed, monkeypatch, dtype, R, V):

@@ -653,7 +653,7 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
     # separate bmm's (another summation order), eager, captured and replayed rows equal, a
     # row verified with others equal to the row alone, and speculative greedy tokens equal
     # to plain greedy tokens.
-    calls = _fusion_against_apart(budget, monkeypatch, "MLA_FUSED_UV", "mla_attention", len)
+    calls = _mla_fusion_against_apart(budget, monkeypatch, "MLA_FUSED_UV", "mla_attention", len)
     for fused in (False, True):
         assert bool(calls[fused])
         assert all(n == (7 if fused else 6) for n in calls[fused])
@@ -669,7 +669,7 @@ def test_cuda_queries_absorbed_in_the_prologue_are_close_and_speculation_stays_e
     # tokens equal to plain greedy tokens.
     from specter_models import absorbed_mla
 
-    calls = _fusion_against_apart(
+    calls = _mla_fusion_against_apart(
         budget, monkeypatch, "MLA_FUSED_ABSORB", "mla_prologue_absorb", lambda a: a[0].shape[0]
     )
     for fused in (False, True):
@@ -677,42 +677,21 @@ def test_cuda_queries_absorbed_in_the_prologue_are_close_and_speculation_stays_e
         assert all(t <= absorbed_mla.ABSORB_MAX_ROWS for t in calls[fused])
 
 
-@BUDGETS
-@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
-def test_cuda_routing_in_the_norm_launch_is_close_and_speculation_stays_exact(
-    budget, name, monkeypatch
-):
-    # SPECTER_NORM_ROUTER: each MoE layer's add_rms_norm and router in one launch, its routing
-    # handed to the gate: logits close to the two launches' (equal where the warps agree),
-    # rows verified together equal to each alone, speculative greedy tokens equal to plain.
-    from specter_models import fused_residuals
-
-    calls = _fusion_against_apart(
-        budget, monkeypatch, "NORM_ROUTER", "add_rms_norm_router_topk",
-        lambda a: a[0].shape[0], module=fused_residuals, name=name,
-    )  # fmt: skip
-    assert calls[False] == []
-    assert bool(calls[True])
-
-
-def _fusion_against_apart(
-    budget, monkeypatch, switch, kernel, note, module=None, name="tiny-deepseek-v2"
-) -> dict[bool, list]:
-    """The tiny model ``name``'s target with ``module.<switch>`` off and on (``module``:
-    ``absorbed_mla`` by default): logits of rows eager, captured and replayed (equal), close
-    between the two; with it on, rows invariant and speculation exact. Returns ``note(args)``
-    of each call of ``module.<kernel>`` per setting."""
+def _mla_fusion_against_apart(budget, monkeypatch, switch, kernel, note) -> dict[bool, list]:
+    """The tiny DeepSeek-V2's target with ``absorbed_mla.<switch>`` off and on: logits of
+    rows eager, captured and replayed (equal), close between the two; with it on, rows
+    invariant and speculation exact. Returns ``note(args)`` of each call of
+    ``absorbed_mla.<kernel>`` per setting."""
     from specter_models import absorbed_mla
 
-    module = module or absorbed_mla
     kwargs, prompt, rows = _tiny_problem(budget, seed=9)
     calls: list = []
-    real = getattr(module, kernel)
-    monkeypatch.setattr(module, kernel, lambda *a, **k: calls.append(note(a)) or real(*a, **k))
+    real = getattr(absorbed_mla, kernel)
+    monkeypatch.setattr(absorbed_mla, kernel, lambda *a: calls.append(note(a)) or real(*a))
     out, per_setting = {}, {}
     for fused in (False, True):
-        monkeypatch.setattr(module, switch, fused)
-        lm = load(name, **kwargs)
+        monkeypatch.setattr(absorbed_mla, switch, fused)
+        lm = load("tiny-deepseek-v2", **kwargs)
         calls.clear()
         out[fused] = _rows_eager_captured_replayed(lm, prompt, rows).float()
         per_setting[fused] = list(calls)

@@ -68,10 +68,6 @@ from specter_kernels.moe_align import (
     moe_align_block_size,
     moe_align_block_size_reference,
 )
-from specter_kernels.norm_router import (
-    add_rms_norm_router_topk,
-    add_rms_norm_router_topk_reference,
-)
 from specter_kernels.residual_norm import (
     add_rms_norm,
     add_rms_norm_reference,
@@ -111,8 +107,6 @@ __all__ = [
     "__version__",
     "add_rms_norm",
     "add_rms_norm_reference",
-    "add_rms_norm_router_topk",
-    "add_rms_norm_router_topk_reference",
     "argmax_last_dim",
     "argmax_last_dim_reference",
     "assign_fill_slots",

@@ -12,11 +12,7 @@ plus its gap inside a CUDA graph), and in an MoE block with shared experts the b
 forward that runs the same calls with two fewer launches:
 
 * the attention's residual add and ``post_attention_layernorm`` as one
-  ``add_rms_norm`` (specter-kernels), and where the MLP's ``gate`` is a router that
-  ``fused_routers`` patched, its routing of the normed rows in the same launch
-  (``add_rms_norm_router_topk``: the bits of the two calls where the router's warps are the
-  norm's, hidden sizes of 2048 and more; handed to the router, ``fused_routers.hand_routed``,
-  so it launches nothing; ``SPECTER_NORM_ROUTER=0`` at import keeps the router's own launch);
+  ``add_rms_norm`` (specter-kernels);
 * where the MLP is a block patched by ``shared_overlap`` (DeepSeek-V2's and Qwen2-MoE's MoE
   blocks), the block's ``routed + shared`` and the layer's residual add as one
   ``residual_add``; other MLPs (DeepSeek-V2's dense first layer) keep the layer's add;
@@ -41,16 +37,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from specter_kernels import add_rms_norm, add_rms_norm_router_topk
+from specter_kernels import add_rms_norm
 from specter_kernels.backend import env_switch
-from specter_models import fused_routers
 from specter_models.fused_norms import fused_applies, is_rms_norm
 from specter_models.module_patches import patch_forwards
 
 __all__ = [
     "FUSED_RESIDUALS",
     "NEXT_NORM",
-    "NORM_ROUTER",
     "TAKES_RESIDUAL",
     "install_fused_residuals",
     "is_pre_norm_layer",
@@ -60,11 +54,6 @@ __all__ = [
 FUSED_RESIDUALS = env_switch("SPECTER_FUSED_RESIDUALS")
 """Whether patched layers fuse their adds (``SPECTER_FUSED_RESIDUALS=0`` at import keeps
 them apart, for A/B runs; tests flip this constant)."""
-
-NORM_ROUTER = env_switch("SPECTER_NORM_ROUTER")
-"""Whether a patched layer routes in its ``add_rms_norm``'s launch where its MLP's router
-allows (``SPECTER_NORM_ROUTER=0`` at import keeps the router's own launch; tests flip this
-constant)."""
 
 TAKES_RESIDUAL = "_specter_takes_residual"
 """The attribute marking an MLP block whose forward takes ``residual=`` and returns
@@ -138,7 +127,7 @@ def _fused_forward(layer: nn.Module, plain: Callable[..., Any]) -> Callable[...,
             hidden = residual + h
             h = post(hidden)
         else:
-            hidden, h = _add_norm_route(layer.mlp, h, residual, post)
+            hidden, h = add_rms_norm(h, residual, post.weight, post.variance_epsilon)
         mlp = layer.mlp
         if getattr(mlp, TAKES_RESIDUAL, False):
             following = layer.__dict__.get(NEXT_NORM)
@@ -148,30 +137,3 @@ def _fused_forward(layer: nn.Module, plain: Callable[..., Any]) -> Callable[...,
         return hidden + mlp(h)
 
     return forward
-
-
-def _add_norm_route(
-    mlp: nn.Module, x: torch.Tensor, residual: torch.Tensor, post: nn.Module
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``add_rms_norm(x, residual)`` by ``post``'s weight, with ``mlp.gate``'s routing of the
-    normed rows in the same launch handed to it where that router is a fused one that
-    applies (see the module docstring)."""
-    gate = getattr(mlp, "gate", None)
-    settings = (
-        fused_routers.router_settings(gate)
-        if NORM_ROUTER and getattr(gate, "_specter_fused_router", False)
-        else None
-    )
-    if settings is None or not fused_routers.fused_applies(x, gate.weight):
-        return add_rms_norm(x, residual, post.weight, post.variance_epsilon)
-    H = x.shape[-1]
-    logits_dtype = settings["logits_dtype"] or torch.promote_types(post.weight.dtype, x.dtype)
-    summed, normed, routed = add_rms_norm_router_topk(
-        x.reshape(-1, H), residual.reshape(-1, H), post.weight, post.variance_epsilon,
-        gate.weight, settings["top_k"], logits_dtype=logits_dtype,
-        renormalize=settings["renormalize"], scaling=settings["scaling"],
-        weights_dtype=settings["weights_dtype"] or logits_dtype,
-    )  # fmt: skip
-    normed = normed.view(x.shape)
-    fused_routers.hand_routed(gate, normed, routed)
-    return summed.view(x.shape), normed

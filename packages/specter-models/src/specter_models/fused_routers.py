@@ -14,8 +14,7 @@ largest-probability first and ties to the lower expert id (DeepSeek's ``torch.to
 ``sorted=False`` promises no order at all); its sums run in another order than cuBLAS's,
 so a near tie between two experts can go the other way than in transformers. The target
 and the draft call the same kernel, so speculative and plain decoding still agree bit for
-bit. A fused router whose input a kernel before it routed already (:func:`hand_routed`:
-``fused_residuals``' add, norm and router in one launch) returns that result instead.
+bit.
 """
 
 from __future__ import annotations
@@ -57,32 +56,6 @@ def router_settings(module: nn.Module) -> dict[str, Any] | None:
     return None
 
 
-PREROUTED = "_specter_prerouted"
-"""The attribute a fused router finds ``(x, (logits, weights, ids))`` under when a kernel
-before it routed ``x`` for it already (see :func:`hand_routed`)."""
-
-
-def hand_routed(router: nn.Module, x: torch.Tensor, routed: tuple[torch.Tensor, ...]) -> None:
-    """Leave ``routed``, ``router``'s output for the input ``x`` computed with its settings by
-    a fused kernel (``[T, H]`` rows), for ``router``'s next call: when that call's input is
-    ``x`` or a view of all of it (the same memory, size and dtype: a block may flatten it
-    first) it returns ``routed`` and launches nothing. Any call takes it away. The handed
-    tuple keeps ``x`` alive, so no other tensor can take its memory meanwhile."""
-    router.__dict__[PREROUTED] = (x, routed)
-
-
-def _same_rows(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``b`` is ``a`` or a view of all of it (contiguous: same start, size, dtype)."""
-    return a is b or (
-        a.data_ptr() == b.data_ptr()
-        and a.numel() == b.numel()
-        and a.dtype == b.dtype
-        and a.device == b.device
-        and a.is_contiguous()
-        and b.is_contiguous()
-    )
-
-
 def fused_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the fused kernel takes this call (CUDA, half or float tensors)."""
     return x.is_cuda and x.dtype in FLOAT_DTYPES and weight.dtype in FLOAT_DTYPES
@@ -101,9 +74,6 @@ def install_fused_routers(model: nn.Module) -> int:
 
 def _fused_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[..., Any]:
     def forward(hidden_states: torch.Tensor):
-        handed = module.__dict__.pop(PREROUTED, None)
-        if handed is not None and _same_rows(handed[0], hidden_states):
-            return handed[1]  # routed already, with this module's settings (hand_routed)
         x = hidden_states.reshape(-1, module.hidden_dim)
         settings = router_settings(module)  # the module's settings at call time
         if settings is None or not fused_applies(x, module.weight):
