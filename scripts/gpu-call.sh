@@ -60,6 +60,25 @@ tpot_cells() {
     model_cells deepseek-v2-lite "$@"
 }
 
+# step_sequence TAG PDL: DeepSeek-V2-Lite's all-resident plain step, one decode token's kernels
+# in launch order with each one's median time and idle gap before it (plain_step_probe.py
+# --sequence) under SPECTER_KERNELS_PDL=PDL, one process; writes plain-step-TAG-pdl-PDL.jsonl
+# and prints its TPOT, busy time, kernel count and the first 40 kernels.
+step_sequence() {
+    local tag=$1 pdl=$2 file
+    file="$out/plain-step-$tag-pdl-$pdl.jsonl"
+    SPECTER_KERNELS_PDL=$pdl timeout 150 python3 scripts/plain_step_probe.py \
+        --model deepseek-v2-lite --budget-gb 0 --top 30 --sequence \
+        --out "$file" >"$out/log-step-$tag-$pdl.txt" 2>&1
+    echo "== step, PDL $pdl (rc $?) at $(($(date +%s) - begin)) s"
+    tail -n 1 "$file" | python3 -c "import json,sys; \
+d=json.loads(sys.stdin.read()); print({k: d[k] for k in ('tpot_ms','profiled_wall_ms_per_token',\
+'kernel_busy_ms_per_token','kernels_per_token')}); s=d['sequence']; \
+print(len(s), 'kernels in sequence, sum us', round(sum(r[1] for r in s), 1), 'gaps us', \
+round(sum(r[2] for r in s), 1)); [print(*r) for r in s[:40]]"
+    tail -n 3 "$out/log-step-$tag-$pdl.txt"
+}
+
 # switch_arms VAR TAG ON OFF: DeepSeek-V2-Lite unlimited plain decoding (`lru`, 3 HumanEval
 # prompts x 64 tokens), one process an arm, in turn with VAR=1, VAR=0, VAR=1 (tags
 # TAG-ON-unlimited, TAG-OFF-unlimited, TAG-ON2-unlimited); prints each arm's seconds since $begin.

@@ -16,15 +16,6 @@ for pdl in 0 early; do
     cut -c1-160 "$out/log-routed-$pdl.txt" | tail -n 14
 done
 for pdl in 0 early; do
-    SPECTER_KERNELS_PDL=$pdl timeout 150 python3 scripts/plain_step_probe.py \
-        --model deepseek-v2-lite --budget-gb 0 --top 30 --sequence \
-        --out "$out/plain-step-unlimited-pdl-$pdl.jsonl" >"$out/log-step-$pdl.txt" 2>&1
-    echo "== step, PDL $pdl (rc $?) at $(($(date +%s) - begin)) s"
-    tail -n 1 "$out/plain-step-unlimited-pdl-$pdl.jsonl" | python3 -c "import json,sys; \
-d=json.loads(sys.stdin.read()); print({k: d[k] for k in ('tpot_ms','profiled_wall_ms_per_token',\
-'kernel_busy_ms_per_token','kernels_per_token')}); s=d['sequence']; \
-print(len(s), 'kernels in sequence, sum us', round(sum(r[1] for r in s), 1), 'gaps us', \
-round(sum(r[2] for r in s), 1)); [print(*r) for r in s[:40]]"
-    tail -n 3 "$out/log-step-$pdl.txt"
+    step_sequence unlimited "$pdl"
 done
 echo "all done at $(($(date +%s) - begin)) s"

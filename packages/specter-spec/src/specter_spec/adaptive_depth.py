@@ -600,7 +600,6 @@ class AdaptiveDepth:
         counts for the acceptance only: its times are not a step's)."""
         cfg = self.config
         depth = iteration.depth
-        timed = not iteration.first
         self._observed += 1
         if depth > 0:
             # Proposals tested: up to the first rejection, among those the target verified
@@ -609,17 +608,17 @@ class AdaptiveDepth:
             verified = iteration.accepted + (0 if iteration.accepted == tested else 1)
             self._accepted = cfg.acceptance_decay * self._accepted + iteration.accepted
             self._trials = cfg.acceptance_decay * self._trials + verified
-            if timed:
+        if not iteration.first:
+            if depth > 0:
                 self._draft.add(depth, iteration.draft_time_s, self._observed)
-        if timed:
             self._verify.add(depth + 1, iteration.verify_time_s, self._observed)
         for table in (self._draft, self._verify):
             table.tick(self._observed, cfg.cost_horizon)
-        if depth == 0 and iteration.pipelined and timed:
+        if iteration.first:
+            return
+        if depth == 0 and iteration.pipelined:
             seconds = _decayed(self.steady_plain_s, iteration.total_time_s, cfg.cost_decay)
             self._steady = (seconds, self._observed)
-        if not timed:
-            return
         overhead = max(
             iteration.total_time_s - iteration.draft_time_s - iteration.verify_time_s, 0.0
         )
