@@ -14,13 +14,18 @@ accepted shallow proposals buys, measured here and not kept):
 * ``lcb``: depths compared at the acceptance ``--sd`` posterior standard deviations below
   its estimate (the decayed counts as a Beta posterior);
 * ``cap``: an iteration runs at most twice the depth the one before it ran (at least
-  ``initial_depth``).
+  ``initial_depth``);
+* ``carry``: a primed policy's acceptance prior is the exporting run's estimate (at the
+  prior's own weight, ``prior_trials``) instead of ``prior_acceptance`` (forty-first
+  session, not kept either: it helps where the runs' acceptances match and costs where they
+  do not, which the ``--mismatch`` pairs show).
 
 Prints, per environment and variant, the mean, median and 90th percentile over ``--runs``
 generations of the ratio to the best fixed depth, fresh (a new policy each) and primed (a
-new policy primed with the fresh one's ``export_costs``).
+new policy primed with the fresh one's ``export_costs``). ``--mismatch`` adds pairs whose
+primed run decodes at another acceptance than the run that exported the costs.
 
-    python3 scripts/adaptive_depth_sim.py --runs 300
+    python3 scripts/adaptive_depth_sim.py --runs 300 --mismatch
 """
 
 from __future__ import annotations
@@ -46,6 +51,16 @@ def _linear(table: dict[int, float], n: int) -> float:
     if lo == hi:  # past an end: the nearest segment's slope
         lo, hi = (counts[0], counts[1]) if n < counts[0] else (counts[-2], counts[-1])
     return table[lo] + (table[hi] - table[lo]) * (n - lo) / (hi - lo)
+
+
+SETUPS = (("24gb", 0.85), ("24gb", 0.75), ("24gb", 0.93), ("budget", 0.9))
+# (environment, acceptance of the run that exported the costs, acceptance of the primed run)
+MISMATCHED = (
+    ("24gb", 0.93, 0.6),
+    ("24gb", 0.6, 0.93),
+    ("budget", 0.9, 0.6),
+    ("budget", 0.6, 0.9),
+)
 
 
 class Environment:
@@ -109,7 +124,23 @@ class CappedDepth(AdaptiveDepth):
         super().observe(iteration)
 
 
-VARIANTS = {"shipped": AdaptiveDepth, "lcb": LowerBoundDepth, "cap": CappedDepth}
+class CarriedAcceptance(AdaptiveDepth):
+    """Primed with the exporting run's acceptance as its prior (weight ``prior_trials``)."""
+
+    def export_costs(self) -> dict:
+        return {**super().export_costs(), "acceptance": self.acceptance}
+
+    def prime(self, costs) -> None:
+        super().prime({k: v for k, v in costs.items() if k != "acceptance"})
+        self._accepted = costs["acceptance"] * self.config.prior_trials
+
+
+VARIANTS = {
+    "shipped": AdaptiveDepth,
+    "lcb": LowerBoundDepth,
+    "cap": CappedDepth,
+    "carry": CarriedAcceptance,
+}
 
 
 def _generation(policy: AdaptiveDepth, env: Environment, tokens: int) -> float:
@@ -129,25 +160,39 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=300)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--sd", type=float, default=1.0, help="lcb: standard deviations below")
+    p.add_argument(
+        "--mismatch", action="store_true", help="also prime across different acceptances"
+    )
     args = p.parse_args()
     LowerBoundDepth.sd = args.sd
     config = AdaptiveDepthConfig(max_depth=16)
-    for kind, alpha in (("24gb", 0.85), ("24gb", 0.75), ("24gb", 0.93), ("budget", 0.9)):
+    pairs = [(kind, alpha, alpha) for kind, alpha in SETUPS]
+    if args.mismatch:
+        pairs += MISMATCHED
+    for kind, exported, alpha in pairs:
         probe = Environment(kind, alpha, 0)
         best = min(range(17), key=probe.seconds_per_token)
         floor = probe.seconds_per_token(best)
-        print(f"{kind} acceptance {alpha}: best fixed K = {best}, {floor * 1e3:.2f} ms a token")
+        source = "" if exported == alpha else f" (costs exported at acceptance {exported})"
+        print(
+            f"{kind} acceptance {alpha}{source}: best fixed K = {best}, "
+            f"{floor * 1e3:.2f} ms a token"
+        )
         for name, cls in VARIANTS.items():
             fresh, primed = [], []
             for run in range(args.runs):
-                env = Environment(kind, alpha, run + 1)
                 policy = cls(config)
-                fresh.append(_generation(policy, env, args.tokens) / floor)
+                first = _generation(policy, Environment(kind, exported, run + 1), args.tokens)
+                if exported == alpha:
+                    fresh.append(first / floor)
                 again = cls(config)
                 again.prime(policy.export_costs())
+                env = Environment(kind, alpha, run + 1 if exported == alpha else run + 10_001)
                 primed.append(_generation(again, env, args.tokens) / floor)
             cells = []
             for label, xs in (("fresh", fresh), ("primed", primed)):
+                if not xs:
+                    continue
                 xs.sort()
                 cells.append(
                     f"{label} mean {statistics.mean(xs):.3f} median {xs[len(xs) // 2]:.3f} "
