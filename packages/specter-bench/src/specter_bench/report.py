@@ -261,11 +261,15 @@ def _measured_elsewhere(skip: dict[str, Any], records: Sequence[dict[str, Any]])
 
 
 def update_markdown(existing: str, section: str) -> str:
-    """Replace the marked report section of ``existing`` (or append one) with ``section``."""
+    """Replace the marked report section of ``existing`` (or append one) with ``section``.
+
+    The section may sit anywhere in the page: what follows its end marker is kept, one
+    blank line below it."""
     block = f"{BEGIN_MARKER}\n{section.rstrip()}\n{END_MARKER}\n"
     start, end = existing.find(BEGIN_MARKER), existing.find(END_MARKER)
     if start != -1 and end > start:
-        return existing[:start] + block + existing[end + len(END_MARKER) :].lstrip("\n")
+        after = existing[end + len(END_MARKER) :].lstrip("\n")
+        return existing[:start] + block + ("\n" + after if after else "")
     return existing.rstrip("\n") + ("\n\n" if existing.strip() else "") + block
 
 
