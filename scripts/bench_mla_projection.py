@@ -4,9 +4,8 @@
 ``W_UK``) and the parts alone beside them.
 
 Each figure is microseconds per layer: 27 calls over 27 layers' own weights and caches
-(so they come from HBM, as in a step) captured in one CUDA graph and replayed. ``--points``
-names the key chunk and the chunks' merge of each pass (``SPLIT:serial`` walks the chunks
-one after another, ``SPLIT:vector`` reads ``CHUNK_BLOCK`` at a time).
+(so they come from HBM, as in a step) captured in one CUDA graph and replayed. ``--splits``
+names the key chunk of each pass.
 
     source scripts/gpu-env.sh && python3 scripts/bench_mla_projection.py --out $OUT/mla-uv.jsonl
 """
@@ -74,7 +73,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="264,1100")
     p.add_argument("--rows", default="1,5")
-    p.add_argument("--points", default=f"{kernel.SPLIT}:vector")
+    p.add_argument("--splits", default=f"{kernel.SPLIT}")
     p.add_argument("--out", default="mla-uv.jsonl")
     args = p.parse_args()
     gen = torch.Generator("cuda").manual_seed(0)
@@ -82,15 +81,14 @@ def main() -> int:
         randn(gen, H * (NOPE + V), R, scale=0.03).view(H, NOPE + V, R) for _ in range(LAYERS)
     ]
     records = []
-    shipped = (kernel.SPLIT, kernel.VECTOR_MERGE)
-    for spec in args.points.split(","):
-        split, merge = spec.split(":")
-        kernel.SPLIT, kernel.VECTOR_MERGE = int(split), merge == "vector"
-        tag = {"split": int(split), "merge": merge}
+    shipped = kernel.SPLIT
+    for split in (int(v) for v in args.splits.split(",")):
+        kernel.SPLIT = split
+        tag = {"split": split}
         for L in (int(v) for v in args.lengths.split(",")):
             for T in (int(v) for v in args.rows.split(",")):
                 records += point(gen, weights, L, T, tag)
-    kernel.SPLIT, kernel.VECTOR_MERGE = shipped
+    kernel.SPLIT = shipped
     with open(args.out, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     return 0

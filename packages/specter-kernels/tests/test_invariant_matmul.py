@@ -95,9 +95,9 @@ def test_tuned_tiles_are_looked_up_by_shape_dtype_and_gpu_model(tmp_path, monkey
              "num_warps": 8, "num_stages": 2}
         ]
     }  # fmt: skip
-    path = tmp_path / "tiles.json"
+    path = tmp_path / "invariant_matmul_some_gpu.json"
     path.write_text(__import__("json").dumps(table))
-    monkeypatch.setenv(cfg.TUNED_CONFIGS_ENV, str(path))
+    monkeypatch.setattr(cfg, "TUNED_DIR", tmp_path)
     tuned = cfg.matmul_config(2048, 1024, torch.float16, "Some GPU")
     assert (tuned.block_m, tuned.block_n, tuned.block_k, tuned.num_warps) == (16, 32, 256, 8)
     assert tuned.num_stages == 2
@@ -109,24 +109,23 @@ def test_tuned_tiles_are_looked_up_by_shape_dtype_and_gpu_model(tmp_path, monkey
     assert cfg.matmul_config(4096, 1024, torch.float16, "Some GPU") == cfg.matmul_config(
         4096, 1024, torch.float16
     )
-    monkeypatch.delenv(cfg.TUNED_CONFIGS_ENV)
+    assert cfg.tuned_config_path("Some GPU") == path
     assert cfg.tuned_config_path("NVIDIA H200").name == "invariant_matmul_nvidia_h200.json"
 
 
 def test_a_broken_tuned_file_is_reported(tmp_path, monkeypatch):
     from specter_kernels import invariant_matmul_config as cfg
 
-    path = tmp_path / "broken.json"
+    path = tmp_path / "invariant_matmul_some_gpu.json"
     path.write_text('{"configs": [{"N": 1}]}')
-    monkeypatch.setenv(cfg.TUNED_CONFIGS_ENV, str(path))
+    monkeypatch.setattr(cfg, "TUNED_DIR", tmp_path)
     with pytest.raises(ValueError, match="not a tuned invariant-matmul file"):
         cfg.matmul_config(8, 8, torch.float16, "Some GPU")
 
 
-def test_the_shipped_h200_tiles_load_and_keep_the_fixed_row_tile(monkeypatch):
+def test_the_shipped_h200_tiles_load_and_keep_the_fixed_row_tile():
     from specter_kernels import invariant_matmul_config as cfg
 
-    monkeypatch.delenv(cfg.TUNED_CONFIGS_ENV, raising=False)
     path = cfg.tuned_config_path("NVIDIA H200")
     assert path.is_file(), path
     table = cfg._tuned_table(path)
@@ -188,9 +187,9 @@ def test_tuned_tiles_may_split_k(tmp_path, monkeypatch):
              "num_warps": 4, "num_stages": 3, "split_k": 4}
         ]
     }  # fmt: skip
-    path = tmp_path / "tiles.json"
+    path = tmp_path / "invariant_matmul_some_gpu.json"
     path.write_text(__import__("json").dumps(table))
-    monkeypatch.setenv(cfg.TUNED_CONFIGS_ENV, str(path))
+    monkeypatch.setattr(cfg, "TUNED_DIR", tmp_path)
     assert cfg.matmul_config(576, 2048, torch.float16, "Some GPU").split_k == 4
     assert cfg.matmul_config(576, 2048, torch.float16).split_k == 1
 

@@ -79,21 +79,20 @@ def test_a_row_without_visible_keys_gets_zeros(seed, poisoned):
     assert torch.isfinite(out).all()
 
 
-MERGES = [(False, 8), (True, 8), (True, 2)]
-"""(VECTOR_MERGE, CHUNK_BLOCK): the chunk walk, the shipped block, and 2-chunk blocks (a
-128-key window at 16-key chunks is then 4 blocks, a row's own window 2 or 3)."""
+CHUNK_BLOCKS = [8, 2]
+"""The shipped merge block, and 2-chunk blocks (a 128-key window at 16-key chunks is then 4
+blocks, a row's own window 2 or 3)."""
 
 
 @pytest.mark.parametrize("split", [16, 32, 64])
-@pytest.mark.parametrize(("vector", "chunk_block"), MERGES)
+@pytest.mark.parametrize("chunk_block", CHUNK_BLOCKS)
 def test_rows_are_batch_invariant_across_windows(
-    seed, triton_backend, monkeypatch, split, vector, chunk_block
+    seed, triton_backend, monkeypatch, split, chunk_block
 ):
     # Five verified rows at positions 60..64 in a 128-key window, against each row alone
     # in the window plain decoding would use (just past its own position): the same bits,
-    # at every key chunk and with either merge.
+    # at every key chunk and merge block.
     monkeypatch.setattr(mla_triton, "SPLIT", split)
-    monkeypatch.setattr(mla_triton, "VECTOR_MERGE", vector)
     monkeypatch.setattr(mla_triton, "CHUNK_BLOCK", chunk_block)
     T, W = 5, 128
     q_lat, q_pe, c_kv, k_pe = _problem(T, W)
@@ -121,42 +120,16 @@ def test_row_chunks_do_not_change_bits(seed, triton_backend, monkeypatch):
 
 
 @pytest.mark.parametrize("split", [16, 128])
-@pytest.mark.parametrize(("vector", "chunk_block"), MERGES)
+@pytest.mark.parametrize("chunk_block", CHUNK_BLOCKS)
 def test_every_key_chunk_matches_the_reference(
-    seed, triton_backend, monkeypatch, split, vector, chunk_block
+    seed, triton_backend, monkeypatch, split, chunk_block
 ):
     monkeypatch.setattr(mla_triton, "SPLIT", split)
-    monkeypatch.setattr(mla_triton, "VECTOR_MERGE", vector)
     monkeypatch.setattr(mla_triton, "CHUNK_BLOCK", chunk_block)
     q_lat, q_pe, c_kv, k_pe = _problem(2, 150)
     out = sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.2)
     ref = sk.mla_attention_reference(*(t.double() for t in (q_lat, q_pe, c_kv, k_pe)), 0.2)
     assert rel_err(out, ref) < 5e-3
-
-
-@pytest.mark.parametrize("w_uv", [False, True])
-def test_the_two_merges_agree_to_rounding(seed, triton_backend, monkeypatch, w_uv):
-    # The block merge adds the chunks in another order than the walk: not the same bits,
-    # the same function (within a few fp16 ulps of the output).
-    monkeypatch.setattr(mla_triton, "SPLIT", 16)
-    q_lat, q_pe, c_kv, k_pe = _problem(3, 150)
-    proj = _w_uv() if w_uv else None
-    outs = []
-    for vector in (False, True):
-        monkeypatch.setattr(mla_triton, "VECTOR_MERGE", vector)
-        outs.append(sk.mla_attention(q_lat, q_pe, c_kv, k_pe, 0.2, w_uv=proj).float())
-    assert rel_err(outs[1], outs[0]) < 2e-3
-
-
-def test_the_key_chunk_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(mla_triton.SPLIT_ENV_VAR, raising=False)
-    assert mla_triton._split_from_env() == 32
-    monkeypatch.setenv(mla_triton.SPLIT_ENV_VAR, "64")
-    assert mla_triton._split_from_env() == 64
-    for bad in ("48", "8", "x", "-16"):
-        monkeypatch.setenv(mla_triton.SPLIT_ENV_VAR, bad)
-        with pytest.raises(ValueError, match=f"SPECTER_MLA_SPLIT='{bad}' is not a key chunk"):
-            mla_triton._split_from_env()
 
 
 def test_strided_queries_and_broadcast_mask(seed, triton_backend):
@@ -213,12 +186,9 @@ def test_the_projection_is_close_to_a_separate_bmm(seed, triton_backend):
 
 
 @pytest.mark.parametrize("split", [16, 64])
-@pytest.mark.parametrize(("vector", "chunk_block"), MERGES)
-def test_projected_rows_are_batch_invariant(
-    seed, triton_backend, monkeypatch, split, vector, chunk_block
-):
+@pytest.mark.parametrize("chunk_block", CHUNK_BLOCKS)
+def test_projected_rows_are_batch_invariant(seed, triton_backend, monkeypatch, split, chunk_block):
     monkeypatch.setattr(mla_triton, "SPLIT", split)
-    monkeypatch.setattr(mla_triton, "VECTOR_MERGE", vector)
     monkeypatch.setattr(mla_triton, "CHUNK_BLOCK", chunk_block)
     monkeypatch.setattr(mla_triton, "PARALLEL_ROWS", 4)  # 9 rows: groups of PROJECT_ROWS
     T, W = 9, 128

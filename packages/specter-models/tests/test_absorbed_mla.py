@@ -105,7 +105,7 @@ def test_the_value_projection_in_the_merge_gives_the_same_logits(checkpoints, mo
         torch.testing.assert_close(a, b, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
 
 
-def test_the_value_projection_applies_to_cuda_half_queries_with_the_switch(monkeypatch):
+def test_the_value_projection_applies_to_cuda_half_queries():
     def queries(dtype, cuda=True):  # a stand-in for a CUDA tensor
         return SimpleNamespace(is_cuda=cuda, dtype=dtype)
 
@@ -113,8 +113,6 @@ def test_the_value_projection_applies_to_cuda_half_queries_with_the_switch(monke
     assert absorbed_mla.fused_value_projection(queries(torch.bfloat16))
     assert not absorbed_mla.fused_value_projection(queries(torch.float32))
     assert not absorbed_mla.fused_value_projection(queries(torch.float16, cuda=False))
-    monkeypatch.setattr(absorbed_mla, "MLA_FUSED_UV", False)
-    assert not absorbed_mla.fused_value_projection(queries(torch.float16))
 
 
 def test_batches_of_several_sequences_fall_back(checkpoints):

@@ -596,7 +596,8 @@ def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
 def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
     # DeepSeek-V2's latent norm, rotations and cache writes in one launch: the same logits bit
     # for bit (eager prefill, captured and replayed steps) and the same greedy tokens as the
-    # parts apart; the cache holds the same rows.
+    # parts apart (the path of tensors the prologue does not take); the cache holds the same
+    # rows.
     from specter_models import absorbed_mla
 
     kwargs, prompt, rows = _tiny_problem(budget, seed=6)
@@ -604,8 +605,10 @@ def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
     calls = []
     real = absorbed_mla.mla_prologue
     monkeypatch.setattr(absorbed_mla, "mla_prologue", lambda *a: calls.append(1) or real(*a))
+    real_layer = absorbed_mla._prologue_layer
     for fused in (False, True):
-        monkeypatch.setattr(absorbed_mla, "MLA_PROLOGUE", fused)
+        apart = (lambda *a: None) if not fused else real_layer
+        monkeypatch.setattr(absorbed_mla, "_prologue_layer", apart)
         lm = load("tiny-deepseek-v2", **kwargs)
         before = len(calls)
         out[fused], tokens[fused] = _logits_and_greedy(lm, prompt, rows)
@@ -626,7 +629,8 @@ def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
 def test_cuda_fused_residuals_keep_every_bit(name, budget, monkeypatch):
     # The attention's residual add in the post-attention norm and the MoE block's branch add
     # in the layer's: the same logits bit for bit (eager prefill, captured and replayed steps)
-    # and the same greedy tokens as the adds apart, with the shared experts' side stream.
+    # and the same greedy tokens as the adds apart (transformers' layer forward), with the
+    # shared experts' side stream.
     from specter_models import fused_residuals
 
     kwargs, prompt, rows = _tiny_problem(budget, seed=6)
@@ -635,8 +639,7 @@ def test_cuda_fused_residuals_keep_every_bit(name, budget, monkeypatch):
     real = fused_residuals.add_rms_norm
     monkeypatch.setattr(fused_residuals, "add_rms_norm", lambda *a: calls.append(1) or real(*a))
     for fused in (False, True):
-        monkeypatch.setattr(fused_residuals, "FUSED_RESIDUALS", fused)
-        lm = load(name, **kwargs)
+        lm = load(name, fused_residuals=fused, **kwargs)
         before = len(calls)
         out[fused], tokens[fused] = _logits_and_greedy(lm, prompt, rows)
         launches[fused] = len(calls) - before
@@ -653,7 +656,9 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
     # separate bmm's (another summation order), eager, captured and replayed rows equal, a
     # row verified with others equal to the row alone, and speculative greedy tokens equal
     # to plain greedy tokens.
-    calls = _mla_fusion_against_apart(budget, monkeypatch, "MLA_FUSED_UV", "mla_attention", len)
+    calls = _mla_fusion_against_apart(
+        budget, monkeypatch, ("fused_value_projection", lambda q_lat: False), "mla_attention", len
+    )
     for fused in (False, True):
         assert bool(calls[fused])
         assert all(n == (7 if fused else 6) for n in calls[fused])
@@ -663,22 +668,23 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
 def test_cuda_queries_absorbed_in_the_prologue_are_close_and_speculation_stays_exact(
     budget, monkeypatch
 ):
-    # SPECTER_MLA_FUSED_ABSORB: q_lat computed by the prologue's launch in decode and
+    # q_lat computed by the prologue's launch in decode and
     # verification steps (the prefill keeps the bmm): logits close to the bmm's (another
     # summation order), rows verified together equal to each alone, speculative greedy
     # tokens equal to plain greedy tokens.
     from specter_models import absorbed_mla
 
     calls = _mla_fusion_against_apart(
-        budget, monkeypatch, "MLA_FUSED_ABSORB", "mla_prologue_absorb", lambda a: a[0].shape[0]
+        budget, monkeypatch, ("ABSORB_MAX_ROWS", 0), "mla_prologue_absorb", lambda a: a[0].shape[0]
     )
     for fused in (False, True):
         assert bool(calls[fused]) is fused
         assert all(t <= absorbed_mla.ABSORB_MAX_ROWS for t in calls[fused])
 
 
-def _mla_fusion_against_apart(budget, monkeypatch, switch, kernel, note) -> dict[bool, list]:
-    """The tiny DeepSeek-V2's target with ``absorbed_mla.<switch>`` off and on: logits of
+def _mla_fusion_against_apart(budget, monkeypatch, apart, kernel, note) -> dict[bool, list]:
+    """The tiny DeepSeek-V2's target with ``absorbed_mla``'s ``apart = (name, value)`` set
+    (the fusion off) and as shipped (on): logits of
     rows eager, captured and replayed (equal), close between the two; with it on, rows
     invariant and speculation exact. Returns ``note(args)`` of each call of
     ``absorbed_mla.<kernel>`` per setting."""
@@ -689,8 +695,10 @@ def _mla_fusion_against_apart(budget, monkeypatch, switch, kernel, note) -> dict
     real = getattr(absorbed_mla, kernel)
     monkeypatch.setattr(absorbed_mla, kernel, lambda *a: calls.append(note(a)) or real(*a))
     out, per_setting = {}, {}
+    name, off = apart
+    shipped = getattr(absorbed_mla, name)
     for fused in (False, True):
-        monkeypatch.setattr(absorbed_mla, switch, fused)
+        monkeypatch.setattr(absorbed_mla, name, shipped if fused else off)
         lm = load("tiny-deepseek-v2", **kwargs)
         calls.clear()
         out[fused] = _rows_eager_captured_replayed(lm, prompt, rows).float()

@@ -29,7 +29,6 @@ launcher allows fills for one row only, whose pairs have distinct experts).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -295,20 +294,17 @@ def per_pair_configs(device: torch.device) -> tuple[GroupedConfig, GroupedConfig
 
     On the GPU the tile is 32 columns wide: a streamed expert's read over PCIe then
     spreads over twice the programs (gate_up's 2I columns in 44 programs for
-    DeepSeek-V2-Lite, not 22). ``scripts/streamed_gemm_probe.py`` measured it on the
-    H200 (fourteenth session): one streamed expert of 7 rows in 0.61 ms rather than
-    1.79 ms, three in 1.21 ms rather than 2.09 ms, resident experts unchanged. The K
-    loop (BLOCK_K steps, no split) is the same, and still fixed whatever T.
+    DeepSeek-V2-Lite, not 22). ``scripts/streamed_gemm_probe.py`` measured it on an
+    H200: one streamed expert of 7 rows in 0.61 ms rather than 1.79 ms, three in 1.21 ms
+    rather than 2.09 ms, resident experts unchanged. The K loop (BLOCK_K steps, no split) is
+    the same, and still fixed whatever T. Wider K steps (16 x 256, 16 x 512, 32 x 256) read a
+    lone one-row streamed expert faster but several experts or rows no faster (49-55 GB/s,
+    the link's rate, with this tile).
     """
     if device.type != "cuda":
         return GroupedConfig(16, 64, 64), GroupedConfig(16, 64, 64)
-    config = _PER_PAIR_OVERRIDE or GroupedConfig(16, 32, 128, num_warps=4, num_stages=4)
+    config = GroupedConfig(16, 32, 128, num_warps=4, num_stages=4)
     return config, config
-
-
-PER_PAIR_TILE_ENV = "SPECTER_PER_PAIR_TILE"
-"""Environment variable naming the per-pair tile on CUDA as ``block_n/stages/warps/block_k``
-(read once, at import; for measuring other tiles side by side, one process each)."""
 
 
 def parse_per_pair_tile(value: str) -> GroupedConfig:
@@ -323,27 +319,18 @@ def parse_per_pair_tile(value: str) -> GroupedConfig:
         block_n, stages, warps, block_k = (int(p) for p in parts)
     except ValueError:
         raise ValueError(
-            f"{PER_PAIR_TILE_ENV}={value!r}: expected four integers "
-            "block_n/stages/warps/block_k such as 32/4/4/128; unset it for the default tile"
+            f"per-pair tile {value!r}: expected four integers "
+            "block_n/stages/warps/block_k such as 32/4/4/128"
         ) from None
     for name, v in (("block_n", block_n), ("block_k", block_k)):
         if v < 16 or v & (v - 1):
-            raise ValueError(
-                f"{PER_PAIR_TILE_ENV}={value!r}: {name} {v} must be a power of two >= 16"
-            )
+            raise ValueError(f"per-pair tile {value!r}: {name} {v} must be a power of two >= 16")
     if stages < 1 or warps < 1 or warps & (warps - 1):
         raise ValueError(
-            f"{PER_PAIR_TILE_ENV}={value!r}: stages {stages} must be >= 1 and warps {warps} "
+            f"per-pair tile {value!r}: stages {stages} must be >= 1 and warps {warps} "
             "a power of two"
         )
     return GroupedConfig(16, block_n, block_k, num_warps=warps, num_stages=stages)
-
-
-_PER_PAIR_OVERRIDE = (
-    parse_per_pair_tile(os.environ[PER_PAIR_TILE_ENV])
-    if os.environ.get(PER_PAIR_TILE_ENV, "").strip()
-    else None
-)
 
 
 def grouped_configs(

@@ -8,37 +8,20 @@ at the row count, so one shape always runs one kernel and the result stays batch
 Per GPU model, ``tuned/invariant_gemv_<gpu>.json`` beside this module (written by
 ``scripts/sweep_invariant_gemv.py``) keys (N, K, dtype) to the GEMV tile measured best, or
 to ``"kernel": "mma"`` where the tensor-core kernel was faster (a weighted sum of the 1- and
-5-row times, :data:`ROW_WEIGHTS`);
-``SPECTER_INVARIANT_GEMV_CONFIGS`` names another such file. Shapes not in the file get the
-heuristic below. ``SPECTER_INVARIANT_GEMV=0`` (read at import) turns the GEMV off, for A/B
-runs: every linear then takes the tensor-core kernel.
+5-row times, :data:`ROW_WEIGHTS`). Shapes not in the file get the heuristic below.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import triton
 
-from specter_kernels.backend import env_switch
 from specter_kernels.invariant_matmul_config import TUNED_DIR, device_slug
-
-GEMV_ENV = "SPECTER_INVARIANT_GEMV"
-TUNED_GEMV_CONFIGS_ENV = "SPECTER_INVARIANT_GEMV_CONFIGS"
-GEMV_ENABLED = env_switch(GEMV_ENV)
-"""Whether linears may take the GEMV (``SPECTER_INVARIANT_GEMV``, read once at import)."""
-PRELOAD_ENV = "SPECTER_INVARIANT_GEMV_PRELOAD"
-GEMV_PRELOAD = env_switch(PRELOAD_ENV)
-"""Whether the GEMV issues a constant weight's loads (``invariant_linear(...,
-constant_weight=True)``) before the PDL wait (``SPECTER_INVARIANT_GEMV_PRELOAD``, on unless
-``0``, read once at import). The weight never depends on the kernel before, so its
-loads may overlap that kernel when that kernel lets its successor launch early (the small
-kernels do in PDL's default ``early`` mode, :mod:`specter_kernels.pdl`)."""
 
 ROW_ALIGNMENT = 8
 """K must be a multiple of this: every row then starts 16 bytes apart (fp16) for the
@@ -99,11 +82,7 @@ def heuristic_gemv_config(N: int, K: int, dtype: torch.dtype) -> InvariantGemvCo
 
 
 def tuned_gemv_path(device_name: str) -> Path:
-    """The tuned GEMV file of a GPU model: ``$SPECTER_INVARIANT_GEMV_CONFIGS`` when set, else
-    ``tuned/invariant_gemv_<gpu>.json``."""
-    override = os.environ.get(TUNED_GEMV_CONFIGS_ENV) or None
-    if override:
-        return Path(override)
+    """The tuned GEMV file of a GPU model: ``tuned/invariant_gemv_<gpu>.json``."""
     return TUNED_DIR / f"invariant_gemv_{device_slug(device_name)}.json"
 
 
@@ -131,8 +110,8 @@ def _tuned_table(path: Path) -> dict[tuple[int, int, str], InvariantGemvConfig |
         raise ValueError(
             f"{path} is not a tuned invariant-GEMV file ({type(error).__name__}: {error}); "
             "expected {'configs': [{'N', 'K', 'dtype', 'kernel': 'gemv', 'block_n', 'num_warps'"
-            "[, 'rows']} or {'N', 'K', 'dtype', 'kernel': 'mma'}, ...]}; fix it, "
-            f"delete it or unset {TUNED_GEMV_CONFIGS_ENV}"
+            "[, 'rows']} or {'N', 'K', 'dtype', 'kernel': 'mma'}, ...]}; fix it or "
+            "write it again with scripts/sweep_invariant_gemv.py --write-config"
         ) from error
 
 
@@ -140,13 +119,14 @@ def gemv_config(
     N: int, K: int, dtype: torch.dtype, device_name: str | None = None
 ) -> InvariantGemvConfig | None:
     """The GEMV tile of an ``[*, K] x [K, N]`` linear of ``dtype``, or None where the
-    tensor-core kernel runs instead (the GEMV switched off, or not eligible).
+    tensor-core kernel runs instead (a shape the GEMV cannot take, or one the tuned file gives
+    to the tensor-core kernel).
 
     With ``device_name`` the tuned file of that GPU model decides when it lists the shape
     (a tile, or None where it measured the tensor-core kernel faster); otherwise
     :func:`heuristic_gemv_config`. Equal arguments always give an equal answer.
     """
-    if not GEMV_ENABLED or not gemv_eligible(K, dtype):
+    if not gemv_eligible(K, dtype):
         return None
     if device_name is not None:
         table = _tuned_table(tuned_gemv_path(device_name))

@@ -19,11 +19,11 @@ row goes through the same instructions whatever the rows beside it. The tile (``
 ``BLOCK_K = next_pow2(K)``, warps, ``ROWS``) depends on (N, K, dtype) only
 (:mod:`specter_kernels.invariant_gemv_config`).
 
-With ``PRELOAD`` (a caller's ``preload=True`` for a weight no earlier kernel writes, and
-``SPECTER_INVARIANT_GEMV_PRELOAD``, on by default) the weight's loads are issued before the
-PDL wait: they do not depend on the previous kernel. Behind a small kernel
-that lets its successor launch early (PDL's ``early`` mode) they stream while that kernel
-runs. Behind a kernel that only waits they gain nothing (measured on the H200).
+With ``PRELOAD`` (a caller's ``preload=True`` for a weight no earlier kernel writes) the
+weight's loads are issued before the PDL wait: they do not depend on the previous kernel.
+Behind a small kernel that lets its successor launch early (:mod:`specter_kernels.pdl`) they
+stream while that kernel runs. Behind a kernel that only waits they gain nothing (measured on
+an H200).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import torch
 import triton
 import triton.language as tl
 
-from specter_kernels import invariant_gemv_config
 from specter_kernels.invariant_gemv_config import InvariantGemvConfig
 from specter_kernels.pdl import pdl_enter, pdl_options
 
@@ -100,7 +99,7 @@ def launch_invariant_gemv(
     (unit stride along N), optional ``bias [N]``; returns ``out``.
 
     ``preload``: the caller promises no earlier kernel writes ``weight``, so its loads may be
-    issued before the PDL wait (when ``SPECTER_INVARIANT_GEMV_PRELOAD`` allows it).
+    issued before the PDL wait.
 
     ``x`` is copied first when its rows are not 16-byte aligned (the kernel's vector loads
     assume it), so every call of a shape runs one binary whatever ``x``'s layout.
@@ -116,7 +115,7 @@ def launch_invariant_gemv(
         M, N, K, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=config.block_n,
         BLOCK_K=triton.next_power_of_2(K), ROWS=config.rows,
-        PRELOAD=int(preload and invariant_gemv_config.GEMV_PRELOAD),
+        PRELOAD=int(preload),
         num_warps=config.num_warps, num_stages=1, **pdl_options(x.device),
     )  # fmt: skip
     return out

@@ -169,7 +169,7 @@ def invariant_linear(
     ``constant_weight=True`` promises that no kernel queued before this call writes
     ``weight`` (a model's parameter, not a tensor computed on the fly): the GEMV may then
     load it before its PDL wait, overlapping the kernel before it
-    (``SPECTER_INVARIANT_GEMV_PRELOAD``; :mod:`specter_kernels.pdl`). The result is the same
+    (:mod:`specter_kernels.pdl`). The result is the same
     either way.
 
     Returns:

@@ -9,9 +9,8 @@ BLOCK_M is fixed at 16 (the smallest tensor-core tile): at decode and verificati
 lanes.
 
 Tiles measured best on a GPU model (``scripts/sweep_invariant_matmul.py``) are kept in
-``tuned/invariant_matmul_<gpu>.json`` beside this module, keyed by (N, K, dtype); the
-variable ``SPECTER_INVARIANT_MATMUL_CONFIGS`` names another such file. Shapes not in the
-file get the heuristic below. Either way the tile is a function of (N, K, dtype, GPU model)
+``tuned/invariant_matmul_<gpu>.json`` beside this module, keyed by (N, K, dtype). Shapes not
+in the file get the heuristic below. Either way the tile is a function of (N, K, dtype, GPU model)
 and never of M, so tuning keeps the kernel batch-invariant.
 """
 
@@ -19,14 +18,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-TUNED_CONFIGS_ENV = "SPECTER_INVARIANT_MATMUL_CONFIGS"
 TUNED_DIR = Path(__file__).parent / "tuned"
 
 BLOCK_M = 16
@@ -63,17 +60,15 @@ def _pow2_at_least(value: int, floor: int) -> int:
 
 
 def tuned_config_path(device_name: str) -> Path:
-    """The tuned-tile file of a GPU model: ``$SPECTER_INVARIANT_MATMUL_CONFIGS`` when set,
-    else ``tuned/invariant_matmul_<gpu>.json`` (``"NVIDIA H200"`` -> ``nvidia_h200``)."""
-    return _config_path(device_name, os.environ.get(TUNED_CONFIGS_ENV) or None)
+    """The tuned-tile file of a GPU model: ``tuned/invariant_matmul_<gpu>.json``
+    (``"NVIDIA H200"`` -> ``nvidia_h200``)."""
+    return _config_path(device_name, TUNED_DIR)
 
 
 @functools.cache
-def _config_path(device_name: str, override: str | None) -> Path:
-    # Cached: every matmul launch asks, and the answer only changes with the variable.
-    if override:
-        return Path(override)
-    return TUNED_DIR / f"invariant_matmul_{device_slug(device_name)}.json"
+def _config_path(device_name: str, tuned_dir: Path) -> Path:
+    # Cached: every matmul launch asks.
+    return tuned_dir / f"invariant_matmul_{device_slug(device_name)}.json"
 
 
 def device_slug(device_name: str) -> str:
@@ -98,7 +93,8 @@ def _tuned_table(path: Path) -> dict[tuple[int, int, str], MatmulConfig]:
         raise ValueError(
             f"{path} is not a tuned invariant-matmul file ({type(error).__name__}: {error}); "
             "expected {'configs': [{'N', 'K', 'dtype', 'block_n', 'block_k', 'num_warps', "
-            f"'num_stages'[, 'split_k']}}, ...]}}; fix it, delete it or unset {TUNED_CONFIGS_ENV}"
+            "'num_stages'[, 'split_k']}, ...]}; fix it or write it again with "
+            "scripts/sweep_invariant_matmul.py --write-config"
         ) from error
 
 

@@ -5,8 +5,8 @@ heads' queries (``[BLOCK_H, R]`` and ``[BLOCK_H, P]``) and walks its chunk ``BLO
 keys at a time: ``tl.dot`` scores, mask, running max and sum, ``tl.dot`` of the fp16
 probabilities with the latents into an fp32 ``[BLOCK_H, R]`` accumulator; it writes the
 unnormalised accumulator, max and sum of its chunk. ``_mla_merge_kernel``: one program per
-(row, head) rescales and adds the row's chunks (:data:`CHUNK_BLOCK` at a time, or in chunk
-order) and divides once.
+(row, head) rescales and adds the row's chunks (:data:`CHUNK_BLOCK` at a time) and divides
+once.
 ``_mla_merge_project_kernel`` (``w_uv`` given): the same merge, then the value
 up-projection ``o_lat @ W_UV[h]^T`` as fixed-order fp32 dot products, one program per
 (``PROJECT_ROWS`` rows, head, ``BLOCK_V`` outputs).
@@ -18,39 +18,18 @@ unchanged (max of the old max and -inf, a factor of exp(0) = 1, zero probabiliti
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from specter_kernels.backend import env_switch
 from specter_kernels.pdl import pdl_enter, pdl_options
 
-SPLIT_ENV_VAR = "SPECTER_MLA_SPLIT"
-"""Overrides :data:`SPLIT` at import (16, 32, 64 or 128), for sweeps and A/B runs."""
-SPLIT_CHOICES = (16, 32, 64, 128)
-
-
-def _split_from_env(default: int = 32) -> int:
-    value = os.environ.get(SPLIT_ENV_VAR, "").strip()
-    if not value:
-        return default
-    if not value.isdigit() or int(value) not in SPLIT_CHOICES:
-        raise ValueError(
-            f"{SPLIT_ENV_VAR}={value!r} is not a key chunk; expected one of {SPLIT_CHOICES}. "
-            "Unset it for the default."
-        )
-    return int(value)
-
-
-SPLIT = _split_from_env()
+SPLIT = 32
 """Key positions per chunk (a multiple of ``BLOCK_L``); it sets the result's bits (the
-chunks' sums and their merge), never by row count. 32 since the block merge
-(:data:`VECTOR_MERGE`): DeepSeek-V2-Lite's attention with the value projection took 8.7-14.0
-us a layer for one row at 264-2100 keys against 9.9-14.2 at 64 walked, on an H200 (64 was
-the default while the merge walked its chunks: 32 then cost 5-8 us at 2100 keys); five rows
-take 1-8 us more at 512-2100 keys."""
+chunks' sums and their merge), never by row count. On an H200, DeepSeek-V2-Lite's attention
+with the value projection took 8.7-14.0 us a layer for one row at 264-2100 keys with 32-key
+chunks and the block merge, against 9.9-14.2 us with 64-key chunks merged one after another;
+five rows take 1-8 us more at 512-2100 keys."""
 BLOCK_L = 32
 """Keys per step of a chunk's walk (at most ``SPLIT``; ``tl.dot`` needs 16 or more)."""
 NUM_WARPS = 8
@@ -67,14 +46,10 @@ row's bits are the same either way."""
 PARALLEL_ROWS = 32
 PROJECT_WARPS = 4
 CHUNK_BLOCK = 8
-"""Chunks a merge reads and adds at once (a ``[CHUNK_BLOCK, R]`` tile and one tree sum) with
-:data:`VECTOR_MERGE`. Fixed, never the window's chunk count: a row's chunks past the window
-or past its last visible key add exact zeros in fixed places, so its bits do not depend on
-the window (batch invariance)."""
-VECTOR_MERGE = env_switch("SPECTER_MLA_VECTOR_MERGE")
-"""Whether the merges read :data:`CHUNK_BLOCK` chunks at once (on unless
-``SPECTER_MLA_VECTOR_MERGE=0`` at import) rather than walking them one after another: at a
-decode step's 8 chunks the walk is about 16 dependent reads of the L2 a program."""
+"""Chunks a merge reads and adds at once (a ``[CHUNK_BLOCK, R]`` tile and one tree sum).
+Fixed, never the window's chunk count: a row's chunks past the window or past its last
+visible key add exact zeros in fixed places, so its bits do not depend on the window (batch
+invariance)."""
 NEG_BIG: tl.constexpr = tl.constexpr(-1.0e30)
 """The running max before any visible key (finite, so a masked block keeps exp(0) = 1)."""
 
@@ -156,51 +131,36 @@ def _mla_chunk_kernel(
 def _merge_chunks(
     acc_ptr, max_ptr, sum_ptr, local, h, chunks, rr,
     BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
-    CHUNK_BLOCK: tl.constexpr = 0,
+    CHUNK_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Row ``local``'s head ``h``: its chunks' accumulators rescaled to the peak max and
     added, divided once by the summed weights (zeros for a row with no visible key). fp32
     ``[BLOCK_R]``; both merge kernels run this, so they agree bit for bit.
 
-    ``CHUNK_BLOCK`` 0: the chunks in chunk order, one read after another. Otherwise
     ``CHUNK_BLOCK`` chunks at a time: their maxima, sums and accumulators read as one tile
     each, added by a tree sum, the blocks then added in order (absent chunks read as max
     ``-inf`` and zeros, so they weigh 0 in the same places whatever the window)."""
-    if CHUNK_BLOCK > 0:
-        cc = tl.arange(0, CHUNK_BLOCK)
-        base = local * chunks
-        peak = tl.full([], float("-inf"), tl.float32)
-        for c0 in range(0, chunks, CHUNK_BLOCK):
-            m = tl.load(
-                max_ptr + (base + c0 + cc) * BLOCK_H + h,
-                mask=c0 + cc < chunks,
-                other=float("-inf"),
-            )
-            peak = tl.maximum(peak, tl.max(m, axis=0))
-        norm = tl.zeros([], dtype=tl.float32)
-        total = tl.zeros([BLOCK_R], dtype=tl.float32)
-        for c0 in range(0, chunks, CHUNK_BLOCK):
-            live = c0 + cc < chunks
-            part = (base + c0 + cc) * BLOCK_H + h
-            w = tl.exp(tl.load(max_ptr + part, mask=live, other=float("-inf")) - peak)
-            norm = norm + tl.sum(w * tl.load(sum_ptr + part, mask=live, other=0.0), axis=0)
-            acc = tl.load(
-                acc_ptr + part[:, None] * BLOCK_R + rr[None, :], mask=live[:, None], other=0.0
-            )
-            total = total + tl.sum(w[:, None] * acc, axis=0)
-        return tl.where(norm > 0.0, total / tl.where(norm > 0.0, norm, 1.0), 0.0)
-    first = local * chunks * BLOCK_H + h
-    peak = tl.load(max_ptr + first)
-    for s in range(1, chunks):
-        peak = tl.maximum(peak, tl.load(max_ptr + (local * chunks + s) * BLOCK_H + h))
-    w = tl.exp(tl.load(max_ptr + first) - peak)
-    norm = w * tl.load(sum_ptr + first)
-    total = w * tl.load(acc_ptr + first * BLOCK_R + rr)
-    for s in range(1, chunks):  # chunk order: trailing masked chunks add exact zeros
-        part = (local * chunks + s) * BLOCK_H + h
-        w = tl.exp(tl.load(max_ptr + part) - peak)
-        norm = norm + w * tl.load(sum_ptr + part)
-        total = total + w * tl.load(acc_ptr + part * BLOCK_R + rr)
+    cc = tl.arange(0, CHUNK_BLOCK)
+    base = local * chunks
+    peak = tl.full([], float("-inf"), tl.float32)
+    for c0 in range(0, chunks, CHUNK_BLOCK):
+        m = tl.load(
+            max_ptr + (base + c0 + cc) * BLOCK_H + h,
+            mask=c0 + cc < chunks,
+            other=float("-inf"),
+        )
+        peak = tl.maximum(peak, tl.max(m, axis=0))
+    norm = tl.zeros([], dtype=tl.float32)
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for c0 in range(0, chunks, CHUNK_BLOCK):
+        live = c0 + cc < chunks
+        part = (base + c0 + cc) * BLOCK_H + h
+        w = tl.exp(tl.load(max_ptr + part, mask=live, other=float("-inf")) - peak)
+        norm = norm + tl.sum(w * tl.load(sum_ptr + part, mask=live, other=0.0), axis=0)
+        acc = tl.load(
+            acc_ptr + part[:, None] * BLOCK_R + rr[None, :], mask=live[:, None], other=0.0
+        )
+        total = total + tl.sum(w[:, None] * acc, axis=0)
     return tl.where(norm > 0.0, total / tl.where(norm > 0.0, norm, 1.0), 0.0)
 
 
@@ -287,7 +247,6 @@ def launch_mla_attention(
     else:
         V = w_uv.shape[1]
         out = torch.empty(T, H, V, dtype=q_lat.dtype, device=q_lat.device)
-    chunk_block = CHUNK_BLOCK if VECTOR_MERGE else 0
     rows_per_launch = max(1, min(T, PARTIAL_BYTES // (chunks * block_h * block_r * 4)))
     acc = torch.empty(rows_per_launch * chunks * block_h * block_r, dtype=torch.float32,
                       device=q_lat.device)  # fmt: skip
@@ -310,7 +269,7 @@ def launch_mla_attention(
         if w_uv is None:
             _mla_merge_kernel[(rows, H)](
                 acc, run_max, run_sum, out, R, row0, out.stride(0), out.stride(1), chunks,
-                BLOCK_H=block_h, BLOCK_R=block_r, CHUNK_BLOCK=chunk_block, num_warps=4,
+                BLOCK_H=block_h, BLOCK_R=block_r, CHUNK_BLOCK=CHUNK_BLOCK, num_warps=4,
                 **pdl_options(out.device, early_trigger=True),
             )  # fmt: skip
             continue
@@ -318,7 +277,7 @@ def launch_mla_attention(
         _mla_merge_project_kernel[(triton.cdiv(rows, group), H, triton.cdiv(V, BLOCK_V))](
             acc, run_max, run_sum, w_uv, out, R, V, row0, rows, chunks,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1),
-            BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_V=BLOCK_V, ROWS=group, CHUNK_BLOCK=chunk_block,
+            BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_V=BLOCK_V, ROWS=group, CHUNK_BLOCK=CHUNK_BLOCK,
             num_warps=PROJECT_WARPS,
             **pdl_options(out.device, early_trigger=True),
         )  # fmt: skip

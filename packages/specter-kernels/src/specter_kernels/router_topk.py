@@ -1,11 +1,12 @@
-"""An MoE router in two kernel launches: logits, softmax, top-k, renormalisation, scaling.
+"""An MoE router in one kernel launch: logits, softmax, top-k, renormalisation, scaling.
 
 transformers' softmax-then-top-k routers (DeepSeek-V2's ``greedy`` ``DeepseekV2TopkRouter``,
 Qwen2-MoE's ``Qwen2MoeTopKRouter``) run as five to seven kernels per layer: casts of the
 hidden state and of the weight to fp32, the product (a GEMV that cuBLAS splits in two),
 the softmax, ``torch.topk`` and the scaling product. At batch size one a decode step pays
-each of them per MoE layer. :func:`router_topk` does the whole router in two Triton
-launches, the logits over many small programs and the selection in one program per row:
+each of them per MoE layer. :func:`router_topk` does the whole router in one Triton
+launch, the logits over many small programs and the selection in the last of a row's
+programs to finish:
 
     logits = x @ weight^T               (fp32 products and sums; rounded to ``logits_dtype``)
     probs  = softmax(logits) in fp32
@@ -74,7 +75,7 @@ def router_topk(
     scaling: float = 1.0,
     weights_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The router of ``router_topk_reference`` in two launches (Triton on CUDA, the reference
+    """The router of ``router_topk_reference`` in one launch (Triton on CUDA, the reference
     elsewhere); see the module docstring for the arithmetic.
 
     Args:

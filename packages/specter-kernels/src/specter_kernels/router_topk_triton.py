@@ -6,11 +6,12 @@ experts' logits as dot products over ``H``, accumulated in fixed ``BLOCK_H``-wid
 logit's bits never depend on the other rows or experts (batch-invariant by construction);
 many small programs read the weight at the GPU's
 bandwidth, which one program per row cannot (it measured some 20 us for DeepSeek-V2-Lite's
-256 KB router weight on the H200). ``_router_select_kernel``: one program per row reads its
-``E`` logits, takes the softmax and the top-k (``top_k`` rounds of max, ties to the lower
-id), renormalises and scales. ``_router_one_launch_kernel`` (the default) runs both in one
-launch: a row's logits programs take tickets from the row's arrival counter (the split-K
-GEMM's per-device counters, left zeroed) and the last one selects.
+256 KB router weight on an H200). ``_router_one_launch_kernel`` runs it, then the selection in
+the same launch: a row's logits programs take tickets from the row's arrival counter (the
+split-K GEMM's per-device counters, left zeroed) and the last one reads the row's ``E``
+logits, takes the softmax and the top-k (``top_k`` rounds of max, ties to the lower id),
+renormalises and scales (``_select_row``). On an H200 in DeepSeek-V2-Lite's decode graph the
+one launch saved the selection kernel's launch gap against a separate selection kernel.
 """
 
 from __future__ import annotations
@@ -19,14 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from specter_kernels.backend import env_switch
+from specter_kernels.invariant_matmul_triton import tile_counters
 from specter_kernels.pdl import pdl_enter, pdl_options
 
-ONE_LAUNCH = env_switch("SPECTER_ROUTER_ONE_LAUNCH")
-"""Whether the selection runs in the logits launch's last program per row
-(``_router_one_launch_kernel``) rather than as a second kernel (``SPECTER_ROUTER_ONE_LAUNCH=0``
-at import; tests flip this constant). The logits have the same bits either way; the
-weights may differ in their last bits (the softmax's sums run over another thread layout)."""
 BLOCK_E = 1
 """Experts per logits program: one program per (row, expert), 64 a row for DeepSeek-V2-Lite.
 Four experts a program (16 programs a row) took 8.4 us a launch inside the H200's decode
@@ -76,7 +72,7 @@ def _router_one_launch_kernel(
     """``_router_logits_kernel``, then the selection in the row's last program to finish:
     each program stores its logits and takes a ticket from the row's arrival counter; the
     one that draws the last ticket (whichever it is: the selection reads only the stored
-    logits) runs ``_router_select_kernel``'s selection and sets the counter back to zero."""
+    logits) runs the selection (``_select_row``) and sets the counter back to zero."""
     _router_logits_kernel(
         x_ptr, w_ptr, logits_ptr, H, E, stride_x, BLOCK_E, BLOCK_H, ROUND, PDL,
     )  # fmt: skip
@@ -91,20 +87,6 @@ def _router_one_launch_kernel(
             RENORMALIZE,
         )  # fmt: skip
         tl.atomic_xchg(counter_ptr + row, 0)  # zeroed for the next launch
-
-
-@triton.jit
-def _router_select_kernel(
-    logits_ptr, weights_ptr, ids_ptr, E, scaling,
-    TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-    PDL: tl.constexpr = 0,
-):  # fmt: skip
-    pdl_enter(PDL)  # first: with PDL, wait for the previous kernel
-    row = tl.program_id(0).to(tl.int64)
-    _select_row(
-        logits_ptr, weights_ptr, ids_ptr, row, E, scaling, TOP_K, BLOCK_K, BLOCK_E, RENORMALIZE
-    )
 
 
 @triton.jit
@@ -166,26 +148,11 @@ def launch_router_topk(
     block_k = max(triton.next_power_of_2(top_k), 2)
     block_all = max(triton.next_power_of_2(E), 2)
     grid = (T, triton.cdiv(E, BLOCK_E))
-    if ONE_LAUNCH:
-        from specter_kernels.invariant_matmul_triton import tile_counters
-
-        _router_one_launch_kernel[grid](
-            x, weight, logits, weights, ids, tile_counters(x.device, T), H, E, x.stride(0),
-            scaling,
-            BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], TOP_K=top_k,
-            BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), num_warps=warps,
-            **pdl_options(x.device, early_trigger=True),
-        )  # fmt: skip
-        return logits, weights, ids
-    _router_logits_kernel[grid](
-        x, weight, logits, H, E, x.stride(0),
-        BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], num_warps=warps,
+    _router_one_launch_kernel[grid](
+        x, weight, logits, weights, ids, tile_counters(x.device, T), H, E, x.stride(0),
+        scaling,
+        BLOCK_E=BLOCK_E, BLOCK_H=block_h, ROUND=_ROUNDING[logits_dtype], TOP_K=top_k,
+        BLOCK_K=block_k, BLOCK_ALL=block_all, RENORMALIZE=bool(renormalize), num_warps=warps,
         **pdl_options(x.device, early_trigger=True),
-    )  # fmt: skip
-    _router_select_kernel[(T,)](
-        logits, weights, ids, E, scaling,
-        TOP_K=top_k, BLOCK_K=block_k, BLOCK_E=block_all, RENORMALIZE=bool(renormalize),
-        num_warps=1,
-        **pdl_options(logits.device, early_trigger=True),
     )  # fmt: skip
     return logits, weights, ids
