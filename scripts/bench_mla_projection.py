@@ -20,7 +20,7 @@ import torch
 from bench_kernels import time_graph  # a sibling script (scripts/ is on sys.path)
 
 import specter_kernels as sk
-from specter_kernels import mla_attention_triton as kernel
+from specter_kernels.attention import mla_attention_triton as kernel
 
 H, NOPE, ROPE, V, R, LAYERS = 16, 128, 64, 128, 512, 27
 

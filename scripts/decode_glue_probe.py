@@ -23,7 +23,7 @@ import torch
 from routed_layer_probe import graph_us, json_lines  # this folder: the same timing
 
 import specter_kernels as sk
-from specter_kernels import router_topk_triton
+from specter_kernels.moe import router_topk_triton
 
 
 def main() -> int:

@@ -144,8 +144,8 @@ legacy_gemv_site() {
     mkdir -p /tmp/legacy-gemv
     cat >/tmp/legacy-gemv/sitecustomize.py <<'PY'
 import triton
-from specter_kernels import w4a16_configs
-from specter_kernels.w4a16_triton import GemvConfig
+from specter_kernels.moe import w4a16_configs
+from specter_kernels.moe.w4a16_triton import GemvConfig
 def _legacy(device, T, top_k, H, I):
     if device.type != "cuda":
         return GemvConfig(64, 64, split_k=2), GemvConfig(64, 128, split_k=2)

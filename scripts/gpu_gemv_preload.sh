@@ -15,7 +15,7 @@ begin=$(date +%s)
 new="$out/invariant_gemv_warps.json"
 timeout 200 python3 scripts/sweep_invariant_gemv.py --max-seconds 150 --shapes dsv2 \
     --out "$out/gemv-sweep-warps.jsonl" --write-config "$new" \
-    --keep-from packages/specter-kernels/src/specter_kernels/tuned/invariant_gemv_nvidia_h200.json \
+    --keep-from packages/specter-kernels/src/specter_kernels/invariant/tuned/invariant_gemv_nvidia_h200.json \
     >"$out/log-gemv-sweep.txt" 2>&1
 grep -v -i warn "$out/log-gemv-sweep.txt" | cut -c1-230 | tail -14
 echo "sweep done at $(($(date +%s) - begin)) s"

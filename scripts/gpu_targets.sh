@@ -7,7 +7,7 @@
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_targets.sh
 #
 # The tiles go to $OUT/invariant_matmul_nvidia_h200.json (ship them in
-# packages/specter-kernels/src/specter_kernels/tuned/ so later runs use them).
+# packages/specter-kernels/src/specter_kernels/invariant/tuned/ so later runs use them).
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 tiles="$out/invariant_matmul_nvidia_h200.json"

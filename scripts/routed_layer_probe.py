@@ -28,8 +28,8 @@ import statistics
 import torch
 
 import specter_kernels as sk
-from specter_kernels import grouped_fp16_triton
-from specter_kernels.grouped_fp16_triton import GroupedConfig, parse_per_pair_tile
+from specter_kernels.moe import grouped_fp16_triton
+from specter_kernels.moe.grouped_fp16_triton import GroupedConfig, parse_per_pair_tile
 
 H, INTER, E, K = 2048, 1408, 64, 6
 LAYER_BYTES = K * 3 * H * INTER * 2

@@ -21,7 +21,9 @@ import torch
 from routed_layer_probe import graph_us, json_lines  # this folder: the same timing
 
 import specter_kernels as sk
-from specter_kernels import mla_attention_triton, rms_norm_triton, router_topk_triton
+from specter_kernels.attention import mla_attention_triton
+from specter_kernels.moe import router_topk_triton
+from specter_kernels.norms import rms_norm_triton
 
 
 def main() -> int:

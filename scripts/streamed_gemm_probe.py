@@ -31,8 +31,8 @@ import statistics
 import torch
 
 import specter_kernels as sk
-from specter_kernels import grouped_fp16_triton
-from specter_kernels.grouped_fp16_triton import GroupedConfig, launch_grouped
+from specter_kernels.moe import grouped_fp16_triton
+from specter_kernels.moe.grouped_fp16_triton import GroupedConfig, launch_grouped
 
 default_per_pair = grouped_fp16_triton.per_pair_configs
 

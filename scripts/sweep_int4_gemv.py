@@ -23,8 +23,8 @@ import torch
 from bench_kernels import MODELS, NUM_SETS, make_inputs, make_weights, rel_err, time_graph
 
 import specter_kernels as sk
-from specter_kernels import w4a16_configs, w4a16_triton
-from specter_kernels.w4a16_triton import GemvConfig
+from specter_kernels.moe import w4a16_configs, w4a16_triton
+from specter_kernels.moe.w4a16_triton import GemvConfig
 
 
 def gate_up_grid() -> list[GemvConfig]:

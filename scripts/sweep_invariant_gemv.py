@@ -1,4 +1,4 @@
-"""Sweep the batch-invariant GEMV (``specter_kernels.invariant_gemv_triton``) against the
+"""Sweep the batch-invariant GEMV (``specter_kernels.invariant.gemv_triton``) against the
 tensor-core invariant matmul's shipped tile and cuBLAS, timed inside CUDA graphs.
 
 Each timing graph replays launches over distinct weights (more bytes than the L2 holds, see
@@ -15,7 +15,7 @@ rebuilds the tuned file from earlier sweeps' records. ``--keep-from FILE`` adds 
 for the shapes this sweep (or these records) did not cover, so a sweep of one model's shapes
 updates the shipped file without dropping the others':
 
-    tuned=packages/specter-kernels/src/specter_kernels/tuned/invariant_gemv_nvidia_h200.json
+    tuned=packages/specter-kernels/src/specter_kernels/invariant/tuned/invariant_gemv_nvidia_h200.json
     python3 scripts/sweep_invariant_gemv.py --shapes qwen,phi --out $OUT/gemv.jsonl \
         --write-config $OUT/tuned.json --keep-from $tuned
 
@@ -35,10 +35,10 @@ import torch.nn.functional as F
 import triton
 from sweep_invariant_matmul import SHAPES, graph_us  # a sibling script (scripts/ on sys.path)
 
-from specter_kernels.invariant_gemv_config import ROW_WEIGHTS, InvariantGemvConfig
-from specter_kernels.invariant_gemv_triton import launch_invariant_gemv
-from specter_kernels.invariant_matmul_config import matmul_config
-from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
+from specter_kernels.invariant.gemv_config import ROW_WEIGHTS, InvariantGemvConfig
+from specter_kernels.invariant.gemv_triton import launch_invariant_gemv
+from specter_kernels.invariant.matmul_config import matmul_config
+from specter_kernels.invariant.matmul_triton import launch_invariant_bmm
 
 ROWS = (1, 5)
 GRAPH_BYTES = 256 << 20

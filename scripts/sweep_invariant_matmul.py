@@ -31,13 +31,13 @@ import torch.nn.functional as F
 import triton
 from bench_kernels import time_graph  # a sibling script (scripts/ is on sys.path)
 
-from specter_kernels.invariant_matmul_config import (
+from specter_kernels.invariant.matmul_config import (
     BLOCK_M,
     MatmulConfig,
     matmul_config,
     tuned_config_path,
 )
-from specter_kernels.invariant_matmul_triton import launch_invariant_bmm
+from specter_kernels.invariant.matmul_triton import launch_invariant_bmm
 
 # (name, N, K, dtype): DeepSeek-V2-Lite first (the targets' model), then Qwen1.5-MoE and
 # Phi-3.5-MoE.
@@ -159,7 +159,7 @@ def main() -> int:
         "--write-config",
         default=None,
         help="write the best invariant tile per shape as a tuned-tile file "
-        "(specter_kernels/tuned/invariant_matmul_<gpu>.json format)",
+        "(specter_kernels/invariant/tuned/invariant_matmul_<gpu>.json format)",
     )
     p.add_argument("--shapes", default=None, help="comma-separated name prefixes to sweep")
     args = p.parse_args()

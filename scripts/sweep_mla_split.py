@@ -21,7 +21,7 @@ import torch
 from bench_kernels import time_graph  # a sibling script (scripts/ is on sys.path)
 
 import specter_kernels as sk
-from specter_kernels import mla_attention_triton as kernel
+from specter_kernels.attention import mla_attention_triton as kernel
 
 H, R, P, LAYERS = 16, 512, 64, 27
 

@@ -1,5 +1,5 @@
 """Sweep the per-pair (batch-invariant) tiles of the grouped FP16 expert kernels
-(``specter_kernels.grouped_fp16_triton.per_pair_configs``), timed inside CUDA graphs at one
+(``specter_kernels.moe.grouped_fp16_triton.per_pair_configs``), timed inside CUDA graphs at one
 routed row and five, gate_up and down apart.
 
 Each timing graph replays launches that route to different experts of one layer's slots
@@ -22,9 +22,9 @@ import time
 import torch
 from bench_kernels import time_graph  # a sibling script (scripts/ is on sys.path)
 
-from specter_kernels import grouped_fp16_triton as grouped
-from specter_kernels.grouped_fp16_triton import GroupedConfig
-from specter_kernels.grouped_moe_fp16 import grouped_moe_fp16_reference
+from specter_kernels.moe import grouped_fp16_triton as grouped
+from specter_kernels.moe.grouped_fp16 import grouped_moe_fp16_reference
+from specter_kernels.moe.grouped_fp16_triton import GroupedConfig
 
 MODELS = {  # H, I, E, top_k
     "deepseek-v2-lite": (2048, 1408, 64, 6),

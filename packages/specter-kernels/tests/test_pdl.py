@@ -45,7 +45,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specter_kernels import rms_norm_triton as rn
+from specter_kernels.norms import rms_norm_triton as rn
 
 signature = {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16", "N": "i32",
              "stride_xr": "i32", "stride_or": "i32", "eps": "fp32", "BLOCK": "constexpr",
@@ -89,7 +89,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specter_kernels.invariant_gemv_triton import _invariant_gemv_kernel
+from specter_kernels.invariant.gemv_triton import _invariant_gemv_kernel
 
 signature = {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp16", "out_ptr": "*fp16",
              "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",

@@ -20,7 +20,7 @@ import torch
 
 from model_helpers import in_scalar_aten, random_prompt, reference_from_checkpoint
 from specter_kernels import BatchInvariantMode
-from specter_kernels.batch_invariant_mode import COVERED_CALLS
+from specter_kernels.invariant.mode import COVERED_CALLS
 from specter_models import load
 from specter_spec import SpecController
 

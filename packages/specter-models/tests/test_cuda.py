@@ -211,7 +211,7 @@ def test_cuda_capture_compiles_the_greedy_argmax_before_the_first_decode(monkeyp
     # launches do not hide it).
     import triton
 
-    from specter_kernels.argmax_triton import _argmax_kernel
+    from specter_kernels.sampling.argmax_triton import _argmax_kernel
 
     lm = load("tiny-deepseek-v2", device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
     _argmax_kernel.device_caches.clear()
@@ -567,8 +567,8 @@ def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
     # The full-size shapes' tuned tiles split K (the tiny ones' heuristic does not): with every
     # invariant GEMM split, the target and the draft must still be captured (the capture's
     # stream and the side stream make no counters) and give the in-order bits.
-    from specter_kernels import invariant_matmul_triton as kernel
-    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+    from specter_kernels.invariant import matmul_triton as kernel
+    from specter_kernels.invariant.matmul_config import BLOCK_M, MatmulConfig
 
     def split_everything(N, K, dtype, device_name=None):
         return MatmulConfig(BLOCK_M, 16, 16, split_k=2)

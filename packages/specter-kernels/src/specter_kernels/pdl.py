@@ -9,7 +9,7 @@ its writes are visible. Every kernel of this package that takes part calls
 :func:`pdl_enter` before any load or store of what an earlier kernel may write, so it reads
 and writes exactly what it would without PDL. The one load issued before the wait is the
 invariant GEMV's of a weight its caller promised constant
-(:mod:`specter_kernels.invariant_gemv_triton`).
+(:mod:`specter_kernels.invariant.gemv_triton`).
 
 The small kernels (norms, elementwise glue, the router, the attention's chunks and merge:
 launches that pass ``early_trigger=True``) let their successor launch at once after their

@@ -168,7 +168,7 @@ class SharedExpertOverlap:
             device = torch.device("cuda", torch.cuda.current_device())
         if device in self._streams:
             return
-        from specter_kernels.invariant_matmul_triton import split_counters  # Triton: CUDA only
+        from specter_kernels.invariant.matmul_triton import split_counters  # Triton: CUDA only
 
         self._counters[device] = split_counters(device)
         self._streams[device] = torch.cuda.Stream(device)
@@ -201,7 +201,7 @@ class SharedExpertOverlap:
         side = self.side_stream(x)
         if side is None:
             return _join(routed(x, keep), shared(x), residual, next_norm)
-        from specter_kernels.invariant_matmul_triton import counters_in  # Triton: CUDA only
+        from specter_kernels.invariant.matmul_triton import counters_in  # Triton: CUDA only
 
         main = torch.cuda.current_stream(x.device)
         side.wait_stream(main)  # x is ready
