@@ -169,4 +169,4 @@ def test_half_kernel_keeps_torch_roundings_in_ptx():
     assert "mul.rn.f16" in ptx  # torch's rounded products ...
     assert "add.rn.f16" in ptx  # ... and rounded sum
     assert "fma" not in ptx
-    assert "griddepcontrol.wait" in ptx  # compiled in PDL's wait mode, as on the H200
+    assert "griddepcontrol.wait" in ptx  # compiled in PDL's wait mode, as on an H200

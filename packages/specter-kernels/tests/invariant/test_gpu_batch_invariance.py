@@ -100,7 +100,7 @@ def test_the_tuned_gemv_tiles_are_the_ones_invariant_linear_runs(seed):
     from specter_kernels.invariant.gemv_config import gemv_config
 
     name = torch.cuda.get_device_name()
-    # DeepSeek-V2-Lite's fused q/kv_a projection: in the H200's tuned file as a GEMV.
+    # DeepSeek-V2-Lite's fused q/kv_a projection: in an H200's tuned file as a GEMV.
     config = gemv_config(3648, 2048, torch.float16, name)
     if name == "NVIDIA H200":
         assert config is not None

@@ -14,7 +14,7 @@ NUM_WARPS = 1
 # must give the same bits; with contraction LLVM picks which product it fuses per kernel).
 COMPLEX_COMPILE_OPTIONS = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
 # rotate-half's compile options. No contraction: LLVM turns torch's rounded fp16 product and
-# sum into one fma.rn.f16 otherwise, one rounding fewer than torch (seen on the H200, triton
+# sum into one fma.rn.f16 otherwise, one rounding fewer than torch (seen on an H200, triton
 # 3.6: a quarter of the outputs off by an ulp).
 HALF_COMPILE_OPTIONS = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
 

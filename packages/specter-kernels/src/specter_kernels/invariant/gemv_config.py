@@ -35,7 +35,7 @@ and the adaptive depth's short proposals (mostly 1-3 rows) outnumber 5-row verif
 TARGET_ELEMENTS_PER_THREAD = 32
 """The heuristic's weight elements per thread: enough loads in flight, registers to spare."""
 HEURISTIC_ROWS = 1
-"""The heuristic's rows per pass. Passes of 2-8 unrolled rows were slower on the H200 at every
+"""The heuristic's rows per pass. Passes of 2-8 unrolled rows were slower on an H200 at every
 DeepSeek-V2-Lite shape, at one row and at five (each row's reduction costs about as much
 unrolled as looped, and a pass pays for all its rows)."""
 

@@ -3,7 +3,7 @@
 The decode and verification linears have one to a few dozen rows and a weight of megabytes:
 their time is the weight's bytes, and the tensor-core kernel of
 :mod:`specter_kernels.invariant.matmul_triton` (a 16-row MMA tile, K split across programs
-and summed by the last arrival) reaches about a third of the H200's bandwidth on them. This
+and summed by the last arrival) reaches about a third of an H200's bandwidth on them. This
 kernel is a GEMV instead:
 
 * one program owns ``BLOCK_N`` output columns and all of K: it loads its ``[BLOCK_N, K]``

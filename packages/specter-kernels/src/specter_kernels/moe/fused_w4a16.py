@@ -32,8 +32,8 @@ from specter_kernels.quant.int4_weight import Int4Weight
 
 Path = Literal["auto", "gemv", "tile"]
 
-# The tile path pays off once pairs share experts: measured on an H200 (see
-# docs/benchmarks.md) it wins when routed pairs exceed the expected number
+# The tile path pays off once pairs share experts: measured on an H200
+# (scripts/bench_kernels.py --sweep) it wins when routed pairs exceed the expected number
 # of distinct experts by about this factor.
 TILE_MIN_SHARING = 1.3
 

@@ -1,7 +1,7 @@
 """Tile shapes of the W4A16 kernels, chosen per problem size.
 
-Chosen from sweeps on one H200 (``scripts/bench_kernels.py --sweep``; see
-docs/benchmarks.md). Under the Triton interpreter (CPU tests) small
+Chosen from sweeps on one H200 (``scripts/bench_kernels.py --sweep``,
+``scripts/sweep_int4_gemv.py``). Under the Triton interpreter (CPU tests) small
 fixed shapes keep the tests fast while still exercising split-K, masking and
 every ``tl.dot`` dim >= 16.
 """
@@ -28,10 +28,10 @@ def gemv_configs(
         # The interpreter's cost is per program and per op, not per element.
         return GemvConfig(64, 64, split_k=2), GemvConfig(64, 128, split_k=2)
     # Swept at T = 1 on DeepSeek-V2-Lite and Phi-3.5-MoE shapes inside CUDA graphs
-    # (scripts/sweep_int4_gemv.py, docs/benchmarks.md): the launches are latency-bound, so
-    # narrow tiles (more programs in flight) won; the pipelining depth hardly mattered.
-    # DeepSeek-V2-Lite's layer: 24.3 us with the earlier (32, 256) / (64, 128) tiles and
-    # fp16 math, 19.3 us with these and the packed math; Phi-3.5-MoE's 60 -> 39 us.
+    # (scripts/sweep_int4_gemv.py): the launches are latency-bound, so narrow tiles (more
+    # programs in flight) are faster than wider ones; the pipelining depth hardly matters.
+    # DeepSeek-V2-Lite's layer: 24.3 us with (32, 256) / (64, 128) tiles and fp16 math,
+    # 19.3 us with these and the packed math; Phi-3.5-MoE's 60 -> 39 us.
     return (
         GemvConfig(16, 512, split_k=1, num_warps=4, num_stages=3, math=GEMV_MATH),
         GemvConfig(32, 128, split_k=min(4, triton.cdiv(I, 128)), num_warps=4, math=GEMV_MATH),

@@ -3,9 +3,9 @@
 On the streamed miss path (``StreamedExperts``) the grouped FP16 kernel reads an expert that
 holds no slot in place from pinned host memory, inside its own tiles: a per-pair tile of
 DeepSeek-V2-Lite's gate_up gives one missing expert 22 programs, each reading 512 KB in
-order, so few reads are in flight and the link runs well below what it carries (the
-twelfth session's timeline measured about 18 GB/s in verification, where a plain zero-copy
-read reaches 41-45 GB/s). *Staging* splits the work: :func:`stage_streamed` first copies the
+order, so few reads are in flight and the link runs well below what it carries (a
+verification's timeline on an H200 measured about 18 GB/s, where a plain zero-copy read
+reaches 41-45 GB/s). *Staging* splits the work: :func:`stage_streamed` first copies the
 layer's missing routed experts, in id order, into a small device buffer
 (:class:`StagingBuffer`, shared by every layer, since layers run one after another) with a
 kernel of a thousand programs per expert, and returns the layer's addresses with those
