@@ -4,49 +4,15 @@ import pytest
 import torch
 
 import specter_kernels as sk
-from kernel_helpers import random_routing, rel_err
-
-TOLERANCE = 2e-3
-
-
-def problem(T, H, I, E, k, resident_count, *, stream_one=False):
-    """Inputs, every expert's weights, and slots holding the first ``resident_count`` experts
-    of a random order (the other slots NaN: reading one shows up in the result). With
-    ``stream_one`` the first routed expert comes last in the order, so (``resident_count <
-    E``) at least one routed expert is streamed whatever the draw."""
-    x = torch.randn(T, H).half()
-    ids, weights = random_routing(T, k, E)
-    w13 = (torch.randn(E, 2 * I, H) * 0.05).half()
-    w2 = (torch.randn(E, H, I) * 0.05).half()
-    order = torch.randperm(E)
-    if stream_one:
-        first = ids[0, 0]
-        order = torch.cat([order[order != first], first.reshape(1)])
-    S = max(resident_count, 1) + 1
-    w13_slots = torch.full((S, 2 * I, H), float("nan")).half()
-    w2_slots = torch.full((S, H, I), float("nan")).half()
-    slot_of = torch.full((E,), -1, dtype=torch.int32)
-    for s, e in enumerate(order[:resident_count].tolist()):
-        w13_slots[s + 1], w2_slots[s + 1] = w13[e], w2[e]
-        slot_of[e] = s + 1
-    streamed = sk.StreamedExperts.from_tensors(
-        [w.clone() for w in w13], [w.clone() for w in w2], "cpu"
-    )
-    return x, ids, weights, w13, w2, w13_slots, w2_slots, slot_of, streamed
-
-
-def all_in_slots(x, ids, weights, w13, w2, out):
-    E = w13.shape[0]
-    every = torch.ones(E, dtype=torch.bool)
-    slot_of = torch.arange(E, dtype=torch.int32)
-    return sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, every, out)
+from kernel_helpers import STREAMED_TOLERANCE as TOLERANCE
+from kernel_helpers import all_in_slots, random_routing, rel_err, streamed_problem
 
 
 @pytest.mark.parametrize(("T", "resident"), [(1, 3), (6, 4), (6, 0), (17, 5)])
 @pytest.mark.parametrize("per_pair", [True, False])
 def test_streamed_experts_give_the_bits_of_slots(seed, poisoned, T, resident, per_pair):
     H, I, E, k = 64, 32, 8, 3
-    x, ids, weights, w13, w2, w13_slots, w2_slots, slot_of, streamed = problem(
+    x, ids, weights, w13, w2, w13_slots, w2_slots, slot_of, streamed = streamed_problem(
         T, H, I, E, k, resident
     )
     shape = (T, k, H) if per_pair else (T, H)
@@ -71,7 +37,9 @@ def test_streamed_experts_give_the_bits_of_slots(seed, poisoned, T, resident, pe
 @pytest.mark.parametrize("pair_blocks", [False, True])
 def test_streamed_kernel_matches_the_reference(seed, poisoned, pair_blocks):
     T, H, I, E, k = 5, 64, 32, 8, 2
-    x, ids, weights, _, _, w13_slots, w2_slots, slot_of, streamed = problem(T, H, I, E, k, 3)
+    x, ids, weights, _, _, w13_slots, w2_slots, slot_of, streamed = streamed_problem(
+        T, H, I, E, k, 3
+    )
     mask = torch.rand(E) < 0.7
     outs, flags = [], []
     for run in ("kernel", "reference"):
@@ -93,7 +61,9 @@ def test_streamed_kernel_matches_the_reference(seed, poisoned, pair_blocks):
 def test_reference_streams_on_the_torch_backend(seed, monkeypatch):
     monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "torch")
     T, H, I, E, k = 4, 32, 16, 6, 2
-    x, ids, weights, w13, w2, w13_slots, w2_slots, slot_of, streamed = problem(T, H, I, E, k, 2)
+    x, ids, weights, w13, w2, w13_slots, w2_slots, slot_of, streamed = streamed_problem(
+        T, H, I, E, k, 2
+    )
     expected = all_in_slots(x, ids, weights, w13, w2, torch.zeros(T, k, H))
     out = torch.zeros(T, k, H)
     every = torch.ones(E, dtype=torch.bool)

@@ -2,10 +2,11 @@
 
 import pytest
 import torch
-from test_streamed_experts import TOLERANCE, all_in_slots, problem
 
 import specter_kernels as sk
-from kernel_helpers import random_routing, rel_err
+from kernel_helpers import STREAMED_TOLERANCE as TOLERANCE
+from kernel_helpers import all_in_slots, random_routing, rel_err
+from kernel_helpers import streamed_problem as problem
 
 
 def with_spares(w13_slots, w2_slots, count):

@@ -2,9 +2,10 @@
 
 import pytest
 import torch
-from test_streamed_experts import all_in_slots, problem
 
 import specter_kernels as sk
+from kernel_helpers import all_in_slots
+from kernel_helpers import streamed_problem as problem
 from specter_kernels.streaming import staging_triton as streamed_staging_triton
 
 
