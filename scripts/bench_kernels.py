@@ -4,13 +4,13 @@ For the routed-expert shapes of DeepSeek-V2-Lite, Qwen1.5-MoE and Phi-3.5-MoE an
 T in {1, 2, 4, 8, 16, 32} it validates, then times, one MoE layer (both
 projections) through:
 
-* ``fused_w4a16``      specter_kernels.moe.fused_w4a16 (auto path), plus the forced
+* ``fused_w4a16``      specter_kernels.fused_moe_w4a16 (auto path), plus the forced
                        ``gemv`` and ``tile`` paths;
 * ``seq_w4a16``        per-expert sequential W4A16 (gather, 2 launches per expert, index_add);
 * ``dequant_fp16``     dequantize the routed experts, then the grouped FP16 kernel;
 * ``hf_grouped_mm``    transformers.integrations.moe.grouped_mm_experts_forward, fp16;
 * ``hf_batched_mm``    transformers.integrations.moe.batched_mm_experts_forward, fp16;
-* ``grouped_fp16``     specter_kernels.moe.grouped_fp16 over fp16 slots (all experts resident);
+* ``grouped_fp16``     specter_kernels.grouped_moe_fp16 over fp16 slots (all experts resident);
 
 and, for T in 9..33, the grouped FP16 kernel against both transformers paths.
 Each path is first checked against a torch reference (relative Frobenius

@@ -8,7 +8,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
 CUDA_TESTS_TIMEOUT=120 cuda_tests_to gpu-tests-early-kernels.txt \
-    packages/specter-kernels/tests/test_pdl.py packages/specter-kernels/tests/test_gpu_batch_invariance.py
+    packages/specter-kernels/tests/test_pdl.py packages/specter-kernels/tests/invariant/test_gpu_batch_invariance.py
 echo "tests done at $(($(date +%s) - begin)) s"
 model_cells qwen1.5-moe 170 unlimited hf,lru,specter qwen-early-unlimited 2.5
 echo "unlimited done at $(($(date +%s) - begin)) s"

@@ -9,7 +9,7 @@
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 timeout 100 python3 -m pytest -q -p no:cacheprovider \
-    packages/specter-kernels/tests/test_gpu_batch_invariance.py 2>&1 | tail -2 \
+    packages/specter-kernels/tests/invariant/test_gpu_batch_invariance.py 2>&1 | tail -2 \
     | tee "$out/gpu-tests-kernels.txt"
 timeout 200 python3 -m pytest -q -p no:cacheprovider packages/specter-models/tests/test_cuda.py \
     2>&1 | tail -2 | tee "$out/gpu-tests-models.txt"

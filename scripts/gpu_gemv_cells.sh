@@ -9,7 +9,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
 CUDA_TESTS_TIMEOUT=120 cuda_tests_to gpu-tests-gemv.txt \
-    packages/specter-kernels/tests/test_gpu_batch_invariance.py
+    packages/specter-kernels/tests/invariant/test_gpu_batch_invariance.py
 CUDA_TESTS_TIMEOUT=150 cuda_tests_to gpu-tests-gemv.txt packages/specter-models/tests/test_cuda.py \
     -k "speculation_is_exact or batch_invariant_rows"
 echo "tests done at $(($(date +%s) - begin)) s"

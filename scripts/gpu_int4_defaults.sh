@@ -12,7 +12,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
 CUDA_TESTS_TIMEOUT=100 cuda_tests_to gpu-tests-int4-defaults.txt \
-    packages/specter-kernels/tests/test_int4_triton.py packages/specter-kernels/tests/test_gpu.py \
+    packages/specter-kernels/tests/quant/test_int4_triton.py packages/specter-kernels/tests/test_gpu.py \
     -k "word_dot8 or w4a16"
 SPECTER_W4A16_MATH=0 CUDA_TESTS_TIMEOUT=60 cuda_tests_to gpu-tests-int4-defaults.txt \
     packages/specter-kernels/tests/test_gpu.py -k "w4a16"

@@ -16,7 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 timeout 150 python3 -m pytest -q -p no:cacheprovider packages/specter-kernels/tests/test_gpu.py \
     -k "grouped or sum_routed or w4a16" 2>&1 | tail -3 | tee "$out/gpu-tests-kernels.txt"
 timeout 100 python3 -m pytest -q -p no:cacheprovider \
-    packages/specter-kernels/tests/test_gpu_batch_invariance.py 2>&1 | tail -2 \
+    packages/specter-kernels/tests/invariant/test_gpu_batch_invariance.py 2>&1 | tail -2 \
     | tee "$out/gpu-tests-invariance.txt"
 timeout 220 python3 -m pytest -q -p no:cacheprovider packages/specter-models/tests/test_cuda.py \
     -rfE --tb=short 2>&1 | tee "$out/gpu-tests-models-full.txt" | tail -3 | tee "$out/gpu-tests-models.txt"

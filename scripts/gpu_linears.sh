@@ -6,7 +6,7 @@
 #   SPECTER_GIT_COMMIT=<hash> bash scripts/gpu_linears.sh
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
-python3 -m pytest -q -p no:cacheprovider packages/specter-kernels/tests/test_gpu_batch_invariance.py \
+python3 -m pytest -q -p no:cacheprovider packages/specter-kernels/tests/invariant/test_gpu_batch_invariance.py \
     -k "split_k or linear" 2>&1 | tail -3 | tee "$out/gpu-tests-split-k.txt"
 python3 scripts/sweep_invariant_matmul.py --out "$out/invariant-matmul-graph-sweep.jsonl" \
     --write-config "$out/invariant_matmul_nvidia_h200.json" --max-seconds "${SWEEP_SECONDS:-200}" \

@@ -17,7 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 new_path="$PYTHONPATH"
 old_path="${PYTHONPATH//$PWD\/packages/$PWD/.ab/old/packages}"
 CUDA_TESTS_TIMEOUT=150 cuda_tests_to gpu-tests-one-launch.txt \
-    packages/specter-kernels/tests/test_gpu_batch_invariance.py
+    packages/specter-kernels/tests/invariant/test_gpu_batch_invariance.py
 timeout 330 python3 scripts/sweep_invariant_matmul.py --shapes dsv2 --max-seconds 300 \
     --max-seconds-per-shape 36 --out "$out/sweep-one-launch.jsonl" \
     --write-config "$out/invariant_matmul_nvidia_h200.json" 2>&1 | grep -v "^\s*$" | tail -14

@@ -11,7 +11,7 @@
 # shellcheck source=scripts/gpu-call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 CUDA_TESTS_TIMEOUT=200 cuda_tests_to gpu-tests-pdl.txt packages/specter-kernels/tests/test_pdl.py \
-    packages/specter-kernels/tests/test_gpu.py packages/specter-kernels/tests/test_gpu_batch_invariance.py
+    packages/specter-kernels/tests/test_gpu.py packages/specter-kernels/tests/invariant/test_gpu_batch_invariance.py
 SPECTER_KERNELS_PDL=0 resident_steps pdl-off 32
 SPECTER_KERNELS_PDL=trigger resident_steps pdl-on 32  # at fafc2ce "1" meant trigger
 SPECTER_KERNELS_PDL=0 resident_steps pdl-off-again 32

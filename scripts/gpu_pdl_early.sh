@@ -11,7 +11,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
 CUDA_TESTS_TIMEOUT=100 cuda_tests_to gpu-tests-early.txt packages/specter-kernels/tests/test_pdl.py \
-    packages/specter-kernels/tests/test_gpu_batch_invariance.py -k "pdl or gemv or linear"
+    packages/specter-kernels/tests/invariant/test_gpu_batch_invariance.py -k "pdl or gemv or linear"
 echo "tests done at $(($(date +%s) - begin)) s"
 resident_steps default 32
 (export SPECTER_KERNELS_PDL=early SPECTER_INVARIANT_GEMV_PRELOAD=1; resident_steps early 32)

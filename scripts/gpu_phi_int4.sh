@@ -10,7 +10,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-call.sh"
 begin=$(date +%s)
 CUDA_TESTS_TIMEOUT=60 cuda_tests_to gpu-tests-phi-int4.txt \
-    packages/specter-kernels/tests/test_int4_triton.py
+    packages/specter-kernels/tests/quant/test_int4_triton.py
 phi() {
     model_cells phi-3.5-moe "$@" --num-prompts 1 --max-new-tokens 32
 }

@@ -4,12 +4,12 @@ For a model's routed-expert shape (hidden ``H``, expert intermediate ``I``, ``E`
 top-``k``) and each token count ``T``, the same inputs and the same represented weights go
 through:
 
-* ``fused_w4a16``: ``specter_kernels.moe.fused_w4a16``, every routed expert in one launch
+* ``fused_w4a16``: ``specter_kernels.fused_moe_w4a16``, every routed expert in one launch
   (the draft's kernel);
 * ``per_expert_w4a16``: the same INT4 weights, one W4A16 call per used expert on its gathered
   tokens, results added back (an unfused draft: what the fused kernel saves);
 * ``fp16_grouped``: the INT4 weights dequantized once to FP16, all experts resident, through
-  ``specter_kernels.moe.grouped_fp16`` (the target's kernel over cache slots).
+  ``specter_kernels.grouped_moe_fp16`` (the target's kernel over cache slots).
 
 Each path is first checked against ``fused_moe_w4a16_reference`` (relative Frobenius error),
 then timed: median of ``repeats`` calls after warm-up, with CUDA events on a GPU and the host

@@ -1,7 +1,7 @@
 """The draft's routed experts without the fused kernel: one W4A16 call per used expert.
 
 The ablation ``specter-unfused-draft`` runs Specter with this in place of
-``specter_kernels.moe.fused_w4a16`` inside specter-models' draft experts, to measure what
+``specter_kernels.fused_moe_w4a16`` inside specter-models' draft experts, to measure what
 the single fused launch saves. It reads the used experts on the host (a sync per layer) and
 launches each expert separately, as an unfused implementation does. That sync cannot be
 recorded in a CUDA graph, so the draft's step graphs are paused meanwhile (a replayed
@@ -71,7 +71,7 @@ def unfused_draft_kernel(draft: object | None = None) -> Iterator[None]:
 
     if getattr(specter_experts, "fused_moe_w4a16", None) is not fused_moe_w4a16:
         raise RuntimeError(
-            "specter_models.specter_experts does not call specter_kernels.moe.fused_w4a16 by "
+            "specter_models.specter_experts does not call specter_kernels.fused_moe_w4a16 by "
             "that name; the unfused-draft ablation cannot replace it."
         )
     paused = getattr(draft, "graphs_paused", contextlib.nullcontext)

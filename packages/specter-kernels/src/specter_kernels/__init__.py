@@ -9,6 +9,10 @@ on the number of rows (speculative verification vs plain decoding).
 
 Kernels dispatch to Triton on CUDA and to their torch reference elsewhere; set
 ``SPECTER_KERNELS_BACKEND`` to ``auto``, ``triton`` or ``torch`` to override.
+
+The modules live in subpackages by what they serve: ``quant``, ``moe``, ``streaming``,
+``attention``, ``norms``, ``elementwise``, ``sampling`` and ``invariant``; this module
+gathers their public names.
 """
 
 from specter_kernels.attention.mla_attention import mla_attention, mla_attention_reference

@@ -1,4 +1,4 @@
-"""Triton kernel of :func:`specter_kernels.attention.mla_prologue`: one program per token (and, for
+"""Triton kernel of :func:`specter_kernels.mla_prologue`: one program per token (and, for
 :func:`specter_kernels.mla_prologue_absorb`, the query absorption's programs after them).
 
 Each program normalises its latent row as ``_rms_norm_kernel`` does (the same lanes, warps
