@@ -6,13 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specter_cache import (
-    DeferredCopyEngine,
-    ExpertCache,
-    ExpertLayout,
-    ExpertStore,
-    LRUPolicy,
-)
+from specter_cache import ExpertCache, ExpertLayout, ExpertStore, LRUPolicy
+from specter_cache.copy_engine import DeferredCopyEngine
 
 LAYOUT = ExpertLayout({"gate_up": ((8, 4), torch.float32), "down": ((4, 4), torch.float32)})
 

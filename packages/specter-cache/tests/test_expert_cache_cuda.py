@@ -8,7 +8,6 @@ import torch
 
 from cache_helpers import build_store
 from specter_cache import (
-    CudaCopyEngine,
     ExpertCache,
     ExpertLayout,
     PlannerConfig,
@@ -16,6 +15,7 @@ from specter_cache import (
     RoutingCounter,
     SpeculativePrefetcher,
 )
+from specter_cache.copy_engine import CudaCopyEngine
 
 pytestmark = [
     pytest.mark.gpu,
@@ -177,11 +177,11 @@ def test_streaming_loads_take_experts_off_the_map_early_and_wait_for_the_last_re
     x = torch.randn(8, 256, device="cuda")
     torch.cuda._sleep(SLEEP_CYCLES)  # a streamed verification that reads slot 0 late
     out = x @ cache.slot_tensors(0)["w"][0].T
-    cache.mark_streamed_use()
+    cache.streamed.mark_streamed_use()
     with torch.cuda.stream(cache.copy_engine.stream):
         torch.cuda._sleep(SLEEP_CYCLES)  # the copy stream is busy: expert 2 lands late
     cache.prefetch({0: [2]})
-    cache.stream_guard()
+    cache.streamed.stream_guard()
     seen = cache.expert_to_slot(0).clone()  # what the next verification would read
     torch.cuda.synchronize()
     assert seen.tolist() == [-1, -1, -1, -1]  # expert 1 is off the map before 2 lands
@@ -218,15 +218,15 @@ def test_held_copies_wait_for_the_last_streamed_verification_not_the_one_launche
     x = torch.randn(8, 256, device="cuda")
     torch.cuda._sleep(SLEEP_CYCLES)  # the last streamed verification reads slot 0 late
     out = x @ cache.slot_tensors(0)["w"][0].T
-    cache.mark_streamed_use()
+    cache.streamed.mark_streamed_use()
     cache.prefetch({0: [2]}, lead=0)
     assert cache.copies_held == 1
-    cache.stream_guard()
+    cache.streamed.stream_guard()
     seen = cache.expert_to_slot(0).clone()  # the verification launched now reads the map
     torch.cuda._sleep(SLEEP_CYCLES)  # ... and runs long
     running = cache.copy_engine.record_compute()
     assert cache.release_copies() == 1
-    cache.mark_streamed_use()
+    cache.streamed.mark_streamed_use()
     with cache.copy_engine.copy_context():
         landed = cache.copy_engine.record()
     landed.synchronize()
@@ -278,7 +278,7 @@ def test_a_captured_wait_for_landing_waits_at_each_replay_for_the_loads_before_i
     with torch.cuda.stream(side):
         with_wait, without_wait = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(with_wait, stream=side):
-            cache.wait_for_landing(0)
+            cache.streamed.wait_for_landing(0)
             waited.copy_(cache.expert_to_slot(0))
             data.copy_(cache.slot_tensors(0)["w"].sum(dim=0))
         with torch.cuda.graph(without_wait, stream=side):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specter_cache import SafetensorsFile
+from specter_cache.safetensors_file import SafetensorsFile
 
 DTYPES = [
     torch.float16,

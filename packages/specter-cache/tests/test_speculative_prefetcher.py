@@ -10,11 +10,11 @@ from specter_cache import (
     ExpertCache,
     ExpertLayout,
     PlannerConfig,
-    PlannerPhase,
     PrefetchPlanner,
     RoutingCounter,
     SpeculativePrefetcher,
 )
+from specter_cache.prefetch_planner import PlannerPhase
 
 LAYOUT = ExpertLayout({"w": ((4, 4), torch.float32)})
 
@@ -318,7 +318,7 @@ def _iterations(pf, cache, seed, watch=None, launched=None):
         for layer in range(3):  # a streamed verification: its counts come after the forward
             needed = sorted({e for row in target for e in row[layer]})
             streamed = cache.lookup(layer, needed)[1]
-            cache.record_streamed(layer, needed, streamed)
+            cache.streamed.record_streamed(layer, needed, streamed)
         pf.on_verify_end(rng.randint(0, depth))
         if watch is not None:
             watch()

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from specter_cache import DeferredCopyEngine, ExpertCache
+from specter_cache import ExpertCache
+from specter_cache.copy_engine import DeferredCopyEngine
 
 
 def fill_like_the_kernels(cache, ref, layer, fills, candidates):
@@ -39,9 +40,9 @@ def test_candidates_are_empty_slots_then_the_policys_victims(make_store):
     cache.prefetch({0: [0, 1, 2], 1: [0, 1, 2, 3]})
     cache.expire_prefetches()  # no longer the draft's predictions: evictable
     cache.pin(1, [3])
-    cache.record_streamed(1, [0], [])  # expert 0 of layer 1 used last: 1, then 2, go first
+    cache.streamed.record_streamed(1, [0], [])  # expert 0 of layer 1 used last: 1, then 2, go first
     before = [cache.slot_states(layer) for layer in range(2)]
-    slots, experts, claimed = cache.prepare_fills(3)
+    slots, experts, claimed = cache.streamed.prepare_fills(3)
     assert slots.dtype == experts.dtype == claimed.dtype == torch.int32
     assert tuple(slots.shape) == tuple(experts.shape) == (2, 3)
     assert experts[0].tolist() == [-1, 0, 1]  # the empty slot, then LRU order
@@ -52,7 +53,7 @@ def test_candidates_are_empty_slots_then_the_policys_victims(make_store):
         assert claimed[layer].tolist() == [cache.slot_of(layer, e) for e in range(8)]
     assert cache.stats()["total"]["evictions"] == 0
     with pytest.raises(ValueError, match="spares_per_layer must be an int >= 1"):
-        cache.prepare_fills(0)
+        cache.streamed.prepare_fills(0)
 
 
 def test_prefetched_and_loading_experts_are_no_candidates(make_store):
@@ -61,9 +62,9 @@ def test_prefetched_and_loading_experts_are_no_candidates(make_store):
     cache = ExpertCache(store, slots_per_layer=3, device="cpu", copy_engine=engine)
     cache.prefetch({0: [4, 5]})
     engine.synchronize()
-    cache.record_streamed(0, [4, 5], [])  # used: evictable from now on
+    cache.streamed.record_streamed(0, [4, 5], [])  # used: evictable from now on
     cache.prefetch({0: [6]})  # the draft's prediction, and still loading
-    slots, experts, claimed = cache.prepare_fills(3)
+    slots, experts, claimed = cache.streamed.prepare_fills(3)
     assert sorted(x for x in experts[0].tolist() if x >= 0) == [4, 5]
     assert cache.slot_of(0, 6) not in slots[0].tolist()
     assert claimed[0, 6].item() == cache.slot_of(0, 6)  # loading: it may not be filled
@@ -78,17 +79,17 @@ def test_a_landed_load_is_queried_once_by_the_candidate_choice(make_store):
     cache = ExpertCache(store, slots_per_layer=4, device="cpu", copy_engine=engine)
     cache.prefetch({0: [1, 2]})
     engine.synchronize()
-    cache.record_streamed(0, [1, 2], [])
+    cache.streamed.record_streamed(0, [1, 2], [])
     cache.prefetch({0: [3]})  # still loading
-    pool = cache._pools[0]
+    pool = cache._residency.pools[0]
     landed = [cache.slot_of(0, 1), cache.slot_of(0, 2)]
     assert all(pool.ready[s] is not None for s in landed)
-    slots, experts, _ = cache.prepare_fills(3)
+    slots, experts, _ = cache.streamed.prepare_fills(3)
     assert [pool.ready[s] for s in landed] == [None, None]
     assert pool.ready[cache.slot_of(0, 3)] is not None  # not landed: kept, and no candidate
     assert cache.slot_of(0, 3) not in slots[0].tolist()
     assert sorted(x for x in experts[0].tolist() if x >= 0) == [1, 2]
-    assert cache.prepare_fills(3)[1].tolist() == experts.tolist()  # the same choice again
+    assert cache.streamed.prepare_fills(3)[1].tolist() == experts.tolist()  # the same choice again
 
 
 def test_a_fill_makes_the_streamed_expert_resident_and_evicts_the_candidate(make_store):
@@ -97,16 +98,16 @@ def test_a_fill_makes_the_streamed_expert_resident_and_evicts_the_candidate(make
     cache.streaming = True
     cache.prefetch({0: [0, 1], 1: [0]})
     cache.expire_prefetches()
-    cache.record_streamed(0, [1], [])  # expert 0 is layer 0's LRU expert
-    slots, experts, _ = cache.prepare_fills(2)
+    cache.streamed.record_streamed(0, [1], [])  # expert 0 is layer 0's LRU expert
+    slots, experts, _ = cache.streamed.prepare_fills(2)
     candidates = candidates_of(slots, experts, 0)
     assert sorted(candidates.values()) == [-1, 0]
     fills = {5: int(slots[0, 0]), 2: int(slots[0, 1])}  # the empty slot, then expert 0's
     fill_like_the_kernels(cache, ref, 0, fills, candidates)
-    cache.commit_fills(fills_tensor(cache, {0: fills}))
-    cache.mark_streamed_use()
-    cache.record_streamed(0, [1, 2, 5], [2, 5], filled=fills)
-    cache.record_streamed(1, [3], [3])  # streamed without a fill: not resident
+    cache.streamed.commit_fills(fills_tensor(cache, {0: fills}))
+    cache.streamed.mark_streamed_use()
+    cache.streamed.record_streamed(0, [1, 2, 5], [2, 5], filled=fills)
+    cache.streamed.record_streamed(1, [3], [3])  # streamed without a fill: not resident
     assert sorted(cache.resident_experts(0)) == [1, 2, 5]
     for e, s in fills.items():
         assert cache.slot_of(0, e) == s
@@ -121,7 +122,7 @@ def test_a_fill_makes_the_streamed_expert_resident_and_evicts_the_candidate(make
     assert total["streamed_reads"] == 3
     assert total["evictions"] == 1
     assert total["bytes_moved"] == (3 + 3) * store.expert_bytes(0)  # 3 prefetched, 3 streamed
-    cache.record_streamed(0, [2, 5], [])  # the next verification hits the filled experts
+    cache.streamed.record_streamed(0, [2, 5], [])  # the next verification hits the filled experts
     assert cache.stats()["total"]["hits"] == 2 + 2  # expert 1 twice before, now 2 and 5
     cache.prefetch({0: [4]})  # a load evicts the LRU expert, 1, as from any slot
     assert sorted(cache.resident_experts(0)) == [2, 4, 5]
@@ -132,17 +133,17 @@ def test_bad_fills_are_refused(make_store):
     store, _ = make_store(1, 6)
     cache = ExpertCache(store, slots_per_layer=3, device="cpu")
     cache.prefetch({0: [0]})
-    slots, _, _ = cache.prepare_fills(1)
+    slots, _, _ = cache.streamed.prepare_fills(1)
     spare = int(slots[0, 0])
     with pytest.raises(ValueError, match="fill of expert 4 into slot"):
-        cache.record_streamed(0, [4], [], filled={4: spare})  # not streamed
-    cache.prepare_fills(1)
+        cache.streamed.record_streamed(0, [4], [], filled={4: spare})  # not streamed
+    cache.streamed.prepare_fills(1)
     with pytest.raises(ValueError, match="fill of expert 4 into slot"):
-        cache.record_streamed(0, [4], [4], filled={4: cache.slot_of(0, 0)})  # no candidate
+        cache.streamed.record_streamed(0, [4], [4], filled={4: cache.slot_of(0, 0)})  # no candidate
     with pytest.raises(ValueError, match="fill of expert 4 into slot"):
-        cache.record_streamed(0, [4], [4], filled={4: spare})  # no prepare_fills since
+        cache.streamed.record_streamed(0, [4], [4], filled={4: spare})  # no prepare_fills since
     with pytest.raises(TypeError, match=r"fills must be int32 \[L=1, E=6\]"):
-        cache.commit_fills(torch.zeros(1, 6, dtype=torch.int64))
+        cache.streamed.commit_fills(torch.zeros(1, 6, dtype=torch.int64))
 
 
 def test_commit_writes_only_the_filled_entries(make_store):
@@ -151,5 +152,5 @@ def test_commit_writes_only_the_filled_entries(make_store):
     cache.prefetch({0: [0, 1]})
     mapping = cache.expert_to_slot(0)
     mapping[4] = 7  # stands for an entry another stream is writing: must not be touched
-    cache.commit_fills(torch.tensor([[-1, -1, 3, -1, -1, -1]], dtype=torch.int32))
+    cache.streamed.commit_fills(torch.tensor([[-1, -1, 3, -1, -1, -1]], dtype=torch.int32))
     assert mapping.tolist() == [cache.slot_of(0, 0), cache.slot_of(0, 1), 3, -1, 7, -1]

@@ -3,26 +3,27 @@
 import pytest
 import torch
 
-from specter_cache import DeferredCopyEngine, ExpertCache
+from specter_cache import ExpertCache
+from specter_cache.copy_engine import DeferredCopyEngine
 
 
 def test_host_tensors_are_the_stores_views(make_store):
     store, ref = make_store(2, 5)
     cache = ExpertCache(store, slots_per_layer=2, device="cpu")
-    tensors = cache.host_tensors(1, "down")
+    tensors = cache.streamed.host_tensors(1, "down")
     assert len(tensors) == 5
     for e, t in enumerate(tensors):
         assert t.data_ptr() == store.get(1, e)["down"].data_ptr()  # in place: no copy
         assert torch.equal(t, ref[(1, e)]["down"])
     with pytest.raises(ValueError, match=r"tensors \['gate_up', 'down'\], not 'w'"):
-        cache.host_tensors(0, "w")
+        cache.streamed.host_tensors(0, "w")
 
 
 def test_record_streamed_counts_hits_streamed_misses_and_bytes(make_store):
     store, _ = make_store(1, 8)
     cache = ExpertCache(store, slots_per_layer=3, device="cpu")
     cache.prefetch({0: [1, 2]})
-    cache.record_streamed(0, [1, 5, 6], [5, 6])
+    cache.streamed.record_streamed(0, [1, 5, 6], [5, 6])
     total = cache.stats()["total"]
     nbytes = store.expert_bytes(0)
     assert (total["hits"], total["misses"], total["acquires"]) == (1, 2, 1)
@@ -35,17 +36,17 @@ def test_record_streamed_counts_hits_streamed_misses_and_bytes(make_store):
     assert cache.expire_prefetches() == 1
     assert cache.lookup(0, [1, 2, 5, 6]) == ([1, 2], [5, 6])  # streamed experts stay out
     with pytest.raises(ValueError, match=r"streamed experts \[7\] must be among the needed"):
-        cache.record_streamed(0, [1], [7])
+        cache.streamed.record_streamed(0, [1], [7])
 
 
 def test_the_streamed_histogram_bins_layer_verifications_by_experts_read(make_store):
     store, _ = make_store(2, 8)
     cache = ExpertCache(store, slots_per_layer=3, device="cpu")
     cache.prefetch({0: [1], 1: [1]})
-    cache.record_streamed(0, [1, 5, 6], [5, 6])
-    cache.record_streamed(1, [1, 2, 3, 4], [2, 3, 4])
-    cache.record_streamed(0, [1], [])  # read nothing from the host: the zero bin
-    cache.record_streamed(1, [5, 7], [5, 7])
+    cache.streamed.record_streamed(0, [1, 5, 6], [5, 6])
+    cache.streamed.record_streamed(1, [1, 2, 3, 4], [2, 3, 4])
+    cache.streamed.record_streamed(0, [1], [])  # read nothing from the host: the zero bin
+    cache.streamed.record_streamed(1, [5, 7], [5, 7])
     stats = cache.stats()
     assert stats["per_layer"][0]["streamed_histogram"] == {0: 1, 2: 1}
     assert stats["per_layer"][1]["streamed_histogram"] == {2: 1, 3: 1}
@@ -64,7 +65,7 @@ def test_record_streamed_refreshes_lru_recency(make_store):
     cache = ExpertCache(store, slots_per_layer=2, device="cpu", policy="lru")
     cache.prefetch({0: [0]})
     cache.prefetch({0: [1]})
-    cache.record_streamed(0, [0, 4], [4])  # expert 0 used now: expert 1 is the LRU victim
+    cache.streamed.record_streamed(0, [0, 4], [4])  # expert 0 used now: expert 1 is the LRU victim
     cache.prefetch({0: [3]})
     assert sorted(cache.resident_experts(0)) == [0, 3]
 
@@ -80,7 +81,7 @@ def test_a_streaming_load_takes_the_old_expert_off_the_map_first(make_store, str
     assert cache.streaming is streaming
     cache.prefetch({0: [2]})
     engine.synchronize()
-    cache.mark_streamed_use()
+    cache.streamed.mark_streamed_use()
     cache.prefetch({0: [3]})
     engine.step(1)
     assert cache.expert_to_slot(0).tolist() == [-1, -1, -1, -1]
@@ -88,7 +89,7 @@ def test_a_streaming_load_takes_the_old_expert_off_the_map_first(make_store, str
     engine.synchronize()
     assert cache.expert_to_slot(0).tolist() == [-1, -1, -1, 0]
     assert torch.equal(cache.slot_tensors(0)["down"][0], ref[(0, 3)]["down"])
-    cache.stream_guard()  # CPU engines: nothing to wait for
+    cache.streamed.stream_guard()  # CPU engines: nothing to wait for
 
 
 def test_a_streaming_prefetch_invalidates_every_evicted_expert_before_any_data_copy(make_store):
@@ -116,12 +117,12 @@ def test_a_streaming_prefetch_invalidates_every_evicted_expert_before_any_data_c
     assert cache.expert_to_slot(0)[4].item() == -1
     engine.step(1)
     assert cache.expert_to_slot(0)[4].item() == slot4
-    ready = [cache._pools[0].ready[s] for s in range(2)]
+    ready = [cache._residency.pools[0].ready[s] for s in range(2)]
     assert ready[0] is ready[1]
     assert not ready[0].query()  # expert 5 is still to come
     engine.step(per_load)
     assert ready[0].query()
-    assert not cache._pools[1].ready[cache.slot_of(1, 3)].query()
+    assert not cache._residency.pools[1].ready[cache.slot_of(1, 3)].query()
     engine.synchronize()
     for layer, experts in ((0, [4, 5]), (1, [3, 2])):
         for e in experts:
@@ -141,8 +142,8 @@ _SETTLING_CALLS = {
     "acquire": lambda c: c.acquire(0, [1]).close(),
     "pin": lambda c: c.pin(1, [2]),
     "unpin": lambda c: c.unpin(0, [1]),
-    "prepare_fills": lambda c: c.prepare_fills(1),
-    "stream_guard": lambda c: c.stream_guard(),
+    "prepare_fills": lambda c: c.streamed.prepare_fills(1),
+    "stream_guard": lambda c: c.streamed.stream_guard(),
     "take_needed": lambda c: c.take_needed(),
     "expire_prefetches": lambda c: c.expire_prefetches(),
     "stats": lambda c: c.stats(),
@@ -163,7 +164,7 @@ def test_a_queued_count_runs_before_any_method_that_reads_the_bookkeeping(make_s
 
     def count():  # what a deferred stream record does: record_streamed, late
         seen.append(len(seen))
-        cache.record_streamed(0, [1, 5], [5])
+        cache.streamed.record_streamed(0, [1, 5], [5])
 
     cache.count_later(count)
     cache.count_later(count)
@@ -196,10 +197,10 @@ def test_deferred_counts_give_the_counts_made_at_once(make_store):
         for layer, needed, streamed in calls:
             if deferred:
                 cache.count_later(
-                    lambda c=cache, a=(layer, needed, streamed): c.record_streamed(*a)
+                    lambda c=cache, a=(layer, needed, streamed): c.streamed.record_streamed(*a)
                 )
             else:
-                cache.record_streamed(layer, needed, streamed)
+                cache.streamed.record_streamed(layer, needed, streamed)
         # The next decision (a prefetch's victims follow the counts' recency) and reads.
         issued = cache.prefetch({0: [6, 0], 1: [0]})
         results.append((issued, cache.take_needed(), cache.expire_prefetches(), cache.stats()))
@@ -241,7 +242,7 @@ def test_a_prefetch_with_lead_issues_every_invalidation_and_holds_the_late_data(
     assert maps[0][4] == cache.slot_of(0, 4)  # the lead load landed
     assert maps[0][5] == -1
     assert maps[1][3] == -1
-    cache.stream_guard()  # the launch path does not release
+    cache.streamed.stream_guard()  # the launch path does not release
     assert cache.copies_held == 2
     assert cache.release_copies() == 2
     assert cache.copies_held == 0
@@ -273,7 +274,7 @@ _RELEASING_CALLS = {
     "acquire": lambda c: c.acquire(1, [0]).close(),
     "pin": lambda c: c.pin(1, [0]),
     "unpin": lambda c: c.unpin(1, [0]),
-    "prepare_fills": lambda c: c.prepare_fills(1),
+    "prepare_fills": lambda c: c.streamed.prepare_fills(1),
     "synchronize": lambda c: c.synchronize(),
     "completed_transfers": lambda c: c.completed_transfers(),
     "stats": lambda c: c.stats(),
@@ -323,7 +324,7 @@ def test_wait_for_landing_runs_the_layers_loads_and_no_later_ones(make_store):
     cache.prefetch({0: [4, 5], 1: [2]})
     assert engine.pending > 0
     assert cache.expert_to_slot(0)[4] == -1  # still crossing
-    cache.wait_for_landing(0)
+    cache.streamed.wait_for_landing(0)
     for e in (4, 5):
         slot = int(cache.expert_to_slot(0)[e])
         assert slot >= 0
@@ -331,9 +332,9 @@ def test_wait_for_landing_runs_the_layers_loads_and_no_later_ones(make_store):
     assert cache.expert_to_slot(1)[2] == -1  # layer 1's load was issued after: still queued
     left = engine.pending
     assert left > 0
-    cache.wait_for_landing(0)  # nothing new for layer 0
+    cache.streamed.wait_for_landing(0)  # nothing new for layer 0
     assert engine.pending == left
-    cache.wait_for_landing(1)
+    cache.streamed.wait_for_landing(1)
     assert engine.pending == 0
     assert cache.expert_to_slot(1)[2] >= 0
 
@@ -345,16 +346,16 @@ def test_wait_for_landing_covers_later_batches_and_not_held_copies(make_store):
     cache.streaming = True
     cache.prefetch({0: [1]})
     cache.prefetch({0: [2, 3]}, lead=1)  # expert 3's data copy is held
-    cache.wait_for_landing(0)
+    cache.streamed.wait_for_landing(0)
     assert cache.expert_to_slot(0)[1] >= 0
     assert cache.expert_to_slot(0)[2] >= 0
     assert cache.expert_to_slot(0)[3] == -1  # held: not issued, so not waited for
     assert cache.copies_held == 1
     cache.release_copies()
-    cache.wait_for_landing(0)
+    cache.streamed.wait_for_landing(0)
     assert cache.expert_to_slot(0)[3] >= 0
     with pytest.raises(ValueError, match=r"layer must be an int in \[0, 1\), got 1"):
-        cache.wait_for_landing(1)
+        cache.streamed.wait_for_landing(1)
 
 
 def test_wait_for_landing_is_free_where_copies_complete_at_once(make_store):
@@ -362,5 +363,5 @@ def test_wait_for_landing_is_free_where_copies_complete_at_once(make_store):
     cache = ExpertCache(store, slots_per_layer=2, device="cpu")  # immediate copies
     cache.streaming = True
     cache.prefetch({0: [3]})
-    cache.wait_for_landing(0)
+    cache.streamed.wait_for_landing(0)
     assert cache.expert_to_slot(0)[3] >= 0

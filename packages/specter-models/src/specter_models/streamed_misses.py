@@ -244,12 +244,12 @@ class StreamRecord:
                 # The slots offered to forwards not yet counted may hold other experts now.
                 busy = [set().union(*(o[layer] for o in self._offers)) for layer in
                         range(self.flags.shape[0])]  # fmt: skip
-                slots, experts, claimed = cache.prepare_fills(
+                slots, experts, claimed = cache.streamed.prepare_fills(
                     self.spares_per_layer, exclude=busy, settle=False
                 )
-                offer = cache.fill_candidates()
+                offer = cache.streamed.fill_candidates()
             else:
-                slots, experts, claimed = cache.prepare_fills(self.spares_per_layer)
+                slots, experts, claimed = cache.streamed.prepare_fills(self.spares_per_layer)
             self.spare_slots[:, : slots.shape[1]].copy_(slots, non_blocking=True)
             self.spare_experts[:, : experts.shape[1]].copy_(experts, non_blocking=True)
             self.claimed.copy_(claimed, non_blocking=True)
@@ -259,7 +259,7 @@ class StreamRecord:
                 # forward's commit), so it is not filled twice.
                 maps = cache.expert_to_slot_maps()
                 self.claimed.copy_(torch.where(maps >= 0, maps, self.claimed))
-        cache.stream_guard(settle=not pipelined)
+        cache.streamed.stream_guard(settle=not pipelined)
         self.active = True
         succeeded = False
         try:
@@ -271,8 +271,8 @@ class StreamRecord:
             # (SpeculativePrefetcher(verify_lead=)); their waits were issued before it.
             cache.release_copies()
             if succeeded and filling:
-                cache.commit_fills(self.fills)
-            cache.mark_streamed_use()
+                cache.streamed.commit_fills(self.fills)
+            cache.streamed.mark_streamed_use()
         if count:
             self._count(cache, rows, offer)
 
@@ -339,7 +339,7 @@ def _count_rows(
     for layer, row in enumerate(rows):
         streamed = [e for e, f in enumerate(row[width : width + E]) if f]
         filled = {e: s for e, s in enumerate(row[width + E :]) if s >= 0}
-        cache.record_streamed(
+        cache.streamed.record_streamed(
             layer,
             row[:width],
             streamed,
