@@ -1,4 +1,4 @@
-"""SafetensorsFile: our reader against files written by the safetensors package."""
+"""SafetensorsFile: specter-cache's reader against files written by the safetensors package."""
 
 import json
 import struct

@@ -17,7 +17,7 @@ overwrites only after the last streamed verification (``mark_streamed_use``).
 
 What a streamed verification did is recorded on the device as it runs (``StreamRecord``:
 the routed ids of every layer, and which experts the kernel read from the host) and handed
-to the cache after the forward in one read (``ExpertCache.record_streamed``), so hit rate,
+to the cache after the forward in one read (``StreamedMisses.record_streamed``), so hit rate,
 bytes moved and the policy's recency stay as exact as on the acquire path.
 
 A streamed expert's bytes cross PCIe and are gone, so routing that repeats would read it
@@ -46,7 +46,7 @@ it saved 5% with the 64-column per-pair tile, and nothing once that tile became 
 wide (which spreads the in-place reads over twice the programs; docs/benchmarks.md).
 
 *Waits* (``load(stream_waits=)``, on by default; specter-cache's
-``ExpertCache.wait_for_landing``) decide what a verification does with a prefetched expert
+``StreamedMisses.wait_for_landing``) decide what a verification does with a prefetched expert
 whose copy has not landed when its layer runs. Without them the map still says ``-1`` and
 the kernel streams it, so its bytes cross the link twice (once by the copy engine, once read
 in place, at about 30 GB/s against the copy engine's 50 on the H200). With them, each
@@ -163,7 +163,7 @@ class StreamRecord:
     streamed steps, which load nothing between them, launch without counting the forward
     before (whose record needs that forward done): a step's fill candidates are chosen
     among the slots the forward still to count was not offered
-    (``ExpertCache.prepare_fills(exclude=, settle=False)``), whose holders the host knows,
+    (``StreamedMisses.prepare_fills(exclude=, settle=False)``), whose holders the host knows,
     and experts that forward filled are claimed from the device map, so none is filled
     twice. The count is made after the launch instead, while the device runs the step. The
     candidates choose from a host view one step old; the tokens are the same.
