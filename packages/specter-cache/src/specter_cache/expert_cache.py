@@ -48,9 +48,6 @@ class ExpertCache:
             launches and bookkeeping cost about 1 ms, more than one 17 MB expert's 0.34 ms
             transfer, so one wave per arriving expert made verification host-bound.
 
-    Attributes:
-        streamed: the streamed-miss protocol of this cache (``StreamedMisses``).
-
     Raises:
         ValueError: both or neither of ``slots_per_layer`` and ``budget_bytes``, a slot count
             outside ``[1, E]``, a budget below one expert per layer, or an unsupported device.
@@ -102,7 +99,7 @@ class ExpertCache:
         self._copies = CopyPipeline(
             engine, store, self._residency.pools, self._residency.stats, device
         )
-        self.streamed = StreamedMisses(self._residency, self._copies, store)
+        self._streamed = StreamedMisses(self._residency, self._copies, store)
 
     # ------------------------------------------------------------------------ properties
     @property
@@ -124,6 +121,12 @@ class ExpertCache:
     def policy(self) -> ReplacementPolicy:
         """The replacement policy."""
         return self._residency.policy
+
+    @property
+    def streamed(self) -> StreamedMisses:
+        """The streamed-miss protocol of this cache: what a consumer that reads missing
+        experts in place from host memory calls instead of ``acquire``."""
+        return self._streamed
 
     @property
     def num_layers(self) -> int:
@@ -197,7 +200,7 @@ class ExpertCache:
 
     def pinned(self, layer: int) -> list[int]:
         """The pinned experts of ``layer``, sorted."""
-        return sorted(self._residency.pools[self._residency.check_layer(layer)].pinned)
+        return self._residency.pinned(layer)
 
     # --------------------------------------------------------------------------- loading
     def set_plan(self, plan: Mapping[int, Sequence[int]]) -> None:

@@ -271,6 +271,10 @@ class Residency:
             pool.protect[pool.expert_slot[e]] += 1
             pool.pinned.add(e)
 
+    def pinned(self, layer: int) -> list[int]:
+        """The pinned experts of ``layer``, sorted."""
+        return sorted(self.pools[self.check_layer(layer)].pinned)
+
     def unpin(self, layer: int, experts: object) -> list[int]:
         """Unprotect pinned ``experts`` of ``layer``; returns those unpinned."""
         self.settle()
