@@ -49,7 +49,7 @@ def main() -> int:
     count_s: list[float] = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        cache.prepare_fills(args.fills)
+        cache.streamed.prepare_fills(args.fills)
         t1 = time.perf_counter()
         rows = []
         for layer in range(L):

@@ -34,7 +34,7 @@ HOST_CALLS = (
     "specter_cache.expert_cache:ExpertCache.settle",
     "specter_cache.expert_cache:ExpertCache.prefetch",
     "specter_cache.expert_cache:ExpertCache.set_plan",
-    "specter_cache.expert_cache:ExpertCache.prepare_fills",
+    "specter_cache.streamed_misses:StreamedMisses.prepare_fills",
     "specter_cache.expert_cache:ExpertCache.release_copies",
     "specter_cache.speculative_prefetcher:SpeculativePrefetcher.on_draft_start",
     "specter_cache.speculative_prefetcher:SpeculativePrefetcher.on_draft_token",

@@ -13,7 +13,8 @@ from model_helpers import (
     reference_with_draft_experts,
     speculate_beside_transformers,
 )
-from specter_cache import simulate_policy, windowed_trace
+from specter_cache import simulate_policy
+from specter_cache.trace_simulation import windowed_trace
 from specter_models import (
     MemoryBudgetError,
     choose_hot_experts,

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from model_helpers import random_prompt, reference_from_checkpoint
-from specter_cache import DeferredCopyEngine, ExpertCache
+from specter_cache import ExpertCache
+from specter_cache.copy_engine import DeferredCopyEngine
 from specter_kernels import quantize_int4
 from specter_models import ExpertsMode, load
 from specter_models.expert_math import accumulate_experts

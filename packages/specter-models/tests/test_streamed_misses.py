@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from model_helpers import random_prompt, reference_from_checkpoint, speculate_beside_transformers
-from specter_cache import DeferredCopyEngine, ExpertCache
+from specter_cache import ExpertCache
+from specter_cache.copy_engine import DeferredCopyEngine
 from specter_models import load
 from specter_models.streamed_misses import STREAM_MAX_ROWS
 
@@ -554,7 +555,7 @@ def _plain_streamed_decode(folder, prompt, *, pipelined: bool):
     record.deferred = True
     record.pipelined = pipelined
     queued, offered = [], []
-    prepare = lm.cache.prepare_fills
+    prepare = lm.cache.streamed.prepare_fills
 
     def watched(*args, **kwargs):
         slots, experts, claimed = prepare(*args, **kwargs)
@@ -562,7 +563,7 @@ def _plain_streamed_decode(folder, prompt, *, pipelined: bool):
         offered.append([{s for s in row if s >= 0} for row in slots.tolist()])
         return slots, experts, claimed
 
-    lm.cache.prepare_fills = watched
+    lm.cache.streamed.prepare_fills = watched
     controller = SpecController(None, lm.target, cache=_QueuedPlainSteps(), depth=0)
     tokens = controller.generate(prompt[0].tolist(), max_new_tokens=24).tokens
     lm.cache.settle()
@@ -635,4 +636,4 @@ def test_a_pipelined_step_fills_no_expert_the_uncounted_step_before_it_filled(ch
         device = lm.cache.expert_to_slot(layer).tolist()
         assert device == [-1 if s is None else s for s in host]
     with pytest.raises(ValueError, match="exclude needs one collection of slots per layer"):
-        lm.cache.prepare_fills(2, exclude=[()])
+        lm.cache.streamed.prepare_fills(2, exclude=[()])

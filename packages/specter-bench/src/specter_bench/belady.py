@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specter_bench.routing_analysis import draft_plans, routing_trace
-from specter_cache import ExpertStore, belady_layer_loads, compare_policies, simulate_policy
+from specter_cache import ExpertStore, simulate_policy
+from specter_cache.belady import belady_layer_loads
+from specter_cache.trace_simulation import compare_policies
 
 __all__ = [
     "BeladyBound",

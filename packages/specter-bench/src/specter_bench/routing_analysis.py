@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specter_cache import windowed_trace
+from specter_cache.trace_simulation import windowed_trace
 
 __all__ = [
     "DEFAULT_DEPTHS",

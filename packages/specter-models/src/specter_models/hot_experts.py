@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PretrainedConfig
 
-from specter_cache import simulate_policy, windowed_trace
+from specter_cache import simulate_policy
+from specter_cache.trace_simulation import windowed_trace
 from specter_models.memory_plan import (
     DEFAULT_MAX_SEQ_LEN,
     DEFAULT_MAX_VERIFY_ROWS,

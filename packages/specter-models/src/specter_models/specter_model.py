@@ -186,7 +186,7 @@ class SpecterModel:
     @property
     def stream_waits(self) -> bool:
         """On the streamed miss path, whether a verification waits at each layer for that
-        layer's prefetches still crossing the link (``ExpertCache.wait_for_landing``) and
+        layer's prefetches still crossing the link (``StreamedMisses.wait_for_landing``) and
         reads them from their slots, instead of streaming them meanwhile, which moves each
         such expert twice (``streamed_misses``). Set it between forwards; graphs are captured
         per value.
