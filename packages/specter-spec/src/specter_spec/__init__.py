@@ -27,6 +27,7 @@ from specter_spec.sampling import SamplingConfig, sampling_probs
 from specter_spec.spec_model import SpecModel
 from specter_spec.speculation_observer import SpeculationObserver
 from specter_spec.statistics import GenerationResult, GenerationStats, IterationStats
+from specter_spec.token_stream import TokenStream
 
 __version__ = "0.1.0"
 
