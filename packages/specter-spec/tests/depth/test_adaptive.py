@@ -58,7 +58,7 @@ class Environment:
 
 
 class BudgetEnvironment(Environment):
-    """DeepSeek-V2-Lite at 24 GB on the H200, in shape (the fourteenth session's records):
+    """The shape of DeepSeek-V2-Lite's costs under a 24 GB budget on one H200:
     verify time concave in the rows (each row needs fewer experts the others did not: 16 ms
     for one row, 24 ms for two, 40 ms for seven) and a draft iteration with a fixed part
     (7.9 ms at K = 1, 24 ms at K = 6)."""
@@ -195,21 +195,6 @@ def test_recovers_from_plain_decoding_when_speculation_starts_to_pay():
     assert sorted(depths[-100:])[50] >= 8
 
 
-def test_config_is_validated():
-    with pytest.raises(ValueError, match="initial_depth=9 exceeds max_depth=8"):
-        AdaptiveDepthConfig(max_depth=8, initial_depth=9)
-    with pytest.raises(ValueError, match="must be >= 0"):
-        AdaptiveDepthConfig(max_depth=-1)
-    with pytest.raises(ValueError, match="acceptance_decay must be in"):
-        AdaptiveDepthConfig(acceptance_decay=1.0)
-    with pytest.raises(ValueError, match="probe_interval"):
-        AdaptiveDepthConfig(probe_interval=1)
-    with pytest.raises(ValueError, match=r"max_probe_interval must be an int >= probe_interval=8"):
-        AdaptiveDepthConfig(probe_interval=8, max_probe_interval=4)
-    with pytest.raises(ValueError, match="prior_acceptance"):
-        AdaptiveDepthConfig(prior_acceptance=1.5)
-
-
 def test_reset_forgets_and_first_choice_is_the_initial_depth():
     policy = AdaptiveDepth(AdaptiveDepthConfig(initial_depth=3, max_depth=8))
     assert policy.choose_depth() == 3
@@ -310,12 +295,12 @@ def test_best_depth_is_the_argmax_of_expected_rate():
 
 
 class PipelinedEnvironment(Environment):
-    """Every expert resident, plain steps queued ahead (Qwen1.5-MoE unlimited on the H200, in
-    shape): a plain step costs 4.0 ms alone (the host's work before it shows) but 3.6 ms in a
-    run (hidden behind the previous step); speculation at K costs a 0.3 ms draft base plus
-    3.0 ms per proposal and a 3.9 + 0.15 ms-per-row verification, with 0.2 ms of commit. The
-    best rate is plain decoding in runs (3.6 ms a token), then K = 2-4 (about 3.74 ms), then
-    lone plain steps (4.2 ms)."""
+    """Every expert resident, plain steps queued ahead (the shape of Qwen1.5-MoE's costs
+    without a budget on one H200): a plain step costs 4.0 ms alone (the host's work before
+    it shows) but 3.6 ms in a run (hidden behind the previous step); speculation at K costs
+    a 0.3 ms draft base plus 3.0 ms per proposal and a 3.9 + 0.15 ms-per-row verification,
+    with 0.2 ms of commit. The best rate is plain decoding in runs (3.6 ms a token), then
+    K = 2-4 (about 3.74 ms), then lone plain steps (4.2 ms)."""
 
     def __init__(self, queued: bool, seed: int = 0) -> None:
         super().__init__(0.95, 3.0e-3, 3.9e-3, 0.15e-3, overhead=0.2e-3, seed=seed)
@@ -363,7 +348,7 @@ def test_pipelined_plain_steps_are_priced_at_their_steady_state(seed):
 
 def test_a_generations_first_iteration_teaches_acceptance_but_no_cost():
     # Right after a prefill an iteration carries the prefill's queued work and first uses:
-    # drafting 4 proposals took 25 ms there on the H200 against 13 later.
+    # drafting 4 proposals took 25 ms there on one H200 against 13 later.
     flagged, unflagged = AdaptiveDepth(), AdaptiveDepth()
     flagged.observe(IterationStats(4, 3, False, 4, 25e-3, 23e-3, 49e-3, first=True))
     unflagged.observe(IterationStats(4, 3, False, 4, 25e-3, 23e-3, 49e-3))
@@ -405,8 +390,8 @@ def test_plain_and_speculative_iterations_keep_their_own_overhead():
 
 
 class ResidentEnvironment(Environment):
-    """DeepSeek-V2-Lite with every expert resident on the H200, in shape (the twenty-third
-    session's steps): a draft step of 1.9 ms, nearly a one-row target step (2.14 ms), and
+    """The shape of DeepSeek-V2-Lite's costs with every expert resident on one H200: a draft
+    step of 1.9 ms, nearly a one-row target step (2.14 ms), and
     verify times of 2.14 ms at one row, 2.48 at two and 3.5 at five. Every proposal is
     accepted, and still no depth beats plain decoding."""
 
@@ -505,33 +490,6 @@ def test_primed_costs_give_way_to_measured_ones_and_expire():
     stale.prime(wrong)
     run(stale, Environment(0.8, 1e-3, 10e-3, 1e-3), config.cost_horizon + 1)
     assert 9 not in stale.verify_costs
-
-
-@pytest.mark.parametrize(
-    ("costs", "message"),
-    [
-        ([1, 2], "costs must be a mapping"),
-        ({"draft": {"0": 1e-3}}, "count '0'; expected an int in \\[1, 8\\]"),
-        ({"draft": {"9": 1e-3}}, "count '9'"),
-        ({"verify": {"10": 1e-3}}, "count '10'; expected an int in \\[1, 9\\]"),
-        ({"verify": {"x": 1e-3}}, "count 'x'"),
-        ({"verify": {"2": -1.0}}, "finite number of seconds >= 0, got -1.0"),
-        ({"verify": {"2": float("nan")}}, "got nan"),
-        ({"draft": [1.0]}, "costs\\['draft'\\] must be a mapping"),
-        ({"overhead": {"plain": "fast"}}, "overhead plain must be a finite number"),
-        ({"steady_plain": True}, "steady_plain must be a finite number"),
-        ({"ages": [1]}, "costs\\['ages'\\] must be a mapping"),
-        ({"ages": {"verify": {"2": -1}}}, "must be an int >= 0 \\(iterations\\), got -1"),
-        ({"ages": {"draft": {"x": 1}}}, "has count 'x'; expected an int"),
-    ],
-)
-def test_priming_refuses_costs_it_cannot_use_and_changes_nothing(costs, message):
-    policy = AdaptiveDepth(AdaptiveDepthConfig(max_depth=8))
-    with pytest.raises(ValueError, match=message):
-        policy.prime(costs)
-    assert policy.verify_costs == {}
-    assert policy.draft_times == {}
-    assert policy.choose_depth() == policy.config.initial_depth
 
 
 def test_primed_costs_keep_their_age_across_runs():

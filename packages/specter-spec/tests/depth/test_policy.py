@@ -3,7 +3,7 @@
 import pytest
 
 from specter_spec import AdaptiveDepth, FixedDepth
-from specter_spec.depth_policy import DepthPolicy, as_depth_policy
+from specter_spec.depth.policy import DepthPolicy, as_depth_policy
 
 
 def test_an_int_becomes_a_fixed_depth_and_a_policy_passes_through():

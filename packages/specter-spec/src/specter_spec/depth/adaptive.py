@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from specter_spec.depth_policy import check_depth
+from specter_spec.depth.adaptive_config import AdaptiveDepthConfig
+from specter_spec.depth.cost_table import CostTable, decayed
+from specter_spec.depth.saved_costs import read_saved_costs
 from specter_spec.statistics import IterationStats
 
 __all__ = ["AdaptiveDepth", "AdaptiveDepthConfig", "expected_committed"]
@@ -27,254 +28,6 @@ def expected_committed(acceptance: float, depth: int) -> float:
     if acceptance >= 1.0:
         return float(depth + 1)
     return (1.0 - acceptance ** (depth + 1)) / (1.0 - acceptance)
-
-
-@dataclass(frozen=True)
-class AdaptiveDepthConfig:
-    """Settings of :class:`AdaptiveDepth`.
-
-    Attributes:
-        max_depth: the largest K considered (K_max).
-        initial_depth: K of the first iteration, before anything is measured.
-        acceptance_decay: weight kept by past iterations at each new one in the
-            acceptance estimate (an exponential moving average; closer to 1
-            reacts slower but is less noisy).
-        cost_decay: the same for the timing estimates (each verified row count's
-            verify time decays on its own: a count probed rarely keeps its measurement).
-        prior_acceptance: acceptance assumed before any proposal was verified.
-        prior_trials: how many proposals that prior is worth.
-        probe_interval: every ``probe_interval``-th iteration runs a depth other
-            than the best one (1 when the best is 0), so the estimates stay
-            fresh and speculation can come back after K = 0 was chosen.
-        max_probe_interval: a probe that leaves the best depth unchanged doubles the
-            interval to the next one, up to this; one that changes it resets the
-            interval to ``probe_interval``. Probing costs where it keeps confirming
-            (a draft step dearer than a target step, with every expert resident).
-        cost_horizon: a depth's draft and verify times are forgotten once no iteration
-            ran it for this many iterations (the conditions they were measured in have
-            moved on); more than twice ``max_probe_interval``, so the depths that K = 0
-            probes in turn keep theirs.
-        plain_probe_steps: a probe of K = 0 runs this many plain steps in a row, so a
-            controller that queues plain steps ahead (``pipeline_plain``) shows their
-            steady state, which a lone plain step (the host's work not hidden) does not.
-        skip_losing_probes: while K = 0 is best, skip a probe of a depth whose own
-            measured costs say it loses to plain decoding even with every proposal
-            accepted (see :meth:`AdaptiveDepth.cannot_pay`); False probes it anyway.
-    """
-
-    max_depth: int = 16
-    initial_depth: int = 4
-    acceptance_decay: float = 0.9
-    cost_decay: float = 0.9
-    prior_acceptance: float = 0.5
-    prior_trials: float = 1.0
-    probe_interval: int = 8
-    max_probe_interval: int = 32
-    cost_horizon: int = 96
-    plain_probe_steps: int = 3
-    skip_losing_probes: bool = True
-
-    def __post_init__(self) -> None:
-        check_depth(self.max_depth, "AdaptiveDepthConfig.max_depth")
-        check_depth(self.initial_depth, "AdaptiveDepthConfig.initial_depth")
-        if self.initial_depth > self.max_depth:
-            raise ValueError(
-                f"AdaptiveDepthConfig.initial_depth={self.initial_depth} exceeds "
-                f"max_depth={self.max_depth}; lower it or raise max_depth."
-            )
-        for name in ("acceptance_decay", "cost_decay"):
-            value = getattr(self, name)
-            if not 0 <= value < 1:
-                raise ValueError(f"AdaptiveDepthConfig.{name} must be in [0, 1), got {value!r}.")
-        if not 0 <= self.prior_acceptance <= 1:
-            raise ValueError(
-                f"AdaptiveDepthConfig.prior_acceptance must be in [0, 1], "
-                f"got {self.prior_acceptance!r}."
-            )
-        if not self.prior_trials > 0:
-            raise ValueError(
-                f"AdaptiveDepthConfig.prior_trials must be > 0, got {self.prior_trials!r}."
-            )
-        if isinstance(self.probe_interval, bool) or not (
-            isinstance(self.probe_interval, int) and self.probe_interval >= 2
-        ):
-            raise ValueError(
-                f"AdaptiveDepthConfig.probe_interval must be an int >= 2, "
-                f"got {self.probe_interval!r}."
-            )
-        if isinstance(self.max_probe_interval, bool) or not (
-            isinstance(self.max_probe_interval, int)
-            and self.max_probe_interval >= self.probe_interval
-        ):
-            raise ValueError(
-                f"AdaptiveDepthConfig.max_probe_interval must be an int >= probe_interval="
-                f"{self.probe_interval}, got {self.max_probe_interval!r}."
-            )
-        if isinstance(self.cost_horizon, bool) or not (
-            isinstance(self.cost_horizon, int) and self.cost_horizon > 2 * self.max_probe_interval
-        ):
-            raise ValueError(
-                f"AdaptiveDepthConfig.cost_horizon must be an int > 2 * max_probe_interval="
-                f"{2 * self.max_probe_interval}, got {self.cost_horizon!r}."
-            )
-        if isinstance(self.plain_probe_steps, bool) or not (
-            isinstance(self.plain_probe_steps, int) and self.plain_probe_steps >= 1
-        ):
-            raise ValueError(
-                f"AdaptiveDepthConfig.plain_probe_steps must be an int >= 1, "
-                f"got {self.plain_probe_steps!r}."
-            )
-        if not isinstance(self.skip_losing_probes, bool):
-            raise ValueError(
-                f"AdaptiveDepthConfig.skip_losing_probes must be a bool, "
-                f"got {self.skip_losing_probes!r}."
-            )
-
-
-def _primed_time(value: Any, name: str) -> float | None:
-    """``value`` as seconds (None stays None) for :meth:`AdaptiveDepth.prime`."""
-    if value is None:
-        return None
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
-def _primed_age(value: Any, name: str) -> int | None:
-    """``value`` as iterations since a measurement (None stays None)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0 (iterations), got {value!r}")
-    return value
-
-
-def _primed_table(
-    values: Any, where: str, lowest: int, highest: int, parse: Callable[[Any, str], Any]
-) -> dict[int, Any]:
-    """``{count: parse(value)}`` of the mapping ``values`` found at ``where`` (keys may be
-    strings, as JSON writes them; counts in ``[lowest, highest]``; None values left out)."""
-    if not isinstance(values, Mapping):
-        raise ValueError(f"{where} must be a mapping of counts, got {values!r}")
-    out = {}
-    for key, value in values.items():
-        try:
-            count = int(key)
-        except (TypeError, ValueError):
-            count = None
-        if count is None or str(count) != str(key).strip() or not lowest <= count <= highest:
-            raise ValueError(f"{where} has count {key!r}; expected an int in [{lowest}, {highest}]")
-        parsed = parse(value, f"{where}[{key!r}]")
-        if parsed is not None:
-            out[count] = parsed
-    return out
-
-
-def _decayed(mean: float | None, value: float, decay: float) -> float:
-    """An exponential moving average's next value: ``value`` itself when there is none yet."""
-    return value if mean is None else decay * mean + (1 - decay) * value
-
-
-class _CostTable:
-    """Measured time per count ``n`` (verified rows, or draft proposals), and ``T(n)``.
-
-    Each ``n`` keeps an exponentially decaying mean of its observations, decaying per
-    iteration since each was made (so one probe at a depth run rarely replaces most of
-    what that depth measured before, and ``cost_horizon`` iterations without one forget
-    it). ``T(n)`` is the monotone (pool-adjacent-violators) fit of those means, weighted
-    by their decayed weights, since more rows or
-    proposals never cost less, joined piecewise linearly between measured counts and
-    extended past the ends with the slope of the nearest segment. No global line through
-    the origin or otherwise: under a memory budget the verify cost is concave in ``n``
-    (each row adds fewer experts the others did not already need), and a draft iteration
-    has a fixed part (its graph launch, the prefetch boundary) beside its per-proposal
-    one. A line through ``n = 1, 2`` (plain decoding and its K = 1 probe), or a
-    per-proposal draft cost measured at K = 1, prices deep speculation far above what it
-    costs. With one count measured, ``proportional`` tables scale it (``T(n) = T(m) n /
-    m``, the draft's estimate until a second depth ran); others know nothing yet.
-    """
-
-    def __init__(self, decay: float, proportional: bool = False) -> None:
-        self.decay = decay
-        self.proportional = proportional
-        self.weight: dict[int, float] = {}
-        self.total: dict[int, float] = {}
-        self.last_seen: dict[int, int] = {}  # n -> the iteration that last measured it
-        self.now = 0  # the iteration of the last tick
-        self._knots: list[tuple[int, float]] | None = None  # at ``now``
-
-    def add(self, rows: int, seconds: float, iteration: int) -> None:
-        """Record one measurement of count ``rows``, made at ``iteration``."""
-        keep = self.decay ** (iteration - self.last_seen.get(rows, iteration))
-        self.weight[rows] = keep * self.weight.get(rows, 0.0) + 1.0
-        self.total[rows] = keep * self.total.get(rows, 0.0) + seconds
-        self.last_seen[rows] = iteration
-        self._knots = None
-
-    def tick(self, iteration: int, horizon: int) -> None:
-        """Move to ``iteration``; drop every count not measured in the last ``horizon``."""
-        for n in [n for n, seen in self.last_seen.items() if seen <= iteration - horizon]:
-            del self.weight[n], self.total[n], self.last_seen[n]
-        self.now = iteration
-        self._knots = None
-
-    def _weight_now(self, n: int) -> float:
-        return self.weight[n] * self.decay ** (self.now - self.last_seen[n])
-
-    def means(self) -> dict[int, float]:
-        """``{n: decaying mean time in seconds}`` of every measured count, by ``n``."""
-        return {n: self.total[n] / self.weight[n] for n in sorted(self.weight)}
-
-    def knots(self) -> list[tuple[int, float]] | None:
-        """``[(n, T(n))]`` of the monotone fit at the measured counts; None below two."""
-        if len(self.weight) < 2:
-            return None
-        if self._knots is not None:
-            return self._knots
-        # Pool adjacent violators: blocks of (rows, weight, weighted mean), merged while a
-        # block's mean exceeds the next one's.
-        blocks: list[list] = []
-        for n, mean in self.means().items():
-            blocks.append([[n], self._weight_now(n), mean])
-            while len(blocks) > 1 and blocks[-2][2] > blocks[-1][2]:
-                rows, w, m = blocks.pop()
-                prev = blocks[-1]
-                prev[2] = (prev[1] * prev[2] + w * m) / (prev[1] + w)
-                prev[1] += w
-                prev[0] += rows
-        self._knots = [(n, m) for rows, _, m in blocks for n in rows]
-        return self._knots
-
-    def curve(self, largest: int) -> list[float] | None:
-        """``[T(0), ..., T(largest)]`` in seconds, None until two counts were measured
-        (one, if ``proportional``)."""
-        knots = self.knots()
-        if knots is None:
-            if not (self.proportional and self.weight):
-                return None
-            ((m, mean),) = self.means().items()
-            return [mean * n / m for n in range(largest + 1)]
-        out, i = [], 1
-        for n in range(largest + 1):
-            while i < len(knots) - 1 and knots[i][0] < n:
-                i += 1
-            (n0, v0), (n1, v1) = knots[i - 1], knots[i]
-            out.append(max(v0 + (v1 - v0) * (n - n0) / (n1 - n0), 0.0))
-        return out
-
-    def cost(self, rows: int) -> float | None:
-        """``T(rows)`` (see :meth:`curve`)."""
-        curve = self.curve(rows)
-        return None if curve is None else curve[rows]
-
-    def mean_per_count(self) -> float | None:
-        """Time per unit of ``n`` over every measurement (decayed weights), None if none."""
-        weights = {n: self._weight_now(n) for n in self.weight}
-        units = sum(w * n for n, w in weights.items())
-        if units <= 0:
-            return None
-        return sum(w * self.total[n] / self.weight[n] for n, w in weights.items()) / units
 
 
 class AdaptiveDepth:
@@ -309,8 +62,7 @@ class AdaptiveDepth:
     :meth:`cannot_pay` by its own measured costs (it would lose to plain decoding even
     with every proposal accepted) is skipped, as if it had confirmed K = 0, until those
     costs expire (``cost_horizon``): with every expert resident a draft step costs nearly
-    a target step, and such probes were a measured 0.04-0.08 ms a token of DeepSeek-V2-Lite
-    on the H200.
+    a target step, and such probes only slow plain decoding down.
 
     One instance keeps learning across ``generate`` calls; :meth:`reset`
     forgets everything.
@@ -336,8 +88,8 @@ class AdaptiveDepth:
         self._overhead: dict[bool, float | None] = {False: None, True: None}  # by K > 0
         self._steady: tuple[float, int] | None = None  # (pipelined plain step, observed at)
         self._plain_hold = 0  # plain steps a K = 0 probe still runs
-        self._verify = _CostTable(cfg.cost_decay)
-        self._draft = _CostTable(cfg.cost_decay, proportional=True)
+        self._verify = CostTable(cfg.cost_decay)
+        self._draft = CostTable(cfg.cost_decay, proportional=True)
         self._choices = 0
         self._observed = 0  # iterations observed
         self._last_depth = cfg.initial_depth
@@ -493,41 +245,19 @@ class AdaptiveDepth:
                 "prime a fresh AdaptiveDepth (before its first iteration, or after reset()): "
                 "this one has measured costs of its own"
             )
-        if not isinstance(costs, Mapping):
-            raise ValueError(
-                f"costs must be a mapping (export_costs()), got {type(costs).__name__}"
-            )
-        top, rows = self.max_depth, self.max_depth + 1
-        draft = _primed_table(costs.get("draft", {}), "costs['draft']", 1, top, _primed_time)
-        verify = _primed_table(costs.get("verify", {}), "costs['verify']", 1, rows, _primed_time)
-        overhead = costs.get("overhead") or {}
-        if not isinstance(overhead, Mapping):
-            raise ValueError(f"costs['overhead'] must be a mapping, got {overhead!r}")
-        plain = _primed_time(overhead.get("plain"), "overhead plain")
-        speculative = _primed_time(overhead.get("speculative"), "overhead speculative")
-        steady = _primed_time(costs.get("steady_plain"), "steady_plain")
-        ages = costs.get("ages") or {}
-        if not isinstance(ages, Mapping):
-            raise ValueError(f"costs['ages'] must be a mapping, got {ages!r}")
-        draft_ages = _primed_table(
-            ages.get("draft") or {}, "costs['ages']['draft']", 1, top, _primed_age
-        )
-        verify_ages = _primed_table(
-            ages.get("verify") or {}, "costs['ages']['verify']", 1, rows, _primed_age
-        )
-        steady_age = _primed_age(ages.get("steady_plain"), "ages steady_plain")
+        saved = read_saved_costs(costs, self.max_depth)
         for table, times, age_of in (
-            (self._draft, draft, draft_ages),
-            (self._verify, verify, verify_ages),
+            (self._draft, saved.draft, saved.draft_ages),
+            (self._verify, saved.verify, saved.verify_ages),
         ):
             for count, seconds in times.items():
                 table.add(count, seconds, -age_of.get(count, 0))
             table.tick(0, self.config.cost_horizon)
-        for kind, seconds in ((False, plain), (True, speculative)):
+        for kind, seconds in ((False, saved.plain_overhead), (True, saved.speculative_overhead)):
             if seconds is not None:
                 self._overhead[kind] = seconds
-        if steady is not None:
-            self._steady = (steady, -(steady_age or 0))
+        if saved.steady_plain is not None:
+            self._steady = (saved.steady_plain, -(saved.steady_plain_age or 0))
 
     # -- policy ----------------------------------------------------------------------
 
@@ -617,13 +347,13 @@ class AdaptiveDepth:
         if iteration.first:
             return
         if depth == 0 and iteration.pipelined:
-            seconds = _decayed(self.steady_plain_s, iteration.total_time_s, cfg.cost_decay)
+            seconds = decayed(self.steady_plain_s, iteration.total_time_s, cfg.cost_decay)
             self._steady = (seconds, self._observed)
         overhead = max(
             iteration.total_time_s - iteration.draft_time_s - iteration.verify_time_s, 0.0
         )
         kind = depth > 0
-        self._overhead[kind] = _decayed(self._overhead[kind], overhead, cfg.cost_decay)
+        self._overhead[kind] = decayed(self._overhead[kind], overhead, cfg.cost_decay)
 
     def __repr__(self) -> str:
         return (
