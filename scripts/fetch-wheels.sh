@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Download, on a machine with PyPI access, the pure-Python wheels that the GPU
-# machine's image lacks, into .whl/ (git-ignored). Carry `.whl` with a device run;
-# scripts/gpu-env.sh installs them there without touching the network.
+# Usage: bash scripts/fetch-wheels.sh
+#
+# On a machine with PyPI access, download the pure-Python wheels that a machine without
+# internet access (preinstalled torch, transformers, triton) lacks, into .whl/ (git-ignored).
+# Carry `.whl/` to that machine; scripts/offline-env.sh installs them there without the network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
