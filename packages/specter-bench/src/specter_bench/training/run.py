@@ -1,26 +1,19 @@
 """Train a small Mixture-of-Experts language model on the Python standard library.
 
 Reproducible and offline: the corpus is the running interpreter's standard library
-(train_corpus.py), the tokenizer is byte-level BPE trained on its training split
-(train_tokenizer.py), and the model is transformers' own DeepSeek-V2, Qwen2-MoE or PhiMoE
-(train_presets.py). The output folder is a Hugging Face checkpoint (fp16 safetensors,
-config, tokenizer) with a model card and the JSON-lines training log.
+(`specter_bench.training.corpus`), the tokenizer is byte-level BPE trained on its training
+split (`specter_bench.training.tokenizer`), and the model is transformers' own DeepSeek-V2,
+Qwen2-MoE or PhiMoE (`specter_bench.training.architectures`). The output folder is a Hugging
+Face checkpoint (fp16 safetensors, config, tokenizer) with a model card and the JSON-lines
+training log. ``specter train`` is the command line over `train`.
 
-    # CPU smoke run (about a minute; asserts the loss fell and the folder reloads)
-    .venv/bin/python scripts/train_moe.py --smoke --out /tmp/specter-smoke
-
-    # GPU run of the built-in demo model (see docs/training.md)
-    source scripts/gpu-env.sh && python3 scripts/train_moe.py --out $OUT/specter-code-tiny
-
-The step count is --steps, or else --epochs over the training tokens shortened to fit the
---max-minutes wall-clock budget; that choice is made from timed steps inside the warm-up,
-before the schedule depends on it, so rerunning with the logged --steps repeats the run.
+The step count is ``steps``, or else ``epochs`` over the training tokens shortened to fit the
+``max_minutes`` wall-clock budget; that choice is made from timed steps inside the warm-up,
+before the schedule depends on it, so rerunning with the logged ``--steps`` repeats the run.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
 import math
 import os
@@ -28,365 +21,86 @@ import platform
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import tokenizers
 import torch
-import torch.nn.functional as F
 import transformers
 from torch import nn
-from train_corpus import Corpus, load_stdlib_corpus
-from train_experts import choose_experts_implementation
-from train_presets import PRESETS, SpecialTokens, get_preset
-from train_routing import RouterMonitor, find_moe_routers
-from train_tokenizer import (
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specter_bench.training.architectures import SpecialTokens, get_preset
+from specter_bench.training.config import (
+    CALIBRATION_STEPS,
+    FINALIZE_RESERVE_S,
+    MAX_POSITIONS,
+    RunSettings,
+    TrainConfig,
+    resolve_settings,
+)
+from specter_bench.training.corpus import Corpus, load_stdlib_corpus
+from specter_bench.training.experts import choose_experts_implementation
+from specter_bench.training.model_card import write_model_card
+from specter_bench.training.router_stats import RouterMonitor, find_moe_routers
+from specter_bench.training.steps import (
+    TrainingLog,
+    autocast_for,
+    evaluate,
+    heldout_windows,
+    learning_rate_at,
+    make_optimizer,
+    parameter_counts,
+    sample_batch,
+    token_losses,
+)
+from specter_bench.training.tokenizer import (
     END_OF_TEXT,
     encode_stream,
     tokenizer_sha256,
     train_bpe_tokenizer,
 )
-from transformers import AutoModelForCausalLM, AutoTokenizer
+
+__all__ = ["prepare_output", "reproduce_command", "train"]
 
 GENERATION_PROMPTS = (
     "def fibonacci(n):",
     "import os\n\ndef ",
     "class Stack:\n    def __init__(self",
 )
-MAX_POSITIONS = 1024  # position limit written into the config (training uses seq_len)
-FINALIZE_RESERVE_S = 45.0  # wall time kept for saving, reloading, evaluating, generating
-CALIBRATION_STEPS = (5, 25)  # timed steps (inside the warm-up) that size the step count
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """Everything that determines a run, after presets, flags and --smoke are combined."""
-
-    arch: str
-    seed: int
-    steps: int | None
-    epochs: float
-    max_minutes: float
-    batch_size: int
-    seq_len: int
-    learning_rate: float
-    min_lr_ratio: float
-    warmup_steps: int
-    weight_decay: float
-    grad_clip: float
-    balance_coef: float
-    vocab_size: int
-    heldout_fraction: float
-    max_files: int | None
-    tokenizer_dir: str | None
-    evals: int
-    eval_windows: int
-    log_every: int
-    device: str
-    experts_impl: str
-    max_new_tokens: int
-    keep_best: bool
-    smoke: bool
-
-
-class TrainingLog:
-    """JSON-lines log: one record per event, each with the seconds since start."""
-
-    def __init__(self, path: Path, start: float):
-        self.path = path
-        self.start = start
-        self.records: list[dict] = []
-        self._file = path.open("w", encoding="utf-8")
-
-    def write(self, event: str, **fields) -> dict:
-        record = {"event": event, "time_s": round(time.perf_counter() - self.start, 2), **fields}
-        self.records.append(record)
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        return record
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def say(message: str) -> None:
-    print(f"[train_moe] {message}", flush=True)
+    print(f"[specter train] {message}", flush=True)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Train a small MoE LM on the Python standard library (offline, seeded). "
-        "Flags marked 'preset' default to the --arch preset's value (docs/training.md).",
-    )
-    add = parser.add_argument
-    add("--out", required=True, type=Path, help="output folder: the HF checkpoint and its log")
-    add("--arch", default="dsv2-tiny", choices=sorted(PRESETS), help="default: dsv2-tiny")
-    add("--seed", type=int, default=0, help="initialisation and batch sampling (default: 0)")
-    add("--steps", type=int, default=None, help="optimizer steps (default: from --epochs)")
-    add("--epochs", type=float, default=None, help="passes over the training tokens (preset)")
-    add("--max-minutes", type=float, default=8.0, help="whole-run wall-clock budget (8)")
-    add("--batch-size", type=int, default=None, help="sequences per step (preset)")
-    add("--seq-len", type=int, default=None, help="tokens per sequence (preset)")
-    add("--lr", type=float, default=None, help="peak learning rate (preset)")
-    add("--min-lr-ratio", type=float, default=0.1, help="final lr / peak lr (0.1)")
-    add("--warmup-steps", type=int, default=None, help="linear warm-up steps (preset)")
-    add("--weight-decay", type=float, default=0.1, help="AdamW decay of matrices (0.1)")
-    add("--grad-clip", type=float, default=1.0, help="gradient-norm clip (1.0)")
-    add("--balance-coef", type=float, default=None, help="load-balance weight, 0 = off (preset)")
-    add("--vocab-size", type=int, default=4096, help="BPE vocabulary size (4096)")
-    add("--heldout-fraction", type=float, default=None, help="share of files held out (0.02)")
-    add("--max-files", type=int, default=None, help="use a hash-chosen subset of the files")
-    add("--tokenizer", default=None, help="reuse this tokenizer folder instead of training one")
-    add("--evals", type=int, default=16, help="held-out evaluations during training (16)")
-    add("--eval-windows", type=int, default=256, help="most held-out windows per eval (256)")
-    add("--log-every", type=int, default=10, help="steps between training-log records (10)")
-    add("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    add(
-        "--experts-impl",
-        default="auto",
-        help="auto (grouped GEMM when it matches eager on a probe batch), eager, or "
-        "specter_train_grouped_mm (default: auto)",
-    )
-    add("--max-new-tokens", type=int, default=64, help="tokens per generation check (64)")
-    add("--no-keep-best", action="store_true", help="save the last step, not the best held-out")
-    add("--overwrite", action="store_true", help="replace the files of a non-empty --out")
-    add("--smoke", action="store_true", help="quick CPU run with self-checks (about a minute)")
-    return parser.parse_args(argv)
+def train(
+    config: TrainConfig, out: str | Path, *, overwrite: bool = False, argv: Sequence[str] = ()
+) -> int:
+    """Trains, saves, reloads and checks one model into ``out``; returns the exit status
+    (0 when every self-check passed, 1 otherwise).
 
-
-def resolve_settings(args: argparse.Namespace) -> RunSettings:
-    """Combines preset defaults, flags and --smoke; validates the result.
+    Args:
+        config: the run.
+        out: output folder (the checkpoint, its model card and ``training_log.jsonl``).
+        overwrite: replace the files of a non-empty ``out``.
+        argv: the ``specter train`` arguments, logged and turned into the reproduce command.
 
     Raises:
-        ValueError: If a setting is out of range, naming it and the accepted range.
+        ValueError: a bad setting or output folder, before anything is trained.
     """
-    preset = get_preset(args.arch)
-    defaults = preset.defaults
-    smoke = args.smoke
-
-    def pick(value, default, smoke_value=None):
-        if value is not None:
-            return value
-        return smoke_value if smoke and smoke_value is not None else default
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    settings = RunSettings(
-        arch=args.arch,
-        seed=args.seed,
-        steps=pick(args.steps, None, 30),
-        epochs=pick(args.epochs, defaults.epochs),
-        max_minutes=args.max_minutes if not smoke else min(args.max_minutes, 4.0),
-        batch_size=pick(args.batch_size, defaults.batch_size, 8),
-        seq_len=pick(args.seq_len, defaults.seq_len, 128),
-        learning_rate=pick(args.lr, defaults.learning_rate),
-        min_lr_ratio=args.min_lr_ratio,
-        warmup_steps=pick(args.warmup_steps, defaults.warmup_steps, 5),
-        weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip,
-        balance_coef=pick(args.balance_coef, defaults.balance_coef),
-        vocab_size=args.vocab_size,
-        heldout_fraction=pick(args.heldout_fraction, 0.02, 0.1),
-        max_files=pick(args.max_files, None, 80),
-        tokenizer_dir=args.tokenizer,
-        evals=args.evals if not smoke else min(args.evals, 3),
-        eval_windows=args.eval_windows if not smoke else min(args.eval_windows, 16),
-        log_every=args.log_every if not smoke else min(args.log_every, 5),
-        device=device,
-        experts_impl=args.experts_impl,
-        max_new_tokens=args.max_new_tokens if not smoke else min(args.max_new_tokens, 24),
-        keep_best=not args.no_keep_best,
-        smoke=smoke,
-    )
-    positive = {
-        "--batch-size": settings.batch_size,
-        "--seq-len": settings.seq_len,
-        "--lr": settings.learning_rate,
-        "--epochs": settings.epochs,
-        "--max-minutes": settings.max_minutes,
-        "--evals": settings.evals,
-        "--eval-windows": settings.eval_windows,
-        "--log-every": settings.log_every,
-        "--max-new-tokens": settings.max_new_tokens,
-    }
-    for flag, value in positive.items():
-        if value <= 0:
-            raise ValueError(f"{flag}={value} must be positive.")
-    if settings.steps is not None and settings.steps < 1:
-        raise ValueError(f"--steps={settings.steps} must be at least 1 (or left out).")
-    if settings.seq_len > MAX_POSITIONS:
-        raise ValueError(
-            f"--seq-len={settings.seq_len} exceeds the position limit {MAX_POSITIONS}."
-        )
-    if not 0.0 <= settings.min_lr_ratio <= 1.0:
-        raise ValueError(f"--min-lr-ratio={settings.min_lr_ratio} must lie in [0, 1].")
-    if settings.warmup_steps < 0 or settings.balance_coef < 0 or settings.weight_decay < 0:
-        raise ValueError("--warmup-steps, --balance-coef and --weight-decay must be >= 0.")
-    if settings.steps is None and settings.warmup_steps < CALIBRATION_STEPS[1]:
-        raise ValueError(
-            f"--warmup-steps={settings.warmup_steps} is shorter than the {CALIBRATION_STEPS[1]} "
-            "timed steps that size the run; raise it or pass --steps explicitly."
-        )
-    if settings.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {settings.device} was asked for but torch sees no CUDA GPU.")
-    return settings
+    start = time.perf_counter()
+    settings = resolve_settings(config)
+    out = Path(out)
+    prepare_output(out, overwrite)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    transformers.utils.logging.disable_progress_bar()
+    return _run(settings, out, start, list(argv))
 
 
-def learning_rate_at(step: int, settings: RunSettings, total_steps: int | None) -> float:
-    """Linear warm-up, then cosine decay to min_lr_ratio of the peak at total_steps."""
-    peak = settings.learning_rate
-    if step < settings.warmup_steps:
-        return peak * (step + 1) / settings.warmup_steps
-    if total_steps is None:
-        raise RuntimeError(f"step {step} is past the warm-up but the step count is not set yet.")
-    progress = min(
-        1.0, (step - settings.warmup_steps) / max(1, total_steps - settings.warmup_steps)
-    )
-    ratio = settings.min_lr_ratio
-    return peak * (ratio + (1.0 - ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
-
-def sample_batch(
-    stream: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
-) -> torch.Tensor:
-    """Random windows of the packed training stream, drawn on its device.
-
-    Args:
-        stream: Token ids `[N]` (int32, on the training device).
-        batch_size: Windows B.
-        seq_len: Inputs per window L (each window holds L + 1 tokens).
-        generator: Seeded generator on the stream's device.
-
-    Returns:
-        Windows `[B, L + 1]` as int64.
-    """
-    starts = torch.randint(
-        0, stream.numel() - seq_len, (batch_size,), device=stream.device, generator=generator
-    )
-    offsets = torch.arange(seq_len + 1, device=stream.device)
-    return stream[starts[:, None] + offsets].long()
-
-
-def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch.Tensor:
-    """Consecutive non-overlapping windows of the held-out stream.
-
-    Returns:
-        Windows `[W, L + 1]` (int64), the first max_windows of them.
-
-    Raises:
-        ValueError: If the held-out stream is shorter than one window.
-    """
-    count = min((stream.numel() - 1) // seq_len, max_windows)
-    if count < 1:
-        raise ValueError(
-            f"the held-out split has {stream.numel()} tokens, fewer than one window of "
-            f"{seq_len + 1}; raise --heldout-fraction or lower --seq-len."
-        )
-    starts = torch.arange(count, device=stream.device) * seq_len
-    offsets = torch.arange(seq_len + 1, device=stream.device)
-    return stream[starts[:, None] + offsets].long()
-
-
-def autocast_for(device: str):
-    """bf16 autocast on CUDA; plain fp32 on the CPU."""
-    if device.startswith("cuda"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def token_losses(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy of every position.
-
-    Args:
-        model: A causal LM.
-        windows: Token windows `[B, L + 1]`.
-
-    Returns:
-        Losses `[B * L]` in fp32.
-    """
-    logits = model(input_ids=windows[:, :-1], use_cache=False).logits  # [B, L, V]
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1), reduction="none"
-    )
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    windows: torch.Tensor,
-    batch_size: int,
-    device: str,
-    monitor: RouterMonitor | None,
-    autocast: bool = True,
-) -> dict:
-    """Mean held-out token cross-entropy, perplexity and per-layer expert usage.
-
-    Args:
-        model: The model (put in eval mode for the call, then restored).
-        windows: Held-out windows `[W, L + 1]`.
-        batch_size: Windows per forward.
-        device: Training device (selects autocast).
-        monitor: Router hooks whose usage counts are reported, or None.
-        autocast: Use bf16 autocast on CUDA (off for an fp16 model).
-
-    Returns:
-        {"heldout_loss", "heldout_ppl", "heldout_tokens", "expert_usage"}.
-    """
-    was_training = model.training
-    model.eval()
-    if monitor is not None:
-        monitor.reset_usage()
-        monitor.count_usage = True
-    total = torch.zeros((), dtype=torch.float64, device=windows.device)
-    context = autocast_for(device) if autocast else contextlib.nullcontext()
-    for start in range(0, windows.shape[0], batch_size):
-        with context:
-            total += token_losses(model, windows[start : start + batch_size]).double().sum()
-    tokens = windows.shape[0] * (windows.shape[1] - 1)
-    loss = float(total) / tokens  # host sync: once per evaluation
-    usage = []
-    if monitor is not None:
-        monitor.count_usage = False
-        usage = monitor.usage()
-    model.train(was_training)
-    return {
-        "heldout_loss": round(loss, 5),
-        "heldout_ppl": round(math.exp(min(loss, 50.0)), 3),
-        "heldout_tokens": tokens,
-        "expert_usage": usage,
-    }
-
-
-def parameter_counts(model: nn.Module, routers: list) -> dict:
-    """Total parameters (tied weights once), routed-expert parameters and active per token."""
-    total = sum(p.numel() for p in model.parameters())
-    routed = sum(
-        p.numel()
-        for n, p in model.named_parameters()
-        if n.endswith(("experts.gate_up_proj", "experts.down_proj"))
-    )
-    share = routers[0].top_k / routers[0].num_experts
-    return {
-        "parameters": total,
-        "routed_expert_parameters": routed,
-        "active_parameters_per_token": int(total - routed + routed * share),
-        "fp16_bytes_estimate": 2 * total,
-    }
-
-
-def make_optimizer(model: nn.Module, settings: RunSettings) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not norms, biases or 1-D gates)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": settings.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    fused = settings.device.startswith("cuda")
-    return torch.optim.AdamW(groups, lr=settings.learning_rate, betas=(0.9, 0.95), fused=fused)
-
-
-def reproduce_command(argv: list[str], total_steps: int) -> str:
+def reproduce_command(argv: Sequence[str], total_steps: int) -> str:
     """This run's command line with the chosen --steps pinned and --out left to the user."""
     kept, skip_next = [], False
     for arg in argv:
@@ -399,7 +113,7 @@ def reproduce_command(argv: list[str], total_steps: int) -> str:
         if arg.startswith(("--steps=", "--out=")) or arg == "--overwrite":
             continue
         kept.append(shlex.quote(arg))
-    return " ".join(["python3 scripts/train_moe.py", *kept, f"--steps {total_steps} --out OUT"])
+    return " ".join(["specter train", *kept, f"--steps {total_steps} --out OUT"])
 
 
 def folder_bytes(path: Path) -> int:
@@ -460,105 +174,7 @@ def generation_check(model: nn.Module, tokenizer, device: str, max_new_tokens: i
     return samples
 
 
-def write_model_card(out: Path, facts: dict) -> None:
-    """Writes README.md: what the model is, its corpus, training and measured results."""
-    s = facts["settings"]
-    corpus = facts["corpus"]
-    final = facts["saved_eval"]
-    usage = "\n".join(
-        f"| {u['layer']} | {u['entropy']:.3f} | {u['max_load']:.2f} | {u['unused_experts']} |"
-        for u in final["expert_usage"]
-    )
-    samples = "\n\n".join(
-        f"Prompt `{json.dumps(g['prompt'])}`:\n\n```python\n{g['prompt']}{g['completion']}\n```"
-        for g in facts["generations"]
-    )
-    config = facts["model_config"]
-    initial = facts["initial_eval"]
-    saved_precision = facts["saved_precision"]
-    saved_rule = "lowest held-out loss" if s["keep_best"] else "the last step"
-    card = f"""---
-license: psf-2.0
-library_name: transformers
-pipeline_tag: text-generation
-tags: [moe, {config["model_type"]}, tiny, demo]
----
-
-# {facts["name"]}
-
-**A tiny demo model.** {facts["description"]}. It was trained for a few minutes on the
-Python standard library so that Specter's demo and benchmarks run on trained (not random)
-weights. It writes Python-looking code; it is not useful for any real task.
-
-## Architecture
-
-transformers `{config["architectures"][0]}` (model_type `{config["model_type"]}`),
-{facts["params"]["parameters"]:,} parameters ({facts["params"]["active_parameters_per_token"]:,}
-active per token), weights saved in float16 safetensors.
-
-```json
-{json.dumps({k: config[k] for k in facts["config_keys"] if k in config}, indent=1)}
-```
-
-## Corpus
-
-The `*.py` files of the standard library of Python {corpus["python_version"]}
-({corpus["python_implementation"]}), without test suites (`test/`, `tests/`, `idle_test/`),
-site-packages, `pydoc_data/` and the generated codec tables in `encodings/`:
-{corpus["train_files"]} training files ({corpus["train_bytes"]:,} bytes) and
-{corpus["heldout_files"]} held-out files ({corpus["heldout_bytes"]:,} bytes), split by a
-salted SHA-256 of each relative path. Corpus SHA-256: `{corpus["sha256"]}`.
-Training tokens: {facts["train_tokens"]:,}; held-out tokens: {facts["heldout_tokens"]:,}.
-
-Tokenizer: byte-level BPE (`tokenizers` {tokenizers.__version__}), vocabulary
-{facts["vocab_size"]}, trained on the training split only; `<|endoftext|>` (id 0) is BOS,
-EOS and padding and is prepended when encoding. SHA-256 `{facts["tokenizer_sha256"]}`.
-
-## Training
-
-Seed {s["seed"]}; {facts["steps_run"]} AdamW steps{facts["steps_note"]}
-(betas 0.9/0.95, weight decay {s["weight_decay"]}), peak learning rate
-{s["learning_rate"]}, {s["warmup_steps"]} warm-up steps then cosine to
-{s["min_lr_ratio"]}x; batch {s["batch_size"]} x {s["seq_len"]} tokens (packed stream,
-random windows); load-balance term weight {s["balance_coef"]};
-{facts["tokens_seen"]:,} tokens seen ({facts["epochs_seen"]:.1f} epochs).
-Device: {facts["device_name"]}, {facts["precision"]}; experts implementation while
-training: `{facts["experts_implementation"]}`. Wall time {facts["wall_s"]:.0f} s.
-The saved weights are those of step {facts["saved_step"]} ({saved_rule}).
-torch {torch.__version__}, transformers {transformers.__version__}.
-
-## Results
-
-| | held-out loss (nats/token) | perplexity |
-|---|---|---|
-| at step 0 | {initial["heldout_loss"]:.4f} | {initial["heldout_ppl"]:.1f} |
-| saved (reloaded, {saved_precision}) | {final["heldout_loss"]:.4f} | {final["heldout_ppl"]:.2f} |
-
-Expert usage of the saved checkpoint on the held-out tokens (entropy of the expert-load
-distribution over log E: 1 is perfectly balanced; max load: busiest expert's share times E):
-
-| layer | entropy | max load | unused experts |
-|---|---|---|---|
-{usage}
-
-Greedy completions (transformers `generate`, {s["max_new_tokens"]} new tokens at most):
-
-{samples}
-
-## Reproduce
-
-```
-{facts["reproduce"]}
-```
-
-on Python {corpus["python_version"]} (the corpus is that interpreter's standard library:
-another version gives another corpus, recorded by its SHA-256). Runs on a GPU are not
-bit-exact (atomic adds in the backward pass). `training_log.jsonl` holds every logged step.
-"""
-    (out / "README.md").write_text(card, encoding="utf-8")
-
-
-def run(settings: RunSettings, out: Path, start: float, argv: list[str]) -> int:
+def _run(settings: RunSettings, out: Path, start: float, argv: list[str]) -> int:
     """Trains, saves, reloads and checks one model. Returns the process exit code."""
     preset = get_preset(settings.arch)
     device = settings.device
@@ -938,22 +554,3 @@ def run(settings: RunSettings, out: Path, start: float, argv: list[str]) -> int:
         return 1
     say(f"self-checks passed; checkpoint in {out} ({size / 1e6:.2f} MB)")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    start = time.perf_counter()
-    raw_argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(raw_argv)
-    try:
-        settings = resolve_settings(args)
-        prepare_output(args.out, args.overwrite)
-    except ValueError as error:
-        print(f"train_moe.py: error: {error}", file=sys.stderr)
-        return 2
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    transformers.utils.logging.disable_progress_bar()
-    return run(settings, args.out, start, raw_argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

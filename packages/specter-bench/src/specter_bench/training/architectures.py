@@ -3,7 +3,7 @@
 `dsv2-tiny` is the built-in demo checkpoint: DeepSeek-V2 architecture (MLA attention, one
 dense first layer, routed experts with top-k and a routed scaling factor, a shared expert)
 small enough that its fp16 safetensors stay near 13 MB. The proxies copy the real models'
-numbers of layers, routed experts, top-k and shared experts (see shared/BENCHMARK.md) with
+numbers of layers, routed experts, top-k and shared experts with
 hidden size 256, so routing and acceptance can be measured on trained weights. Hidden and
 expert intermediate sizes are multiples of 128 so INT4 group-128 quantisation applies to
 both expert projections.
