@@ -48,7 +48,7 @@ def find_moe_routers(model: nn.Module) -> list[MoeRouter]:
         Routers in layer order (dense layers have none).
 
     Raises:
-        ValueError: If the model has no MoE layer this script recognises.
+        ValueError: If the model has no MoE layer of a recognised type.
     """
     routers = []
     for index, layer in enumerate(model.model.layers):

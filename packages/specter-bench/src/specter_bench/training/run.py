@@ -150,7 +150,7 @@ def load_tokenizer(settings: RunSettings, corpus: Corpus):
     if tokenizer.convert_tokens_to_ids(END_OF_TEXT) is None or tokenizer.eos_token != END_OF_TEXT:
         raise ValueError(
             f"--tokenizer {settings.tokenizer_dir} has no {END_OF_TEXT} EOS token; pass a folder "
-            "written by this script."
+            "written by `specter train`."
         )
     return tokenizer
 
