@@ -10,13 +10,13 @@ import that a package forgot to declare fails that package's session.
     nox -s tests-newest         # spec, cache and models against the newest torch/transformers
     nox -s bench-dsv2           # a model's benchmark (needs a CUDA GPU)
 
-On a machine without internet access (torch, transformers and triton preinstalled) run
-a session in the current environment instead of building one::
+On a machine without internet access (preinstalled torch/transformers/triton) run a
+session in the current environment instead of building one::
 
-    source scripts/gpu-env.sh && nox --no-venv -s bench-dsv2
+    source scripts/offline-env.sh && nox --no-venv -s bench-dsv2
 
 With ``--no-venv`` nothing is installed: the packages are imported from their
-``src`` folders through the ``PYTHONPATH`` that ``scripts/gpu-env.sh`` sets.
+``src`` folders through the ``PYTHONPATH`` that ``scripts/offline-env.sh`` sets.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def _bench(session: nox.Session, model: str) -> None:
         session.error(
             f"{session.name} benchmarks {model} and needs a CUDA GPU; this machine has none "
             "(no nvidia-smi). Run it on a CUDA machine: "
-            "`source scripts/gpu-env.sh && nox --no-venv -s " + session.name + "`."
+            "`source scripts/offline-env.sh && nox --no-venv -s " + session.name + "`."
         )
     sync(session, "specter-bench")
     has_gpu = session.run(

@@ -1,5 +1,7 @@
 """Kernel benchmark of specter-kernels on one CUDA GPU (not a test: it times things).
 
+Usage: python3 scripts/bench_kernels.py [--sweep] --out DIR   (one CUDA GPU)
+
 For the routed-expert shapes of DeepSeek-V2-Lite, Qwen1.5-MoE and Phi-3.5-MoE and
 T in {1, 2, 4, 8, 16, 32} it validates, then times, one MoE layer (both
 projections) through:
@@ -19,7 +21,7 @@ weight sets and 4 input sets (so repeated calls cannot be served from L2),
 median over many replays; eager (no graph) medians are recorded too. Rooflines
 are the weight bytes the routed experts touch over 4.25 TB/s.
 
-    source scripts/gpu-env.sh
+    source scripts/offline-env.sh                           # without internet access
     python3 scripts/bench_kernels.py --out "$OUT"            # full benchmark
     python3 scripts/bench_kernels.py --sweep --out "$OUT"    # tile-shape sweep first
 

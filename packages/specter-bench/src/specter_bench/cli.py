@@ -20,7 +20,18 @@ from specter_bench.prompt_sources import PROMPT_SOURCES
 
 __all__ = ["build_parser", "main", "parse_budget", "parse_depth", "parse_int_list"]
 
-COMMANDS = ("generate", "bench", "profile-depth", "kernel-bench", "info", "report")
+COMMANDS = (
+    "generate",
+    "bench",
+    "profile-depth",
+    "kernel-bench",
+    "info",
+    "report",
+    "train",
+    "step-trace",
+    "record-routing",
+    "policy-replay",
+)
 DEFAULT_MODEL = "specter-code-tiny"
 DEFAULT_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
@@ -515,6 +526,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="a command to list in the report (repeatable)",
     )
+    from specter_bench.commands import policy_replay, record_routing, step_trace, train
+
+    for module in (train, step_trace, record_routing, policy_replay):
+        module.register(sub)
     return parser
 
 
@@ -548,6 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if hasattr(args, "run"):
+        return args.run(args)
     if args.command == "generate":
         from specter_bench.text_generation import run_generate
 
