@@ -98,7 +98,8 @@ from specter_bench.model_loading import FILL_CANDIDATES, STAGING_SLOTS
 from specter_bench.system_run import SystemRun
 from specter_bench.unfused_draft import unfused_draft_kernel
 from specter_models import RowTruncation
-from specter_spec import AdaptiveDepth, AdaptiveDepthConfig, SpecController
+from specter_models.engine.decode_window import DecodeWindow, make_depth_policy
+from specter_spec import SpecController
 
 __all__ = [
     "ENGINE_SYSTEMS",

@@ -7,8 +7,9 @@ up the whole fast path and ``Engine.generate`` streams completions; ``load`` giv
 specter-spec's ``SpecController``.
 """
 
+from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, architecture_for
 from specter_models.engine import (
-    DraftDoesNotFit,
+    DraftDoesNotFitError,
     Engine,
     EngineConfig,
     Generation,
@@ -19,8 +20,6 @@ from specter_models.engine import (
     SpeculationConfig,
     load,
 )
-
-from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, architecture_for
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.hot_experts import (
     HotExpertChoice,
@@ -58,15 +57,6 @@ from specter_models.tokenizers import ByteTokenizer
 __version__ = "0.1.0"
 
 __all__ = [
-    "DraftDoesNotFit",
-    "Engine",
-    "EngineConfig",
-    "Generation",
-    "GenerationChunk",
-    "KernelConfig",
-    "LoadConfig",
-    "MemoryConfig",
-    "SpeculationConfig",
     "DEFAULT_STREAM_FILLS",
     "DEMO_MODEL",
     "FULL_SIZE_PRESETS",
@@ -76,11 +66,19 @@ __all__ = [
     "TINY_PRESETS",
     "Architecture",
     "ByteTokenizer",
+    "DraftDoesNotFitError",
     "DraftModel",
+    "Engine",
+    "EngineConfig",
     "ExpertsMode",
     "ExpertsRuntime",
+    "Generation",
+    "GenerationChunk",
     "HotExpertChoice",
+    "KernelConfig",
+    "LoadConfig",
     "MemoryBudgetError",
+    "MemoryConfig",
     "MemoryPeaks",
     "MemoryPlan",
     "MemoryReport",
@@ -91,6 +89,7 @@ __all__ = [
     "SharedKV",
     "SpecterExperts",
     "SpecterModel",
+    "SpeculationConfig",
     "StaticKVCache",
     "TargetModel",
     "__version__",

@@ -19,11 +19,11 @@ from specter_models.engine.config import (
 from specter_models.engine.engine import PLAIN_STREAM_FILLS, Engine
 from specter_models.engine.generation import Generation, GenerationChunk
 from specter_models.engine.loading import load
-from specter_models.engine.plans import DraftDoesNotFit
+from specter_models.engine.plans import DraftDoesNotFitError
 
 __all__ = [
     "PLAIN_STREAM_FILLS",
-    "DraftDoesNotFit",
+    "DraftDoesNotFitError",
     "Engine",
     "EngineConfig",
     "Generation",

@@ -37,7 +37,7 @@ from specter_models.engine.model_source import (
     resolve_device,
     resolve_dtype,
 )
-from specter_models.engine.plans import DraftDoesNotFit, budget_plan, neither_fits, plain_plan
+from specter_models.engine.plans import DraftDoesNotFitError, budget_plan, neither_fits, plain_plan
 from specter_models.engine.warmup import capture_decode_graphs, warm_adaptive_depth
 from specter_models.memory_plan import DEFAULT_MAX_SEQ_LEN, MemoryBudgetError
 from specter_spec import AdaptiveDepth, SamplingConfig, SpecController
@@ -131,7 +131,7 @@ class Engine:
         Raises:
             ValueError: a bad or conflicting configuration (the message names the field).
             MemoryBudgetError: the budget cannot hold the model
-                (:class:`~specter_models.engine.DraftDoesNotFit` when it would without the
+                (:class:`~specter_models.engine.DraftDoesNotFitError` when it would without the
                 INT4 draft).
             FileNotFoundError, KeyError: an unknown model or a missing file.
         """
@@ -278,7 +278,7 @@ class Engine:
                 raise
             if plain is None:
                 raise neither_fits(exc, plain_short) from exc
-            raise DraftDoesNotFit(
+            raise DraftDoesNotFitError(
                 f"{exc} Without the INT4 draft it fits: depth 0 decodes plainly with "
                 f"{plain.slots_per_layer} FP16 expert slots per layer.",
                 plain,
@@ -381,7 +381,9 @@ class Engine:
         return SpecController(
             loaded.draft if self._speculate else None,
             loaded.target,
-            cache=DecodeWindow(loaded.cache, loaded.prefetcher, streamed_plain=self._streamed_plain),
+            cache=DecodeWindow(
+                loaded.cache, loaded.prefetcher, streamed_plain=self._streamed_plain
+            ),
             depth=self._depth_policy,
             sampling=sampling,
         )

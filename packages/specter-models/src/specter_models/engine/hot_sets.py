@@ -289,7 +289,9 @@ def greedy_target_tokens(loaded: Any, prompt_ids: list[int], tokens: int) -> lis
         prefetcher.verify_lead = None
     if prefetcher is not None and hasattr(prefetcher, "layerwise"):
         prefetcher.layerwise = False
-    controller = SpecController(None, loaded.target, cache=DecodeWindow(loaded.cache, None), depth=0)
+    controller = SpecController(
+        None, loaded.target, cache=DecodeWindow(loaded.cache, None), depth=0
+    )
     return list(controller.generate(prompt_ids, tokens).tokens)
 
 

@@ -6,10 +6,10 @@ from typing import Any
 
 from specter_models.memory_plan import MemoryBudgetError, MemoryPlan, plan_memory
 
-__all__ = ["DraftDoesNotFit", "budget_plan", "neither_fits", "plain_plan"]
+__all__ = ["DraftDoesNotFitError", "budget_plan", "neither_fits", "plain_plan"]
 
 
-class DraftDoesNotFit(MemoryBudgetError):
+class DraftDoesNotFitError(MemoryBudgetError):
     """A budget holds the model without its INT4 draft but not with it.
 
     Attributes:

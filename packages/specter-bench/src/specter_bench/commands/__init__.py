@@ -1,0 +1,1 @@
+"""``specter`` subcommands: each module's ``register(subparsers)`` adds one command."""
