@@ -55,10 +55,10 @@ from specter_bench.model_loading import (
 from specter_bench.prompt_encoding import encode_prompt
 from specter_bench.prompt_sources import Prompt, load_prompts
 from specter_bench.routing_analysis import routing_agreement, working_set_curve
-from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_pass
 from specter_bench.run_identity import collect_identity
 from specter_bench.speculative_acceptance import acceptance_key, sampled_acceptance
 from specter_bench.system_run import SystemRun, first_mismatch
+from specter_models.routing_recorder import RoutingRecorder, teacher_forced_pass
 
 __all__ = ["BenchResult", "BenchRunner", "EncodedPrompt"]
 
