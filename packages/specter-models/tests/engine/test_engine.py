@@ -122,7 +122,7 @@ def test_a_bad_configuration_fails_clearly(build, message):
 
 
 def test_engine_errors_name_what_to_change():
-    with pytest.raises(TypeError, match="Engine.from_config"):
+    with pytest.raises(TypeError, match=r"Engine\.from_config"):
         Engine()
     config = EngineConfig(
         LoadConfig("tiny-deepseek-v2", device="cpu"),
