@@ -1,4 +1,4 @@
-"""Session settings for specter-bench's tests."""
+"""Settings shared by specter-bench's tests."""
 
 import matplotlib
 import pytest

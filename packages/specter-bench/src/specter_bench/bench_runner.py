@@ -263,7 +263,7 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages):
 
         ``warm_each_prompt``: also run ``PROMPT_WARMUP_TOKENS`` unrecorded tokens of each
         prompt right before its measured run (compiled ``hf``: a prompt of a new length can
-        recompile the decode step inside the measured decode, seen on the H200 as one prompt
+        recompile the decode step inside the measured decode, seen on one H200 as one prompt
         at 23.7 ms per token beside 7.5 ms).
         """
         runs = []

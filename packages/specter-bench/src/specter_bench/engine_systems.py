@@ -41,7 +41,7 @@ wide copy kernel moves the layer's first ``STAGING_SLOTS`` missing experts into 
 buffer, where the expert kernel reads them (specter-models' ``stream_staging``; float16 only:
 in other dtypes it runs unstaged, and its records say ``stream_staging`` 0). It stays a
 variant: with the 32-column per-pair tile it no longer pays (DeepSeek-V2-Lite at 24 GB on
-the H200: 12.81 ms against ``specter``'s 12.64 ms, one process; docs/benchmarks.md).
+one H200: 12.81 ms against ``specter``'s 12.64 ms, one process).
 
 ``specter-held`` and ``specter-held0`` are ``specter`` whose verification launches before
 most of its plan's data copies are issued: the first ``HELD_LEAD`` loads (or none) go out
@@ -53,17 +53,16 @@ layer runs is streamed.
 publishes its routing counts (specter-cache's ``SpeculativePrefetcher(layerwise=True)``;
 specter-models' loader makes the counter publish on CUDA under a budget), so its prefetches
 go out while the draft still runs; ``specter-snapshot`` is ``specter`` planning from one
-snapshot after the draft instead (``specter`` before the thirtieth session; measured as
-``specter`` against ``specter-layerwise`` then).
+snapshot after the draft instead (the arm layer-by-layer planning replaced).
 
 ``specter``'s verifications wait, layer by layer, for the prefetches of that layer still in
-flight and read them from their slots (specter-models' ``stream_waits``, the default since
-the thirty-first session, measured then as ``specter-wait``); ``specter-no-wait`` (stream^)
-streams them meanwhile, so each such expert crosses the link twice (``specter`` before).
+flight and read them from their slots (specter-models' ``stream_waits``, the default);
+``specter-no-wait`` (stream^) streams them meanwhile, so each such expert crosses the link
+twice (the arm waiting replaced).
 
 ``specter-plain-pipe`` is ``specter-plain-fill`` with pipelined records (specter-models'
 ``StreamRecord.pipelined``): a step's fill candidates are chosen before the step before it
-is counted, so its launch does not wait for that step (on the H200 8-28% less time a token
+is counted, so its launch does not wait for that step (on one H200 8-28% less time a token
 than ``specter-plain-fill``; ``specter generate --depth 0`` decodes that way).
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'

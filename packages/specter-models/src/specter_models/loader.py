@@ -379,7 +379,7 @@ def load_model(
     if draft is not None and device.type == "cuda" and plan.slots_per_layer < E:
         # Each draft layer's counts reach the host as the draft runs (same launch as the
         # count), so the prefetcher plans each draft's final prefetch layer by layer while
-        # the draft computes (DeepSeek-V2-Lite at 24 GB on the H200: 8.97-9.25 ms a token
+        # the draft computes (DeepSeek-V2-Lite at 24 GB on one H200: 8.97-9.25 ms a token
         # against 10.76-10.93 with a final snapshot, one process each order).
         counter.publish(observe_and_publish)
     prefetcher = SpeculativePrefetcher(cache, counter, layerwise=counter.publishing)

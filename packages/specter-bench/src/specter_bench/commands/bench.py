@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser(
         "bench",
         help="the systems x budgets x prompts benchmark (JSON lines out, a table printed)",
-        description="Run an experiment of BENCHMARK.md for one model: every system on the "
+        description="Run an experiment of docs/benchmarking.md for one model: every system on the "
         "same prompts and weights; records appended as JSON lines under --out.",
     )
     add_model_args(bench, default=None)
