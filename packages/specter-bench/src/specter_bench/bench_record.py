@@ -1,4 +1,5 @@
-"""The JSON-lines records of a benchmark run (docs/benchmarking.md, "What each measurement records").
+"""The JSON-lines records of a benchmark run (docs/benchmarking.md: what each measurement
+records).
 
 Every line is one JSON object with a ``kind``:
 

@@ -84,8 +84,8 @@ def batched_mm_decode_experts_forward(
     """transformers' ``batched_mm`` experts for ``hidden_states [1, H]``, ``grouped_mm`` for
     ``[T > 1, H]``.
 
-    ``batched_mm`` gathers ``T * k`` expert weight copies, cheap for one token and the fastest
-    decode step docs/benchmarking.md measured, but ``T * k * expert bytes`` for a prompt. The branch is
+    ``batched_mm`` gathers ``T * k`` expert weight copies, cheap for one token and the
+    fastest decode step measured, but ``T * k * expert bytes`` for a prompt. The branch is
     on a shape, so a compiled decode step keeps ``batched_mm`` alone.
     """
     from transformers.integrations import moe

@@ -72,7 +72,8 @@ class SpecterModel:
 
     Example:
         >>> from specter_spec import SpecController
-        >>> lm = specter_models.loader.load_model("tiny-deepseek-v2", device="cpu")  # doctest: +SKIP
+        >>> from specter_models.loader import load_model
+        >>> lm = load_model("tiny-deepseek-v2", device="cpu")  # doctest: +SKIP
         >>> SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)  # doctest: +SKIP
     """
 
