@@ -78,17 +78,17 @@ class EngineOptions:
         cuda_graphs: decode steps as CUDA graphs (None: the loader decides, on for CUDA).
         piecewise_graphs: graph the target under a budget too, piecewise (None: the
             loader decides, on with CUDA graphs).
-        miss_path: ``"load"`` or ``"stream"`` (``specter_models.load(miss_path=)``); the
+        miss_path: ``"load"`` or ``"stream"`` (``MemoryConfig.miss_path``); the
             bench's systems set their own before each decode.
-        stream_fills: ``specter_models.load(stream_fills=)``: candidate slots per layer a
+        stream_fills: ``MemoryConfig.stream_fills``: candidate slots per layer a
             streamed verification fills, at most (0: none, and no fill launches; a bench
             stage loads with the most its systems use, and each sets its own before a
             decode).
-        stream_staging: ``specter_models.load(stream_staging=)``: FP16 experts of the
+        stream_staging: ``MemoryConfig.stream_staging``: FP16 experts of the
             streamed path's staging buffer (0: none; float16 only; a bench stage loads with
             the most its systems use, and each sets its own before a decode).
-        shared_overlap: the shared experts on a side stream (``specter_models.load(
-            shared_overlap=)``; None: the loader decides, on).
+        shared_overlap: the shared experts on a side stream (``KernelConfig.shared_overlap``;
+            None: the loader decides, on).
     """
 
     batch_invariant: bool | None = None

@@ -368,15 +368,15 @@ def run(args: argparse.Namespace) -> int:
         ) from exc
     generation = engine.generate(text, max_new_tokens=args.max_new_tokens, sampling=sampling)
     out = sys.stdout
-    if not args.no_stream:
+    if args.no_stream:
+        out.write(text + generation.result().text)
+    else:
         out.write(text)
         out.flush()
-    for chunk in generation:
-        if not args.no_stream and chunk.text:
-            out.write(chunk.text)
-            out.flush()
-    if args.no_stream:
-        out.write(text + generation.text)
+        for chunk in generation:
+            if chunk.text:
+                out.write(chunk.text)
+                out.flush()
     out.write("\n")
     summary = generation.stats
     if args.json:

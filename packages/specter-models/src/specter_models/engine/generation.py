@@ -121,6 +121,9 @@ class Generation:
         self._cancelled = True
 
     def __iter__(self) -> Iterator[GenerationChunk]:
+        return self._run(with_text=True)
+
+    def _run(self, *, with_text: bool) -> Iterator[GenerationChunk]:
         if self._started:
             raise RuntimeError("a Generation can be iterated once; call Engine.generate again.")
         self._started = True
@@ -128,15 +131,15 @@ class Generation:
             torch.cuda.reset_peak_memory_stats()
         decode = self._tokenizer.decode
         shown = ""
-        tokens = iter(self._stream)
-        for token in tokens:
+        for token in self._stream:
             self.token_ids.append(token)
-            # Decode everything so far and hand out the new suffix: tokens that merge into
-            # one character (bytes of UTF-8) appear once complete.
-            decoded = decode(self.token_ids)
             piece = ""
-            if decoded.startswith(shown) and not decoded.endswith("\ufffd"):
-                piece, shown = decoded[len(shown) :], decoded
+            if with_text:
+                # Decode everything so far and hand out the new suffix: tokens that merge
+                # into one character (bytes of UTF-8) appear once complete.
+                decoded = decode(self.token_ids)
+                if decoded.startswith(shown) and not decoded.endswith("\ufffd"):
+                    piece, shown = decoded[len(shown) :], decoded
             yield GenerationChunk([token], piece)
             if self._cancelled:
                 close = getattr(getattr(self._stream, "_tokens", None), "close", None)
@@ -144,7 +147,7 @@ class Generation:
                     close()
                 break
         self.text = decode(self.token_ids)
-        if self.text.startswith(shown) and len(self.text) > len(shown):
+        if with_text and self.text.startswith(shown) and len(self.text) > len(shown):
             yield GenerationChunk([], self.text[len(shown) :])
         self._finish()
 
@@ -159,8 +162,9 @@ class Generation:
         self.stats = stats
 
     def result(self) -> Generation:
-        """Run to the end (if not run yet) and return this generation."""
+        """Run to the end without handing out text as it goes (no decoding per token) and
+        return this generation; a generation already iterated is returned as it is."""
         if not self._started:
-            for _ in self:
+            for _ in self._run(with_text=False):
                 pass
         return self
