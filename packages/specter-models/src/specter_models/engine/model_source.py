@@ -48,7 +48,7 @@ def model_config(model: str) -> PretrainedConfig:
         FileNotFoundError: a folder without ``config.json``, or the demo checkpoint missing
             from this installation.
     """
-    from specter_models import presets
+    import specter_models.presets as presets
 
     if is_checkpoint(model):
         return AutoConfig.from_pretrained(model)
@@ -79,7 +79,7 @@ def load_tokenizer(model: str, vocab_size: int | None = None) -> Any:
     Raises:
         FileNotFoundError: the demo checkpoint is missing from this installation.
     """
-    from specter_models import presets
+    import specter_models.presets as presets
 
     if model == presets.DEMO_MODEL:
         folder: Path | None = Path(presets.demo_model_path())
