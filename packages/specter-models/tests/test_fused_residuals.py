@@ -11,14 +11,14 @@ import specter_models.fused_norms as fused_norms
 import specter_models.fused_residuals as fused_residuals
 import specter_models.shared_overlap as shared_overlap
 from model_helpers import random_prompt
-from specter_models import load
+from specter_models.loader import load_model
 
 # Decoder layers (all pre-norm RMSNorm layers), MoE blocks with shared experts.
 EXPECTED = {"tiny-deepseek-v2": (3, 2), "tiny-qwen2-moe": (2, 2), "tiny-phimoe": (0, 0)}
 
 
 def _load(checkpoints, name: str, **kwargs):
-    return load(checkpoints[name], device="cpu", dtype=torch.float32, **kwargs)
+    return load_model(checkpoints[name], device="cpu", dtype=torch.float32, **kwargs)
 
 
 def _patched(lm) -> int:

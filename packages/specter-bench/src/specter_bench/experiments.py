@@ -1,4 +1,4 @@
-"""Experiments of BENCHMARK.md: which systems run at which budgets, and in what order.
+"""Experiments of docs/benchmarking.md: which systems run at which budgets, and in what order.
 
 An experiment is a list of *stages*, each one model build: the transformers reference
 (``hf``, ``hf-default``), one Specter load per (budget, with or without the INT4 draft), and

@@ -1,7 +1,7 @@
 """Named model configurations: the three full-size models, tiny test models and the demo.
 
 Full-size presets reproduce the real models' transformers configurations (shape for shape:
-the parameter counts match shared/BENCHMARK.md) so that Specter can be measured on them with
+the parameter counts match docs/benchmarking.md) so that Specter can be measured on them with
 seeded random weights, since no weights can be downloaded here. Two deliberate differences
 from the published configs, neither of which changes a shape or a FLOP:
 

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     """Loads the dump, replays it, prints one line a prompt and the table."""
     import torch
 
-    from specter_bench.cli import CommandError
+    from specter_bench.commands.args import CommandError
     from specter_bench.policy_replay import format_policy_replay, replay_policies
 
     path = Path(args.dump)

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     """Records and saves the dump."""
     import torch
 
-    from specter_bench.cli import CommandError, resolve_device
+    from specter_bench.commands.args import CommandError, resolve_device
     from specter_bench.routing_dump import RoutingDumpConfig, record_routing_dump
 
     out = Path(args.out)

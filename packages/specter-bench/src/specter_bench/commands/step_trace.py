@@ -26,7 +26,7 @@ def _positive_int(text: str) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``step-trace`` to the ``specter`` parser."""
-    from specter_bench.cli import parse_budget
+    from specter_bench.commands.args import parse_budget
 
     p = subparsers.add_parser(
         "step-trace",

@@ -3,19 +3,58 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-import torch
+from specter_bench.commands.args import (
+    DEFAULT_MODEL,
+    auto_or_non_negative_int,
+    non_negative_int,
+    parse_budget,
+    positive_int,
+)
 
-from specter_bench.bench_record import budget_label
-from specter_bench.model_loading import model_config
-from specter_bench.run_identity import git_commit, gpu_name, package_versions
+__all__ = ["describe_machine", "register", "run"]
 
-__all__ = ["describe_machine", "neither_fits", "plain_plan", "run_info"]
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``specter info``."""
+    info = subparsers.add_parser(
+        "info",
+        help="GPU, versions, and the memory plan for a model at a budget",
+        description="Print the GPU, library versions and, with --model, the memory plan: "
+        "fixed state, INT4 draft, KV, buffers, slots per layer, expected peak.",
+    )
+    info.add_argument("--model", default=DEFAULT_MODEL)
+    info.add_argument("--gpu-memory-gb", type=parse_budget, default=None)
+    info.add_argument("--max-seq-len", type=positive_int, default=None)
+    info.add_argument(
+        "--hot-experts",
+        type=non_negative_int,
+        default=0,
+        help="experts per layer pinned as a hot set (they leave the INT4 draft; default 0)",
+    )
+    info.add_argument(
+        "--draft-pruned",
+        type=auto_or_non_negative_int,
+        default="auto",
+        help="experts per layer the draft skips (no INT4 copy), or auto: the count bench and "
+        "generate take by default (E // 3 under a budget that leaves some expert without a "
+        "slot, else 0; default auto)",
+    )
+    info.add_argument(
+        "--stream-staging",
+        type=non_negative_int,
+        default=0,
+        help="FP16 experts of the streamed path's staging buffer (fixed state; default 0)",
+    )
+    info.set_defaults(run=run)
 
 
 def describe_machine() -> str:
     """GPU (name, memory, capability) or its absence, and the versions that matter."""
+    import torch
+
+    from specter_bench.run_identity import git_commit, gpu_name, package_versions
+
     lines = []
     name = gpu_name()
     if name is None:
@@ -32,12 +71,15 @@ def describe_machine() -> str:
     return "\n".join(lines)
 
 
-def run_info(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Print the machine and, for ``args.model``, the memory plan at ``args.gpu_memory_gb``
     (with ``args.hot_experts`` experts per layer pinned, ``args.draft_pruned`` pruned from the
     draft (``"auto"``: ``resolve_pruned_per_layer``, the count bench and generate take by
     default) and a staging buffer of ``args.stream_staging`` experts)."""
+    from specter_bench.bench_record import budget_label
     from specter_models import MemoryBudgetError, plan_memory, resolve_pruned_per_layer
+    from specter_models.engine.model_source import model_config
+    from specter_models.engine.plans import neither_fits, plain_plan
 
     print(describe_machine())
     config = model_config(args.model)
@@ -79,41 +121,3 @@ def run_info(args: argparse.Namespace) -> int:
             f"{plain.expected_peak_bytes / 1e9:.2f} GB"
         )
     return 0
-
-
-def neither_fits(too_small: Exception, plain_short: Exception | None) -> Exception:
-    """The error for a budget that holds the model neither with its INT4 draft nor without:
-    ``too_small`` (the speculative plan's shortfall) followed by ``plain_short``, what plain
-    decoding (``--depth 0``) would need, which is less (``plain_plan``'s second value)."""
-    from specter_models import MemoryBudgetError
-
-    if plain_short is None:
-        return too_small
-    return MemoryBudgetError(
-        f"{too_small} Without the INT4 draft (--depth 0, plain decoding) it does not fit "
-        f"either: {plain_short}"
-    )
-
-
-def budget_plan(
-    config: Any, budget_gb: float | None, *, with_draft: bool, **plan_args: Any
-) -> tuple[Any, Exception | None]:
-    """``specter_models.plan_memory`` at ``budget_gb``, with or without the INT4 draft:
-    ``(plan, None)``; ``(None, shortfall)`` when it does not fit (the
-    ``MemoryBudgetError``); ``(None, None)`` without a budget. ``plan_args`` go to
-    ``plan_memory`` (dtype, max_seq_len, staging_slots)."""
-    from specter_models import MemoryBudgetError, plan_memory
-
-    if budget_gb is None:
-        return None, None
-    try:
-        return plan_memory(config, budget_gb, with_draft=with_draft, **plan_args), None
-    except MemoryBudgetError as exc:
-        return None, exc
-
-
-def plain_plan(
-    config: Any, budget_gb: float | None, **plan_args: Any
-) -> tuple[Any, Exception | None]:
-    """:func:`budget_plan` of the target alone (no INT4 draft: ``generate --depth 0``)."""
-    return budget_plan(config, budget_gb, with_draft=False, **plan_args)

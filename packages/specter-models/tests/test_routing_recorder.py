@@ -3,20 +3,20 @@
 import pytest
 import torch
 
-import specter_models
-from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
-from specter_bench.routing_recorder import (
+from specter_models import build_reference_model
+from specter_models.loader import load_model
+from specter_models.routing_recorder import (
     RoutingRecorder,
     experts_modules,
     teacher_forced_pass,
     teacher_forced_routing,
 )
-from specter_models import build_reference_model
+from specter_spec import SpecController
 
 
 @pytest.mark.parametrize("arch", ["tiny-deepseek-v2", "tiny-phimoe"])
 def test_teacher_forced_routing_matches_decode_and_transformers(arch):
-    loaded = specter_models.load(
+    loaded = load_model(
         arch, slots_per_layer=8, device="cpu", dtype=torch.float64, seed=1, max_seq_len=64,
         policy="predictive",
     )  # fmt: skip
@@ -24,7 +24,8 @@ def test_teacher_forced_routing_matches_decode_and_transformers(arch):
     prompt = torch.randint(3, loaded.config.vocab_size, (6,), generator=g).tolist()
     # Decode token by token, recording the target's needed experts per layer and step.
     loaded.runtime.record_routing(True)
-    run = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"], depth=0).generate(prompt, 10)
+    controller = SpecController(loaded.draft, loaded.target, cache=loaded.prefetcher, depth=0)
+    run = controller.generate(prompt, 10)
     decode_trace = loaded.runtime.routing_trace
     loaded.runtime.record_routing(False)
 

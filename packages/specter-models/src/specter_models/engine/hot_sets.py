@@ -1,25 +1,25 @@
-"""The pinned hot set of ``specter generate`` (``specter_models.load(hot_experts=)``).
+"""The engine's pinned hot set: read from a file, or chosen on a calibration prompt.
 
-``--hot-experts FILE`` takes the hot set a benchmark chose, and the pruned experts its
-record names (:func:`read_hot_set`): a results file of ``specter bench`` (JSON lines; its
+A hot-set file gives the hot set a benchmark chose, and the pruned experts its record
+names (:func:`read_hot_set`): a results file of ``specter bench`` (JSON lines; its
 ``hot_experts`` record at the asked budget, or its only one), a JSON object
-``{"hot_experts": [[ids of layer 0], ...]}``, or the bare list of lists. ``--hot-experts
-auto`` chooses one on the prompt itself (:func:`choose_prompt_engine`): a target-only load
-at the budget decodes the prompt's first :data:`CONTINUATION_TOKENS` tokens greedily, and
-the target's routing of the prompt and that continuation goes through
+``{"hot_experts": [[ids of layer 0], ...]}``, or the bare list of lists. ``"auto"`` chooses
+one on the calibration prompt (:func:`choose_prompt_engine`): a target-only load at the
+budget decodes the prompt's first :data:`CONTINUATION_TOKENS` tokens greedily, and the
+target's routing of the prompt and that continuation goes through
 ``specter_models.choose_hot_experts`` as the benchmark's calibration routing does. A
 prompt's own routing predicts its decode's experts worse than decoded tokens do: on
-DeepSeek-V2-Lite's recorded routing of 16 HumanEval sequences at 24 GB
-(``scripts/policy_replay.py``), a hot set counted on the prompt alone moved 22.6 experts a
-token over the decode after the first 32 tokens, one counted on the prompt and those 32
-tokens 21.4. With ``compare_plain`` (``generate``'s ``--depth auto`` under a budget) the
-same routing is replayed through plain decoding's draftless slots too, and the decode goes
-without the draft where that costs less link time (plain decoding's loads weighted by
-:data:`IN_PLACE_READ_COST`).
+DeepSeek-V2-Lite's recorded routing of 16 HumanEval sequences at 24 GB, a hot set counted
+on the prompt alone moved 22.6 experts a token over the decode after the first 32 tokens,
+one counted on the prompt and those 32 tokens 21.4. With ``compare_plain`` (an adaptive
+depth under a budget) the same routing is replayed through plain decoding's draftless
+slots too, and the decode goes without the draft where that costs less link time (plain
+decoding's loads weighted by :data:`IN_PLACE_READ_COST`).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,12 +33,14 @@ __all__ = [
     "IN_PLACE_READ_COST",
     "PromptChoice",
     "choose_prompt_engine",
+    "pruned_from_file",
     "read_hot_set",
+    "resolve_hot_experts",
 ]
 
 CONTINUATION_TOKENS = 32
-"""Greedy tokens ``generate --hot-experts auto`` decodes after the prompt to choose on (the
-default of ``--hot-set-tokens``)."""
+"""Greedy tokens an auto hot set decodes after the calibration prompt to choose on (the
+default of ``MemoryConfig.hot_set_tokens``)."""
 
 
 def _as_hot_set(value: Any, path: Path) -> list[list[int]]:
@@ -125,13 +127,13 @@ def _pruned_of(data: dict, path: Path) -> list[list[int]] | None:
 
 
 IN_PLACE_READ_COST = 1.65
-"""How many of speculation's expert loads one of plain decoding's costs in link time, in
-``generate --depth auto``'s comparison: plain streamed decoding reads its missing experts in
-place inside the expert kernel, at about 32 GB/s over a step (DeepSeek-V2-Lite at 24 GB on
-the H200: 280 MB a token in 9.7 ms, thirty-second and thirty-sixth sessions), where most of
-speculation's are prefetched by the copy engine at up to 52.8 GB/s while the draft runs.
-Comparing bare counts (the rule until the thirty-sixth session) chose plain decoding at 24 GB
-with the pruned draft, 9.7 ms a token, where the bench's specter took 7.25."""
+"""How many of speculation's expert loads one of plain decoding's costs in link time, in an
+adaptive depth's plain-or-draft comparison: plain streamed decoding reads its missing
+experts in place inside the expert kernel, at about 32 GB/s over a step (DeepSeek-V2-Lite
+at 24 GB on one H200: 280 MB a token in 9.7 ms), where most of speculation's are
+prefetched by the copy engine at up to 52.8 GB/s while the draft runs. Comparing bare
+counts chose plain decoding at 24 GB with the pruned draft, 9.7 ms a token, where the
+bench's specter took 7.25."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class PromptChoice:
         )
 
     def as_dict(self) -> dict[str, object]:
-        """The comparison for ``generate``'s statistics."""
+        """The comparison for the generation statistics."""
         return {
             "decoded": "plain" if self.decode_plainly else "speculative",
             "in_place_read_cost": IN_PLACE_READ_COST,
@@ -221,10 +223,8 @@ def choose_prompt_engine(
         ValueError: a prompt of fewer than two tokens, or a negative ``continuation_tokens``.
         MemoryBudgetError: the budget cannot hold the model.
     """
-    from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
-    from specter_bench.model_loading import release_memory
-    from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_pass
-    from specter_models import choose_hot_experts, replay_plain_decoding
+    import specter_models
+    from specter_models.routing_recorder import RoutingRecorder, teacher_forced_pass
 
     if continuation_tokens < 0:
         raise ValueError(
@@ -242,24 +242,122 @@ def choose_prompt_engine(
     try:
         sequence = list(prompt_ids)
         if continuation_tokens:
-            runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"], 0)
             # The last token's routing would come from a position no decode step computes.
-            sequence += runner.generate(sequence, continuation_tokens).tokens[:-1]
-            del runner
+            sequence += greedy_target_tokens(loaded, sequence, continuation_tokens)[:-1]
         routing = teacher_forced_pass(recorder, loaded.target, sequence, 0, loaded.reset).routing
         config = loaded.config
     finally:
         recorder.remove()
         del loaded, recorder
         release_memory()
-    hot = choose_hot_experts(
+    hot = specter_models.choose_hot_experts(
         config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len,
         pruned_per_layer=pruned_per_layer,
     )  # fmt: skip
     plain = None
     if compare_plain:
-        plain = replay_plain_decoding(
+        plain = specter_models.replay_plain_decoding(
             config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len,
             staging_slots=staging_slots,
         )  # fmt: skip
     return PromptChoice(hot, plain, int(routing.shape[0]))
+
+
+def greedy_target_tokens(loaded: Any, prompt_ids: list[int], tokens: int) -> list[int]:
+    """``tokens`` greedy tokens of the target alone after ``prompt_ids``, decoded with the
+    model's cache as plain LRU decoding that acquires its misses; the model is reset before."""
+    from specter_models.engine.decode_window import DecodeWindow
+    from specter_spec import SpecController
+
+    loaded.reset()
+    loaded.verification = "expert"
+    settings = {"miss_path": "load", "stream_fills": 0, "stream_staging": 0, "stream_waits": True}
+    for name, value in settings.items():
+        if hasattr(loaded, name):
+            setattr(loaded, name, value)
+    runtime = getattr(loaded, "runtime", None)
+    if runtime is not None and hasattr(runtime, "row_truncation"):
+        runtime.row_truncation = None
+    record = getattr(runtime, "stream_record", None)
+    if record is not None and hasattr(record, "pipelined"):
+        record.pipelined = False
+    policy = loaded.cache.policy
+    if hasattr(policy, "clear_plan"):
+        policy.clear_plan()
+    prefetcher = getattr(loaded, "prefetcher", None)
+    if prefetcher is not None and hasattr(prefetcher, "verify_lead"):
+        prefetcher.verify_lead = None
+    if prefetcher is not None and hasattr(prefetcher, "layerwise"):
+        prefetcher.layerwise = False
+    controller = SpecController(
+        None, loaded.target, cache=DecodeWindow(loaded.cache, None), depth=0
+    )
+    return list(controller.generate(prompt_ids, tokens).tokens)
+
+
+def release_memory() -> None:
+    """Collect garbage and return cached device memory (after a load that is dropped)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def resolve_hot_experts(
+    choice: str | None,
+    *,
+    speculate: bool,
+    budget_gb: float | None,
+    prompt_tokens: int,
+    holds_every_expert: bool = False,
+) -> str | None:
+    """``MemoryConfig.hot_experts`` with its default resolved.
+
+    By default a speculative decode under a memory budget pins a hot set chosen on the
+    routing of the calibration prompt and its first greedy tokens (``"auto"``), as the
+    bench's ``specter`` pins one: pinned experts need no INT4 draft copy, so the budget
+    holds more FP16 slots, and the draft computes them exactly. On DeepSeek-V2-Lite at
+    24 GB without one, generation measured 28.3 ms a token with 30 slots a layer, where the
+    bench's ``specter`` takes 10-11. No hot set without a budget or with one that holds
+    every expert beside the draft (nothing to pin), when decoding plainly (no draft), or
+    for a calibration prompt of fewer than two tokens (``"auto"`` scores each half of the
+    routing on the other).
+
+    Args:
+        choice: None (not given), ``"none"``, ``"auto"`` or a file.
+        speculate: the decode drafts (depth other than 0).
+        budget_gb: the budget (None: none).
+        prompt_tokens: the calibration prompt's length in tokens (0: none given).
+        holds_every_expert: the budget's plan with the draft has a slot for every expert.
+
+    Returns:
+        ``"auto"``, a file path, or None (no hot set).
+    """
+    if choice is None:
+        pays = speculate and budget_gb is not None and not holds_every_expert
+        return "auto" if pays and prompt_tokens >= 2 else None
+    return None if choice == "none" else choice
+
+
+def pruned_from_file(
+    stored: list[list[int]] | None, asked: int | str, path: str
+) -> list[list[int]] | None:
+    """The pruned experts of a hot-set file's decode: the file's own with ``asked="auto"``
+    (none if it names none), none with 0, and with a count the file's if it names that many
+    (there is no routing to choose others on).
+
+    Raises:
+        ValueError: a count the file does not name.
+    """
+    if asked == "auto":
+        return stored
+    if asked == 0:
+        return None
+    have = len(stored[0]) if stored else 0
+    if have != asked:
+        raise ValueError(
+            f"draft_pruned={asked} (--draft-pruned) with the hot-set file {path}: that file names "
+            f"{have} pruned experts per layer, and a hot-set file gives no routing to choose "
+            "others on. Give draft_pruned 'auto' (the file's) or 0, or hot_experts 'auto' to "
+            "choose on the calibration prompt."
+        )
+    return stored

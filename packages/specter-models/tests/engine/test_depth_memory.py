@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specter_bench.depth_memory import (
+from specter_models.engine.depth_memory import (
     CACHE_ENV_VAR,
     depth_costs_path,
     read_depth_costs,

@@ -1,10 +1,10 @@
-"""What ``specter generate --depth auto`` measured, kept for the next run on the same setup.
+"""What an adaptive depth measured, kept for the next engine of the same setup.
 
 The adaptive depth (specter-spec ``AdaptiveDepth``) starts knowing no draft or verify time,
-so a one-shot ``generate`` spends its first iterations exploring depths (plain steps among
-them) that a warmed-up policy would not run: on DeepSeek-V2-Lite at 24 GB on the H200,
-``--depth auto`` took 8.4-8.7 ms a token over 64 tokens where ``--depth 2``, the depth the
-bench's warmed-up policy holds there, took 6.7-7.6. So ``generate`` writes the costs its
+so a one-shot generation spends its first iterations exploring depths (plain steps among
+them) that a warmed-up policy would not run: on DeepSeek-V2-Lite at 24 GB on one H200,
+``--depth auto`` took 8.4-8.7 ms a token over 64 tokens where ``--depth 2``, the depth a
+warmed-up policy holds there, took 6.7-7.6. So the engine writes the costs its
 policy measured (``AdaptiveDepth.export_costs``: times per depth and per verified row count,
 overheads; not the acceptance, which belongs to a prompt) to a small JSON file after each
 run, and primes the next run's policy with them (``AdaptiveDepth.prime``), as Triton keeps
@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,10 @@ CACHE_ENV_VAR = "SPECTER_CACHE_DIR"
 SCHEMA = 1
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def setup_key(**setup: Any) -> dict[str, Any]:
     """The setup a depth-costs file belongs to: ``setup`` (JSON values) in a fixed order."""
     for name, value in setup.items():
@@ -58,9 +63,11 @@ def depth_costs_path(setup: dict[str, Any]) -> Path:
     return Path(root) / "depth-costs" / f"{digest}.json"
 
 
-def read_depth_costs(path: Path, setup: dict[str, Any]) -> dict[str, Any] | None:
+def read_depth_costs(
+    path: Path, setup: dict[str, Any], log: Callable[[str], None] = _stderr
+) -> dict[str, Any] | None:
     """The costs stored at ``path`` for ``setup``, or None: no file yet, or one that is not
-    this setup's costs in this schema (said on stderr; the next write replaces it)."""
+    this setup's costs in this schema (said through ``log``; the next write replaces it)."""
     if not path.exists():
         return None
     try:
@@ -71,18 +78,20 @@ def read_depth_costs(path: Path, setup: dict[str, Any]) -> dict[str, Any] | None
         if not isinstance(costs, dict):
             raise ValueError(f"costs is {type(costs).__name__}, not an object")
     except (OSError, ValueError, KeyError, AttributeError) as exc:
-        print(
-            f"note: ignoring the depth costs in {path} ({exc}); this run replaces them",
-            file=sys.stderr,
-        )
+        log(f"note: ignoring the depth costs in {path} ({exc}); this run replaces them")
         return None
     return costs
 
 
-def write_depth_costs(path: Path, setup: dict[str, Any], costs: dict[str, Any]) -> None:
+def write_depth_costs(
+    path: Path,
+    setup: dict[str, Any],
+    costs: dict[str, Any],
+    log: Callable[[str], None] = _stderr,
+) -> None:
     """Store ``costs`` (``AdaptiveDepth.export_costs()``) for ``setup`` at ``path``, whole
-    or not at all (a temporary file renamed over it). An unwritable folder is said on
-    stderr, not raised: the generation it follows has succeeded."""
+    or not at all (a temporary file renamed over it). An unwritable folder is said through
+    ``log``, not raised: the generation it follows has succeeded."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
@@ -91,7 +100,7 @@ def write_depth_costs(path: Path, setup: dict[str, Any], costs: dict[str, Any]) 
         )
         temporary.replace(path)
     except OSError as exc:
-        print(f"note: could not keep the depth costs in {path}: {exc}", file=sys.stderr)
+        log(f"note: could not keep the depth costs in {path}: {exc}")
 
 
 def engine_setup(
@@ -132,21 +141,22 @@ def engine_setup(
     )
 
 
-def recall_depth_costs(policy: Any, setup: dict[str, Any]) -> tuple[Path, bool]:
+def recall_depth_costs(
+    policy: Any, setup: dict[str, Any], log: Callable[[str], None] = _stderr
+) -> tuple[Path, bool]:
     """Prime ``policy`` (a fresh ``AdaptiveDepth``) with the costs kept for ``setup``, where
     there are usable ones; ``(their file, whether it was primed)``."""
     path = depth_costs_path(setup)
-    costs = read_depth_costs(path, setup)
+    costs = read_depth_costs(path, setup, log)
     if costs is None:
         return path, False
     try:
         policy.prime(costs)
     except ValueError as exc:
-        print(f"note: ignoring the depth costs in {path} ({exc})", file=sys.stderr)
+        log(f"note: ignoring the depth costs in {path} ({exc})")
         return path, False
-    print(
+    log(
         f"--depth auto starts from the step costs an earlier run of this setup measured "
-        f"({path}; --no-depth-memory ignores them)",
-        file=sys.stderr,
+        f"({path}; --no-depth-memory ignores them)"
     )
     return path, True

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specter_bench.hot_sets import read_hot_set
+from specter_models.engine.hot_sets import read_hot_set
 
 
 def _record(budget, hot):
@@ -54,8 +54,8 @@ def test_malformed_files_are_reported(tmp_path, text, message):
 
 
 def test_plain_decoding_wins_only_where_its_in_place_reads_cost_less_link_time():
-    from specter_bench.hot_sets import IN_PLACE_READ_COST, PromptChoice
     from specter_models import HotExpertChoice, PlainReplay
+    from specter_models.engine.hot_sets import IN_PLACE_READ_COST, PromptChoice
 
     hot = HotExpertChoice(4, [[0, 1, 2, 3]], 6, loads={4: 150})
     # 100 plain loads cost 165 of the draft's at 1.65: more than its 150, so speculate
