@@ -1,5 +1,5 @@
 """The engine on a CUDA device: Triton kernels, the copy stream, and no host sync in the
-draft's decode step. Skipped without a GPU (run on the GPU machine)."""
+draft's decode step. Skipped without a GPU (run them on a CUDA machine)."""
 
 from __future__ import annotations
 

@@ -277,7 +277,7 @@ def demo_model_path() -> Path:
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(
             f"the demo checkpoint {DEMO_MODEL!r} is not in this installation (looked for "
-            f"{folder}/config.json). It is produced by scripts/train_moe.py (see "
+            f"{folder}/config.json). It is produced by `specter train` (see "
             "docs/training.md) and shipped in specter_models/data/; train it or pass another "
             "checkpoint folder or a preset name."
         )

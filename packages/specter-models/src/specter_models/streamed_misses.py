@@ -31,7 +31,7 @@ adopts them when it reads the record: they are resident, as if loaded, for no ex
 transfer. ``StreamRecord.spares_per_layer`` sets how many candidates a layer gets, up to the
 record's ``width``, fixed when it is made (``load(stream_fills=)``); a record of width 0 has
 no fill launches at all. Fills are off by default: on DeepSeek-V2-Lite at 24 GB and
-Qwen1.5-MoE at 14 GB (docs/benchmarks.md) they changed the bytes moved by 0-5% and the time
+Qwen1.5-MoE at 14 GB (docs/decisions.md) they changed the bytes moved by 0-5% and the time
 per token by less than the spread between two systems of one process, since the few slots a
 tight budget leaves beside the hot set hold the draft's prefetches.
 
@@ -43,7 +43,7 @@ own in-place reads give a missing expert only a few dozen programs, so few reads
 flight; the copy gives it about a thousand. The bytes, the record and the bits are those of
 plain streaming; the buffer is fixed state in the memory plan. Off by default: on the H200
 it saved 5% with the 64-column per-pair tile, and nothing once that tile became 32 columns
-wide (which spreads the in-place reads over twice the programs; docs/benchmarks.md).
+wide (which spreads the in-place reads over twice the programs; docs/decisions.md).
 
 *Waits* (``load(stream_waits=)``, on by default; specter-cache's
 ``StreamedMisses.wait_for_landing``) decide what a verification does with a prefetched expert
@@ -54,7 +54,7 @@ layer's expert kernel first waits for the loads of that layer issued before the
 verification launched (one event wait per layer, inside the graph) and reads them from their
 slots; the other missing experts still stream. On DeepSeek-V2-Lite at 24 GB (H200, both
 orders in one process each) 9.23 and 9.00 ms a token against 9.41 and 9.75 without
-(docs/benchmarks.md).
+(docs/decisions.md).
 
 Forwards of more than ``STREAM_MAX_ROWS`` rows (a prefill) and token-wise verification
 keep the acquire path.

@@ -294,7 +294,7 @@ def per_pair_configs(device: torch.device) -> tuple[GroupedConfig, GroupedConfig
 
     On the GPU the tile is 32 columns wide: a streamed expert's read over PCIe then
     spreads over twice the programs (gate_up's 2I columns in 44 programs for
-    DeepSeek-V2-Lite, not 22). ``scripts/streamed_gemm_probe.py`` measured it on an
+    DeepSeek-V2-Lite, not 22). Measured on an
     H200: one streamed expert of 7 rows in 0.61 ms rather than 1.79 ms, three in 1.21 ms
     rather than 2.09 ms, resident experts unchanged. The K loop (BLOCK_K steps, no split) is
     the same, and still fixed whatever T. Wider K steps (16 x 256, 16 x 512, 32 x 256) read a

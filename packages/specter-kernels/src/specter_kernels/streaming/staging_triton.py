@@ -14,8 +14,8 @@ COPY_BLOCK = 1024
 """Elements one copy program moves per step."""
 COPY_STEPS = 8
 """Steps per copy program: 16 KB per program, about a thousand programs per
-DeepSeek-V2-Lite expert, the shape at which scripts/zero_copy_probe.py read pinned memory at
-41-45 GB/s."""
+DeepSeek-V2-Lite expert, the shape at which a kernel reading pinned memory in place ran at
+41-45 GB/s on one H200."""
 
 
 @triton.jit
