@@ -55,6 +55,17 @@ def test_sequence_is_one_tokens_kernels_with_durations_and_gaps():
     assert kernel_sequence(totals["spans"], {"a": 2.0}) == []
 
 
+@pytest.mark.parametrize("tokens", [4, 5, 6])
+def test_sequence_of_a_short_profile_uses_the_tokens_it_has(tokens):
+    # Fewer than 7 tokens profiled (--profiled 4): the whole tokens before the last two.
+    totals = profile_totals(_tokens(tokens))
+    sequence = kernel_sequence(totals["spans"], {"a": 1.0, "b": 1.0, "c": 1.0})
+    assert [step.name for step in sequence] == ["a", "b", "c"]
+    assert sequence[1] == KernelStep("b", 20.0, 5.0)
+    # Three tokens hold no whole token with the kernel before it.
+    assert kernel_sequence(profile_totals(_tokens(3))["spans"], {"a": 1.0}) == []
+
+
 def test_totals_split_kernels_copies_memsets_and_runtime_calls():
     events = [
         _event("k", 0, 10),

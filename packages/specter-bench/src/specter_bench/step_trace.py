@@ -18,6 +18,7 @@ text report) take plain tuples and are tested on the CPU; the profiling needs CU
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -110,7 +111,9 @@ def kernel_sequence(
         return []
     marker = once[0][:SEQUENCE_NAME]
     starts = [i for i, s in enumerate(spans) if s[2] == marker]
-    tokens = [spans[max(i - 1, 0) : j] for i, j in zip(starts[-7:-2], starts[-6:-1], strict=True)]
+    window = starts[-7:-1]  # the markers of the last 5 whole tokens before the final one
+    # Each token with the kernel before it first (the very first token has none: left out).
+    tokens = [spans[i - 1 : j] for i, j in itertools.pairwise(window) if i > 0]
     if not tokens:
         return []
     lengths = [len(t) for t in tokens]

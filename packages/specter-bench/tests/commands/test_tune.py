@@ -66,3 +66,16 @@ def test_tune_writes_each_shape_to_the_tuned_file_as_it_ends(tmp_path, monkeypat
     assert f"wrote 2 tuned entries to {tmp_path / 'invariant_matmul_fake_gpu.json'}" in out
     table = matmul_config._tuned_table(tmp_path / "invariant_matmul_fake_gpu.json")
     assert set(table) == {(96, 64, "float16"), (64, 64, "float16")}
+
+
+def test_cuda_device_names_the_current_index(monkeypatch):
+    # torch.cuda.set_device and friends refuse a bare "cuda": the device carries its index.
+    import torch
+
+    from specter_bench.commands import tune
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert tune._cuda_device("cuda") == torch.device("cuda", 1)
+    assert tune._cuda_device("cuda:0") == torch.device("cuda", 0)

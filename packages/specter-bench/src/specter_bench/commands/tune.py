@@ -87,7 +87,9 @@ def _cuda_device(text: str):
             "whose tiles you want"
         )
     device = torch.device(text)
-    if device.index is not None and device.index >= torch.cuda.device_count():
+    if device.index is None:  # "cuda" is the current device: name its index
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.index >= torch.cuda.device_count():
         raise CommandError(
             f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)"
         )
