@@ -44,6 +44,10 @@ def test_default_command_runs_the_demo_model_through_specter(capsys, checkpoint,
         (["generate", "--model", "tiny-qwen2-moe", "--gpu-memory-gb", "0.001", "x"], "too small"),
         (["generate", "--prompt-file", "/no/such/file"], "--prompt-file /no/such/file: no such"),
         (["generate", "--prompt-file", "/"], "--prompt-file /: is a folder; give a text file"),
+        (
+            ["generate", "--model", "tiny-qwen2-moe", "--draft", "/no/gptq", "--depth", "2", "x"],
+            "/no/gptq",
+        ),
         (["generate", "--top-p", "1.5", "x"], "--top-p must be in (0, 1], got '1.5'"),
         (["generate", "--top-k", "-2", "x"], "expected an int >= 0, got '-2'"),
         (

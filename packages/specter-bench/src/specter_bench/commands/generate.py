@@ -57,6 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "auto on a GPU, none on the CPU",
     )
     gen.add_argument(
+        "--draft",
+        default="rtn",
+        metavar="rtn|FOLDER",
+        help="the INT4 draft: rtn (the experts quantized on load, round-to-nearest; default) "
+        "or a GPTQ checkpoint folder of the same model",
+    )
+    gen.add_argument(
         "--slots-per-layer", type=positive_int, help="expert slots per layer (instead of a budget)"
     )
     gen.add_argument(
@@ -418,7 +425,12 @@ def engine_config_from_args(args: argparse.Namespace, *, device: str, prompt_tok
     if warmup is None:
         warmup = proportionate_warmup_tokens(args.max_new_tokens)
     return EngineConfig(
-        load=LoadConfig(model=args.model, device=device, weights_seed=args.weights_seed),
+        load=LoadConfig(
+            model=args.model,
+            device=device,
+            weights_seed=args.weights_seed,
+            draft=getattr(args, "draft", "rtn"),
+        ),
         memory=MemoryConfig(
             gpu_memory_gb=args.gpu_memory_gb,
             slots_per_layer=args.slots_per_layer,
