@@ -341,7 +341,7 @@ def _rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         rows += [
             ("experts held on the GPU per layer", f"{slots} of {experts}"),
             ("expert cache hit rate", summary["hit_rate"]),
-            ("experts read from host memory", _miss_path_words(summary["miss_path"])),
+            ("experts without a GPU slot are", _miss_path_words(summary["miss_path"])),
             ("host-to-GPU MB a token", summary["h2d_mb_per_token"]),
         ]
         if summary["miss_path"] == "stream":
