@@ -92,3 +92,14 @@ def test_a_staging_buffer_is_fixed_state():
     need = base.fixed_bytes + base.num_moe_layers * base.expert_bytes
     with pytest.raises(MemoryBudgetError, match="a staging buffer"):
         plan_memory(tiny, need / 1e9, staging_slots=base.num_moe_layers + 1)
+
+
+def test_describe_names_a_fixed_slot_count_and_the_host_stores_dtype():
+    config = get_preset("tiny-qwen2-moe").make_config()
+    fixed = plan_memory(config, slots_per_layer=2).describe()
+    assert "every expert resident" not in fixed
+    assert "none (2 expert slots per layer, fixed)" in fixed
+    assert "every expert resident" in plan_memory(config).describe()
+    wide = plan_memory(config, slots_per_layer=2, dtype=torch.float32).describe()
+    assert "host store (every routed expert, float32)" in wide
+    assert "pinned" not in wide.split("host store")[1].split("\n")[0]

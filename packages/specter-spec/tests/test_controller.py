@@ -472,3 +472,15 @@ def test_an_argmax_that_is_not_callable_is_refused():
     target.argmax = 3
     with pytest.raises(TypeError, match=r"TableLM.argmax must be callable .* got int"):
         SpecController(None, target, depth=0)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig.greedy(), SamplingConfig(temperature=0.7)])
+def test_non_finite_target_logits_stop_generation_with_a_clear_error(sampling):
+    from specter_spec import NonFiniteLogitsError
+
+    table = random_table(vocab=9, period=4, seed=1)
+    table[:, 2] = float("nan")  # every third position's logits: the prompt reaches it
+    target = TableLM(table)
+    controller = SpecController(None, target, depth=0, sampling=sampling)
+    with pytest.raises(NonFiniteLogitsError, match="check the checkpoint's files"):
+        controller.generate([1, 2, 3], 6)

@@ -11,6 +11,8 @@ what was expected (exit status 2). Long work shows tqdm progress bars on stderr.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -62,9 +64,35 @@ COMMAND_MODULES = (
 """The modules whose ``register`` adds a subcommand, in the order ``--help`` lists them."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and a hint, not the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n(see {self.prog} --help)\n")
+
+
+_COMMAND_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+"""A first argument of this shape that is no command is a mistyped command, not a prompt."""
+
+
+def unknown_command(word: str, commands: Sequence[str]) -> str | None:
+    """The error for a first argument that looks like a command but is none, else None.
+
+    A one-word prompt is still given as ``specter generate WORD``.
+    """
+    if word in commands or not _COMMAND_LIKE.fullmatch(word):
+        return None
+    close = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else f"commands: {', '.join(commands)}. "
+    return (
+        f"specter: error: unknown command {word!r}: {hint}"
+        f"(a one-word prompt is given as: specter generate {word})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``specter`` argument parser with one subparser per command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specter",
         description="Fast Mixture-of-Experts decoding on one GPU with offloaded experts: "
         "speculative decoding with a shared-weight INT4 draft and draft-guided prefetch.",
@@ -88,11 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for action in parser._actions
         if isinstance(action, argparse._SubParsersAction)
     )
+    if args_list and (mistyped := unknown_command(args_list[0], list(commands))):
+        print(mistyped, file=sys.stderr)
+        return 2
     if not args_list or args_list[0] not in (*commands, "-h", "--help"):
         args_list.insert(0, "generate")  # `specter` alone, or `specter "prompt"`
     try:
         args = parser.parse_args(args_list)
-    except SystemExit as exc:  # argparse already printed the usage and the error
+    except SystemExit as exc:  # argparse already printed the error
         return int(exc.code or 0)
     args.invocation = "specter " + shlex.join(args_list)  # recorded with results
     try:

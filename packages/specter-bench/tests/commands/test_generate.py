@@ -15,22 +15,46 @@ def _run(capsys, *argv):
     return code, out, err
 
 
+def _stats(out):
+    """The statistics of ``--json``'s one JSON object."""
+    return json.loads(out)["statistics"]
+
+
+def _text(out):
+    return json.loads(out)["text"]
+
+
 def test_generate_on_a_preset_streams_and_prints_statistics(capsys):
     code, out, err = _run(
         capsys, "--model", "tiny-qwen2-moe", "--max-new-tokens", "6", "--depth", "2", "hi"
     )
     assert code == 0, err
     assert out.startswith("hi")
+    table = out.split("-" * 40)[1]
+    # The rows that apply, in plain words; one-time costs apart from steady decoding.
+    for line in ("steady decoding", "draft tokens accepted", "mean draft depth K",
+                 "one-time costs (not in steady decoding):", "  prompt processing (prefill)",
+                 "  first decode step (first use of the kernels)"):  # fmt: skip
+        assert line in table
+    assert table.index("steady decoding") < table.index("one-time costs")
+    # Every expert resident on a CPU: no cache, transfer, streaming or GPU-memory rows.
+    for absent in ("hit rate", "host-to-GPU", "stream", "peak GPU memory", "graph", " -\n"):
+        assert absent not in table, absent
+    code, out, _ = _run(
+        capsys, "--model", "tiny-qwen2-moe", "--max-new-tokens", "6", "--depth", "2",
+        "--verbose", "hi",
+    )  # fmt: skip
     for line in ("TPOT (ms, decode only)", "first iteration (ms, in TPOT)",
                  "acceptance (per proposed token)", "mean depth K", "expert cache hit rate",
-                 "peak GPU memory (GB)"):  # fmt: skip
+                 "peak GPU memory (GB)",
+                 "steady TPOT (ms, after the first iteration)"):  # fmt: skip
         assert line in out
     assert "random weights and no tokenizer" in err
     code, out, _ = _run(
         capsys, "generate", "--model", "tiny-qwen2-moe", "--max-new-tokens", "5", "--json",
         "--no-stream", "--gpu-memory-gb", "unlimited", "hi",
     )  # fmt: skip
-    stats = json.loads(out.strip().splitlines()[-1])
+    stats = _stats(out)
     assert stats["new_tokens"] == 5
     # The decode's first iteration, inside the decode time TPOT divides.
     assert 0 < stats["first_iteration_ms"] <= stats["tpot_ms"] * stats["new_tokens"] * 1.0001
@@ -49,21 +73,23 @@ def test_generate_warms_the_adaptive_depth_up_only_with_every_expert_resident(ca
         ("off", ["--gpu-memory-gb", "unlimited", "--depth-warmup", "0"]),
     ):
         code, out, err = _run(
-            capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "12",
+            capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "16",
             "--json", "--no-stream", *extra, "def f(x):",
         )  # fmt: skip
         assert code == 0, err
-        runs[name] = (json.loads(out.strip().splitlines()[-1]), out, err)
+        runs[name] = (_stats(out), out, err)
     stats, out, err = runs["auto"]
     assert stats["depth_warmup_s"] > 0
-    assert "warming --depth auto up on 12 tokens" in err
-    assert stats["new_tokens"] == 12
+    # 16 new tokens: a quarter of them warm up, after the prompt (its real token count).
+    assert "decoding 4 greedy tokens after the 10-token prompt once, unrecorded" in err
+    assert "--depth-warmup 0 skips it" in err
+    assert stats["new_tokens"] == 16
     for name in ("fixed", "budget", "plain", "off"):
         assert runs[name][0]["depth_warmup_s"] is None
 
     # the warmed decode's greedy text is plain decoding's
     def text(out):
-        return out.strip().splitlines()[:-1]  # all but the statistics line
+        return _text(out)
 
     assert text(out) == text(runs["plain"][1])
 
@@ -81,7 +107,7 @@ def test_generate_keeps_the_adaptive_depths_costs_for_the_next_run_of_its_setup(
             "--no-stream", "--depth-warmup", "0", *extra, "def f(x):",
         )  # fmt: skip
         assert code == 0, err
-        return json.loads(out.strip().splitlines()[-1]), out.strip().splitlines()[:-1], err
+        return _stats(out), _text(out), err
 
     folder = tmp_path / "cache"
     monkeypatch.setenv(CACHE_ENV_VAR, str(folder))
@@ -120,9 +146,9 @@ def test_generate_streams_missing_experts_on_request(capsys):
     for path in ("load", "stream"):
         code, out, err = _run(capsys, *argv, "--miss-path", path)
         assert code == 0, err
-        runs[path] = out.strip().splitlines()
-    stats = {path: json.loads(lines[-1]) for path, lines in runs.items()}
-    assert runs["stream"][:-1] == runs["load"][:-1]  # the same text
+        runs[path] = json.loads(out)
+    stats = {path: record["statistics"] for path, record in runs.items()}
+    assert runs["stream"]["text"] == runs["load"]["text"]  # the same text
     assert stats["stream"]["miss_path"] == "stream"
     assert stats["stream"]["streamed_mb_per_token"] > 0
     assert stats["load"]["streamed_mb_per_token"] == 0
@@ -156,14 +182,14 @@ def test_generate_streams_under_a_budget_by_default_and_fills_when_decoding_plai
     for extra in ((), ("--miss-path", "load")):
         code, out, err = _run(capsys, *argv, *extra)
         assert code == 0, err
-        runs[extra] = out.strip().splitlines()
-    default = json.loads(runs[()][-1])
-    assert runs[()][:-1] == runs[("--miss-path", "load")][:-1]  # the same text
+        runs[extra] = json.loads(out)
+    default = runs[()]["statistics"]
+    assert runs[()]["text"] == runs[("--miss-path", "load")]["text"]  # the same text
     assert default["miss_path"] == "stream"
     assert default["stream_fills"] == FILL_CANDIDATES
     assert default["streamed_fills"] > 0
     assert default["pipelined_records"] is True  # plain streamed steps pipeline their records
-    loaded = json.loads(runs[("--miss-path", "load")][-1])
+    loaded = runs[("--miss-path", "load")]["statistics"]
     assert loaded["miss_path"] == "load"
     assert loaded["pipelined_records"] is False
 
@@ -201,7 +227,7 @@ def test_generate_samples_reproducibly(capsys):
     first = _run(capsys, *argv)
     second = _run(capsys, *argv)
     assert first[0] == second[0] == 0
-    assert first[1].splitlines()[0] == second[1].splitlines()[0]
+    assert _text(first[1]) == _text(second[1])
 
 
 def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_path):
@@ -213,7 +239,8 @@ def test_generate_from_a_checkpoint_and_a_prompt_file(capsys, checkpoint, tmp_pa
     )  # fmt: skip
     assert code == 0, err
     assert out.startswith("def add(a, b):")
-    assert "mean depth K                     0.00" in out
+    assert "draft tokens accepted" not in out  # plain decoding: no speculation rows
+    assert "tokens generated" in out
 
 
 def test_generate_pins_a_hot_set_from_a_file(capsys, tmp_path):
@@ -227,7 +254,7 @@ def test_generate_pins_a_hot_set_from_a_file(capsys, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     assert "hot_experts=2" in err  # the loaded model's repr
-    assert json.loads(out.strip().splitlines()[-1])["new_tokens"] == 4
+    assert _stats(out)["new_tokens"] == 4
     path.write_text(json.dumps({"hot_experts": [[0, 1]] * (layers + 1)}))
     code, _, err = _run(
         capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "2",
@@ -267,7 +294,7 @@ def test_generate_takes_a_hot_set_files_pruned_experts(capsys, tmp_path):
     for asked in ("auto", "0", "2"):
         code, out, err = _run(capsys, *argv, "--draft-pruned", asked)
         assert code == 0, err
-        runs[asked] = json.loads(out.strip().splitlines()[-1])
+        runs[asked] = _stats(out)
     assert runs["auto"]["draft_pruned_per_layer"] == runs["2"]["draft_pruned_per_layer"] == 2
     assert runs["0"]["draft_pruned_per_layer"] == 0
     assert runs["auto"]["hot_experts_per_layer"] == runs["0"]["hot_experts_per_layer"] == 2
@@ -277,7 +304,7 @@ def test_generate_takes_a_hot_set_files_pruned_experts(capsys, tmp_path):
     path.write_text(json.dumps({"hot_experts": [[0, 1]] * layers}))  # none named: none pruned
     code, out, err = _run(capsys, *argv)
     assert code == 0, err
-    assert json.loads(out.strip().splitlines()[-1])["draft_pruned_per_layer"] == 0
+    assert _stats(out)["draft_pruned_per_layer"] == 0
 
 
 def test_generate_chooses_a_hot_set_on_the_prompt(capsys, monkeypatch):
@@ -313,7 +340,7 @@ def test_generate_chooses_a_hot_set_on_the_prompt(capsys, monkeypatch):
     assert tuple(routing.shape) == (len(ids) + 2, layers, config.num_experts_per_tok)
     assert "the routing of the prompt and its first 3 greedy tokens" in err
     assert seen["budget"] == budget
-    stats = json.loads(out.strip().splitlines()[-1])
+    stats = _stats(out)
     assert stats["hot_set_choice_s"] > 0
     from specter_bench.cli import build_parser
     from specter_models.engine.hot_sets import CONTINUATION_TOKENS
@@ -329,7 +356,7 @@ def test_generate_chooses_a_hot_set_on_the_prompt(capsys, monkeypatch):
     assert code == 0, err
     assert "choosing the hot set on the prompt's routing" in err
     assert seen["routes"][0].shape[0] == len(ids)
-    stats = json.loads(out.strip().splitlines()[-1])
+    stats = _stats(out)
     assert stats["hot_experts_per_layer"] == seen["choice"].per_layer
     assert stats["slots_per_layer"] == seen["choice"].slots_per_layer
     assert stats["draft_pruned_per_layer"] == seen["choice"].pruned_per_layer == 8 // 3
@@ -374,7 +401,7 @@ def test_generate_pins_a_prompt_hot_set_by_default_when_speculating_under_a_budg
     for extra in ((), ("--hot-experts", "none")):
         code, out, err = _run(capsys, *argv, *extra)
         assert code == 0, err
-        runs[extra] = (json.loads(out.strip().splitlines()[-1]), err)
+        runs[extra] = (_stats(out), err)
     (default, default_err), (none, none_err) = runs[()], runs[("--hot-experts", "none")]
     assert "the default under a budget, --hot-experts none skips it" in default_err
     assert default["hot_experts_per_layer"] > 0
@@ -392,7 +419,7 @@ def test_generate_pins_a_prompt_hot_set_by_default_when_speculating_under_a_budg
     code, out, err = _run(capsys, *argv[:8], roomy, *argv[9:])
     assert code == 0, err
     assert "choosing the hot set" not in err  # no extra load for nothing to pin
-    roomy_stats = json.loads(out.strip().splitlines()[-1])
+    roomy_stats = _stats(out)
     assert roomy_stats["slots_per_layer"] == roomy_stats["num_experts"]
 
 
@@ -430,8 +457,7 @@ def test_generate_depth_zero_loads_no_draft_and_gives_its_memory_to_slots(capsys
     for depth in ("2", "0"):
         code, out, err = _run(capsys, *argv, "--depth", depth)
         assert code == 0, err
-        lines = out.strip().splitlines()
-        runs[depth] = (lines[:-1], json.loads(lines[-1]))
+        runs[depth] = (_text(out), _stats(out))
         notes[depth] = err
     (spec_text, spec), (plain_text, plain) = runs["2"], runs["0"]
     note = "the INT4 draft leaves 2 FP16 expert slots per layer in this budget; plain decoding"
@@ -454,15 +480,17 @@ def test_a_budget_only_plain_decoding_fits_says_so(capsys):
     code, _, err = _run(capsys, *argv, "--depth", "2")
     assert code == 2
     assert "too small" in err
-    assert "Without the INT4 draft it fits: --depth 0 decodes plainly with 1 FP16 expert" in err
+    assert "with its INT4 draft: it needs at least" in err
+    assert "or --depth 0: plain decoding, without the draft, fits in" in err
+    assert "with 1 FP16 expert slots per layer" in err
     code, out, err = _run(capsys, *argv, "--depth", "0")
     assert code == 0, err
-    assert json.loads(out.strip().splitlines()[-1])["slots_per_layer"] == 1
+    assert _stats(out)["slots_per_layer"] == 1
     code, _, err = _run(capsys, *argv[:-2], "0.000001", "hi", "--depth", "2")
     assert code == 2
     assert "too small" in err
-    assert "Without the INT4 draft it fits" not in err  # plain decoding does not fit either
-    assert "Without the INT4 draft (--depth 0, plain decoding) it does not fit either" in err
+    assert "plain decoding, without the draft, fits" not in err  # it does not fit either
+    assert err.count("needs at least") == 1  # one shortfall, said once
 
 
 def test_generate_auto_decodes_plainly_where_the_prompts_routing_moves_fewer_experts(
@@ -483,8 +511,7 @@ def test_generate_auto_decodes_plainly_where_the_prompts_routing_moves_fewer_exp
     def stats(*extra):
         code, out, err = _run(capsys, *argv, *extra)
         assert code == 0, err
-        lines = out.strip().splitlines()
-        return lines[:-1], json.loads(lines[-1]), err
+        return _text(out), _stats(out), err
 
     text, real, err = stats()
     auto = real["auto_choice"]
@@ -526,3 +553,51 @@ def test_generate_auto_decodes_plainly_where_the_prompts_routing_moves_fewer_exp
     assert "auto:" not in err
     _, fixed, _ = stats("--depth", "2")
     assert fixed["auto_choice"] is None  # a fixed depth speculates as asked
+
+
+def test_generate_json_is_one_object_with_the_text_and_nothing_else(capsys):
+    code, out, err = _run(
+        capsys, "--model", "tiny-qwen2-moe", "--max-new-tokens", "6", "--depth", "2", "--json",
+        "hi",
+    )  # fmt: skip
+    assert code == 0, err
+    record = json.loads(out)  # the whole of stdout: one JSON object
+    assert record["prompt"] == "hi"
+    assert len(record["token_ids"]) == record["statistics"]["new_tokens"] == 6
+    assert record["text"]
+    assert record["stop_reason"] == "max_new_tokens"
+    assert "loading tiny-qwen2-moe" in err  # progress stays on stderr
+
+
+def test_generate_skips_the_depth_warm_up_for_short_requests(capsys):
+    code, out, err = _run(
+        capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "8", "--json",
+        "--gpu-memory-gb", "unlimited", "def f(x):",
+    )  # fmt: skip
+    assert code == 0, err
+    assert _stats(out)["depth_warmup_s"] is None
+    assert "warming" not in err
+
+
+def test_generate_reports_a_binary_prompt_file_by_name(capsys, tmp_path):
+    binary = tmp_path / "prompt.bin"
+    binary.write_bytes(bytes([0xB1, 0x00, 0xFF]))
+    code, out, err = _run(capsys, "generate", "--prompt-file", str(binary))
+    assert code == 2
+    assert f"--prompt-file {binary}: not UTF-8 text (byte 0xb1 at offset 0)" in err
+    assert out == ""
+
+
+def test_a_budget_too_small_gives_advice_generate_can_act_on(capsys):
+    code, _, err = _run(capsys, "--model", "tiny-qwen2-moe", "--gpu-memory-gb", "0.001", "x")
+    assert code == 2
+    message = err.strip().splitlines()[-1]
+    assert "--gpu-memory-gb 0.001 is too small for tiny-qwen2-moe" in message
+    assert "max_seq_len" not in message  # not an option of generate
+    smallest = float(message.split("Give --gpu-memory-gb ")[1].split()[0])
+    assert message.count("needs at least") == 1  # said once
+    code, _, err = _run(
+        capsys, "--model", "tiny-qwen2-moe", "--gpu-memory-gb", f"{smallest}", "--json",
+        "--max-new-tokens", "2", "--hot-experts", "none", "x",
+    )  # fmt: skip
+    assert code == 0, err  # the advised budget works

@@ -38,6 +38,7 @@ runs); anything else falls back to transformers' forward.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -95,6 +96,7 @@ def install_absorbed_mla(model: nn.Module) -> int:
 
 def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[..., Any]:
     namespace = sys.modules[type(module).__module__]
+    keyword = "cache" if "cache" in inspect.signature(plain).parameters else "past_key_values"
 
     def forward(
         hidden_states: torch.Tensor,
@@ -103,13 +105,17 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
         position_embeddings: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        # The decoder layer passes the cache as ``cache`` (newer transformers) or as
+        # ``past_key_values`` (older ones); ``plain`` gets it by the name it prefers.
+        if "cache" in kwargs:
+            past_key_values = kwargs.pop("cache")
         implementation = module.config._attn_implementation
         if hidden_states.shape[0] != 1 or implementation not in SUPPORTED_IMPLEMENTATIONS:
             return plain(
                 hidden_states,
                 attention_mask=attention_mask,
-                past_key_values=past_key_values,
                 position_embeddings=position_embeddings,
+                **{keyword: past_key_values},
                 **kwargs,
             )
         T = hidden_states.shape[1]

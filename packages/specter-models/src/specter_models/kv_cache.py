@@ -24,10 +24,31 @@ hold stale but finite values (zeros, or rows of a rolled-back suffix), which the
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class KVCacheFullError(ValueError):
+    """A write past the KV cache's ``max_seq_len`` positions."""
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword ``model``'s forward takes its cache by: ``"cache"`` (newer transformers)
+    or ``"past_key_values"`` (older ones, and where the signature cannot be read). Read
+    once per model, then kept on it: forwards on the decode path call this."""
+    known = model.__dict__.get("_specter_cache_keyword")
+    if known is None:
+        try:
+            parameters = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            parameters = {}
+        known = "cache" if "cache" in parameters else "past_key_values"
+        model.__dict__["_specter_cache_keyword"] = known
+    return known
+
 
 RowShape = tuple[tuple[int, int], tuple[int, int]]
 """``((key_heads, key_dim), (value_heads, value_dim))`` of one cached position."""
@@ -136,7 +157,7 @@ class StaticKVLayer(CacheLayerMixin):
             return positions, self.keys[:, :, :window], self.values[:, :, :window]
         start, end = self.length, self.length + rows
         if end > self.max_seq_len:
-            raise ValueError(
+            raise KVCacheFullError(
                 f"the KV cache holds at most max_seq_len={self.max_seq_len} positions; writing "
                 f"positions {start}..{end - 1} would overflow it. Load the model with a larger "
                 "max_seq_len."

@@ -35,7 +35,29 @@ DEFAULT_MAX_VERIFY_ROWS = 33  # a verification of depth 32
 
 
 class MemoryBudgetError(ValueError):
-    """The GPU memory budget cannot hold the fixed state plus one expert slot per layer."""
+    """The GPU memory budget cannot hold the fixed state plus one expert slot per layer.
+
+    Attributes:
+        budget_gb: the budget that was too small (None where unknown).
+        needed_gb: the smallest budget that holds the plan (None where unknown).
+        breakdown: what fills ``needed_gb``, in words ("non-expert weights 1.2 GB, ...").
+        plain_needed_gb: where known, the smallest budget of plain decoding (no INT4 draft).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        budget_gb: float | None = None,
+        needed_gb: float | None = None,
+        breakdown: str = "",
+        plain_needed_gb: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.budget_gb = budget_gb
+        self.needed_gb = needed_gb
+        self.breakdown = breakdown
+        self.plain_needed_gb = plain_needed_gb
 
 
 @dataclass(frozen=True)
@@ -124,9 +146,12 @@ class MemoryPlan:
 
     def describe(self) -> str:
         """A small table in GB, for ``specter info``."""
-        budget = (
-            "none (every expert resident)" if self.budget_bytes is None else _gb(self.budget_bytes)
-        )
+        if self.budget_bytes is not None:
+            budget = _gb(self.budget_bytes)
+        elif self.slots_per_layer >= self.num_experts:
+            budget = "none (every expert resident)"
+        else:
+            budget = f"none ({self.slots_per_layer} expert slots per layer, fixed)"
         int4 = self.num_experts - self.hot_experts_per_layer - self.pruned_experts_per_layer
         draft = (
             ("INT4 draft experts", "none (no draft: plain decoding)")
@@ -159,7 +184,7 @@ class MemoryPlan:
                 else []
             ),
             ("expected peak", _gb(self.expected_peak_bytes)),
-            ("host store (pinned, all FP16 experts)", _gb(self.all_experts_bytes)),
+            (f"host store (every routed expert, {self.dtype})", _gb(self.all_experts_bytes)),
         ]
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
@@ -282,16 +307,21 @@ def plan_memory(
     if slots < least:
         needed = fixed + L * least * expert_bytes
         pinned = f" ({hot} pinned hot experts plus one evictable)" if hot else ""
+        breakdown = (
+            f"non-expert weights {_gb(non_expert)}, INT4 draft experts {_gb(draft_bytes)}, "
+            f"KV cache ({max_seq_len} positions) {_gb(kv_bytes)}, buffers {_gb(buffers)}"
+            + (f", a staging buffer {_gb(staging_bytes)}" if staging_bytes else "")
+            + f", and {least} FP16 expert slot(s) per layer{pinned} "
+            f"{_gb(L * least * expert_bytes)}"
+        )
         raise MemoryBudgetError(
             f"gpu_memory_gb={gpu_memory_gb} is too small for this {arch.model_type} model: it "
-            f"needs at least {needed / GB:.3f} GB: non-expert weights {_gb(non_expert)}, "
-            f"INT4 draft experts {_gb(draft_bytes)}, KV cache at max_seq_len={max_seq_len} "
-            f"{_gb(kv_bytes)}, buffers {_gb(buffers)}"
-            + (f", a staging buffer {_gb(staging_bytes)}" if staging_bytes else "")
-            + f", and {least} FP16 expert slot(s) per "
-            f"layer{pinned} {_gb(L * least * expert_bytes)}. Give a larger budget, fewer "
+            f"needs at least {needed / GB:.3f} GB: {breakdown}. Give a larger budget, fewer "
             "pinned hot experts, more pruned draft experts, fewer staging slots or a smaller "
-            "max_seq_len."
+            "max_seq_len.",
+            budget_gb=gpu_memory_gb,
+            needed_gb=needed / GB,
+            breakdown=breakdown,
         )
     return MemoryPlan(budget_bytes=budget, slots_per_layer=int(slots), **plan_args)
 

@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 
 from specter_kernels import argmax_last_dim
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
-from specter_models.kv_cache import StaticKVCache
+from specter_models.kv_cache import StaticKVCache, cache_keyword
 from specter_models.row_truncation import RowTruncation
 from specter_models.step_graphs import StepGraphs
 
@@ -149,7 +149,7 @@ class _Adapter:
                 output = self.model(
                     input_ids=input_ids,
                     position_ids=positions,
-                    past_key_values=self.kv.cache,
+                    **{cache_keyword(self.model): self.kv.cache},
                     use_cache=True,
                     **keep,
                 )

@@ -64,7 +64,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
-from specter_models.kv_cache import StaticKVCache
+from specter_models.kv_cache import StaticKVCache, cache_keyword
 
 StepKey = tuple[int, int, bool, bool, int, bool]
 """A captured step's key: ``(rows bucket, window, batch_invariant, whole, stream_staging,
@@ -472,7 +472,7 @@ class StepGraphs:
                 input_ids=step.input_ids,
                 position_ids=step.positions,
                 attention_mask=mask,
-                past_key_values=self.cache,
+                **{cache_keyword(self.model): self.cache},
                 use_cache=True,
             )
         return output.logits

@@ -23,7 +23,12 @@ from specter_spec.depth import (
 from specter_spec.depth_profiler import DepthProfile, profile_depth
 from specter_spec.hf_causal_lm import HFCausalLM
 from specter_spec.phase_clock import PhaseClock
-from specter_spec.sampling import SamplingConfig, sampling_probs
+from specter_spec.sampling import (
+    NonFiniteLogitsError,
+    SamplingConfig,
+    check_finite_logits,
+    sampling_probs,
+)
 from specter_spec.spec_model import SpecModel
 from specter_spec.speculation_observer import SpeculationObserver
 from specter_spec.statistics import GenerationResult, GenerationStats, IterationStats
@@ -42,6 +47,7 @@ __all__ = [
     "GenerationStats",
     "HFCausalLM",
     "IterationStats",
+    "NonFiniteLogitsError",
     "PhaseClock",
     "SamplingConfig",
     "SpecController",
@@ -50,6 +56,7 @@ __all__ = [
     "TokenStream",
     "__version__",
     "acceptance_probability",
+    "check_finite_logits",
     "expected_committed",
     "greedy_accept",
     "profile_depth",

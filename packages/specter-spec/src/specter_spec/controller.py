@@ -11,7 +11,7 @@ from specter_spec.acceptance import AcceptanceResult, greedy_accept, rejection_s
 from specter_spec.depth.policy import DepthPolicy, FixedDepth, as_depth_policy, check_depth
 from specter_spec.phase_clock import PhaseClock
 from specter_spec.queued_steps import PIPELINE_DEPTH, PlainQueue, QueuedPlainStep, TokenReadback
-from specter_spec.sampling import SamplingConfig, sampling_probs
+from specter_spec.sampling import SamplingConfig, check_finite_logits, sampling_probs
 from specter_spec.spec_model import (
     SpecModel,
     check_spec_model,
@@ -293,6 +293,8 @@ class SpecController:
             verify_ids = torch.cat([committed[n - 1 : n], proposals]).unsqueeze(0)
             target_logits = self._verify(verify_ids, n - 1)
             self._check_logits(target_logits, depth + 1, "target")
+            if not stream.stats.iterations:  # once a generation: one host read
+                check_finite_logits(target_logits, "target")
             verified = self._verified_proposals(depth)
             if verified < depth:  # the target verified the leading rows only
                 proposals = proposals[:verified]
@@ -523,9 +525,13 @@ class SpecController:
         target_probs = sampling_probs(target_logits, self.sampling)
         if draft_probs is None:  # K = 0: the bonus token is drawn from p[0]
             draft_probs = target_probs.new_zeros(0, target_probs.shape[-1])
-        return rejection_sample(
-            proposals, draft_probs.to(target_probs.dtype), target_probs, generator
-        )
+        try:
+            return rejection_sample(
+                proposals, draft_probs.to(target_probs.dtype), target_probs, generator
+            )
+        except RuntimeError:  # torch.multinomial refuses NaN and infinite probabilities
+            check_finite_logits(target_logits, "target")
+            raise
 
     @staticmethod
     def _check_logits(logits: torch.Tensor, rows: int, role: str) -> None:

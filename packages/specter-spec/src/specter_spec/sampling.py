@@ -14,7 +14,24 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingConfig", "sampling_probs"]
+__all__ = ["NonFiniteLogitsError", "SamplingConfig", "check_finite_logits", "sampling_probs"]
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """A model returned NaN or infinite logits: its weights (or its kernels) are broken."""
+
+
+def check_finite_logits(logits: torch.Tensor, role: str) -> None:
+    """Raise :class:`NonFiniteLogitsError` where ``logits`` hold a NaN or an infinity.
+
+    One host read: call it once a generation or on an error path, never per token.
+    """
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteLogitsError(
+            f"the {role} model's logits are not finite (NaN or infinity): its weights are "
+            "probably corrupt; check the checkpoint's files (sizes, checksums; download them "
+            "again)."
+        )
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,14 @@ __all__ = [
     "parse_auto_switch",
     "parse_budget",
     "parse_budget_list",
+    "parse_budget_or_auto",
     "parse_depth",
     "parse_dtype",
     "parse_int_list",
     "positive_int",
     "prompt_source_config",
     "resolve_device",
+    "top_p",
 ]
 
 DEFAULT_MODEL = "specter-code-tiny"
@@ -62,6 +64,27 @@ def parse_budget(text: str) -> float | None:
         raise argparse.ArgumentTypeError(
             f"GPU memory budget must be a number of GB > 0 or 'unlimited', got {text!r}"
         )
+    return value
+
+
+def parse_budget_or_auto(text: str) -> float | str | None:
+    """``--gpu-memory-gb`` of ``generate`` and ``info``: :func:`parse_budget` or ``auto``
+    (the free GPU memory at start less a margin; no budget on the CPU). ``unlimited`` stays
+    the word ``"unlimited"``, told apart from no choice (None)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    budget = parse_budget(text)
+    return "unlimited" if budget is None else budget
+
+
+def top_p(text: str) -> float:
+    """``--top-p``: a float in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"--top-p must be in (0, 1], got {text!r}")
     return value
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,10 +25,11 @@ from specter_bench.commands.args import (
     auto_or_non_negative_int,
     non_negative_float,
     non_negative_int,
-    parse_budget,
+    parse_budget_or_auto,
     parse_depth,
     positive_int,
     resolve_device,
+    top_p,
 )
 
 __all__ = ["apply_demo_defaults", "engine_config_from_args", "register", "run"]
@@ -48,9 +50,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(gen, default=DEFAULT_MODEL, weights_seed_flag="--weights-seed")
     gen.add_argument(
         "--gpu-memory-gb",
-        type=parse_budget,
+        type=parse_budget_or_auto,
         default=None,
-        help="GPU memory budget in GB (default unlimited: every expert resident)",
+        help="GPU memory budget in GB, auto (the free GPU memory at start less a margin; "
+        "`specter info` shows what it chooses) or unlimited (every expert resident). Default: "
+        "auto on a GPU, none on the CPU",
+    )
+    gen.add_argument(
+        "--draft",
+        default="rtn",
+        metavar="rtn|FOLDER",
+        help="the INT4 draft: rtn (the experts quantized on load, round-to-nearest; default) "
+        "or a GPTQ checkpoint folder of the same model",
     )
     gen.add_argument(
         "--slots-per-layer", type=positive_int, help="expert slots per layer (instead of a budget)"
@@ -77,9 +88,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=non_negative_int,
         default=None,
         metavar="N",
-        help="with --depth auto and every expert resident, decode N tokens of the prompt "
-        "unrecorded first, so the adaptive depth starts from measured step times (default "
-        "32; 0: none)",
+        help="with --depth auto and every expert resident, decode N greedy tokens after the "
+        "prompt once, unrecorded, so the adaptive depth starts from measured draft and verify "
+        "times (default: a quarter of --max-new-tokens, at most 32, none under 16 new tokens; "
+        "0: none)",
     )
     gen.add_argument(
         "--no-depth-memory",
@@ -88,12 +100,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "setup measured nor keep this run's (kept under $SPECTER_CACHE_DIR, default "
         "~/.cache/specter)",
     )
-    gen.add_argument("--max-new-tokens", type=positive_int, default=128)
+    gen.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=128,
+        help="the most tokens to generate after the prompt (default 128)",
+    )
     gen.add_argument(
         "--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)"
     )
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (0, 1]")
-    gen.add_argument("--top-k", type=int, default=0, help="sample from the k most likely (0: all)")
+    gen.add_argument(
+        "--top-p", type=top_p, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)"
+    )
+    gen.add_argument(
+        "--top-k",
+        type=non_negative_int,
+        default=0,
+        help="sample from the k most likely tokens (default 0: all)",
+    )
     gen.add_argument(
         "--seed",
         type=int,
@@ -149,7 +173,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "them there (fixed state in the memory plan; default 0: none)",
     )
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end only")
-    gen.add_argument("--json", action="store_true", help="print statistics as one JSON object")
+    gen.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (prompt, text, token ids, every statistic) to stdout "
+        "instead of the text and the table; progress stays on stderr",
+    )
+    gen.add_argument(
+        "--verbose", action="store_true", help="print every statistic, not only those that apply"
+    )
     gen.set_defaults(run=run)
 
 
@@ -157,10 +189,7 @@ def _prompt_text(args: argparse.Namespace) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise CommandError("give the prompt as an argument or with --prompt-file, not both.")
     if args.prompt_file is not None:
-        path = Path(args.prompt_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"--prompt-file {path}: no such file.")
-        text = path.read_text(encoding="utf-8")
+        text = read_prompt_file(Path(args.prompt_file))
     else:
         text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     if not text:
@@ -168,16 +197,36 @@ def _prompt_text(args: argparse.Namespace) -> str:
     return text
 
 
+def read_prompt_file(path: Path) -> str:
+    """The text of ``--prompt-file``.
+
+    Raises:
+        CommandError: the path is missing, a folder, unreadable or not UTF-8 text.
+    """
+    if path.is_dir():
+        raise CommandError(f"--prompt-file {path}: is a folder; give a text file.")
+    if not path.exists():
+        raise CommandError(f"--prompt-file {path}: no such file.")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise CommandError(
+            f"--prompt-file {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+            f"offset {exc.start}); give a text file, or convert it to UTF-8."
+        ) from exc
+    except OSError as exc:
+        raise CommandError(f"--prompt-file {path}: cannot be read: {exc.strerror}.") from exc
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    if args.temperature == 0 and (args.top_p != 1 or args.top_k != 0):
+        raise CommandError("--top-p/--top-k need sampling: give --temperature > 0.")
+
+
 def _sampling(args: argparse.Namespace) -> Any:
     from specter_spec import SamplingConfig
 
-    if not 0 < args.top_p <= 1:
-        raise CommandError(f"--top-p must be in (0, 1], got {args.top_p}.")
-    if args.top_k < 0:
-        raise CommandError(f"--top-k must be >= 0 (0 keeps every token), got {args.top_k}.")
     if args.temperature == 0:
-        if args.top_p != 1 or args.top_k != 0:
-            raise CommandError("--top-p/--top-k need sampling: give --temperature > 0.")
         return SamplingConfig.greedy()
     return SamplingConfig(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
@@ -207,13 +256,13 @@ def apply_demo_defaults(args: argparse.Namespace, num_experts: int) -> bool:
     return True
 
 
-def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
-    from specter_bench.tables import format_value
-
+def _full_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every statistic, for ``--verbose``."""
     rows = [
         ("tokens", summary["new_tokens"]),
         ("TPOT (ms, decode only)", summary["tpot_ms"]),
         ("tokens/s", summary["tokens_per_s"]),
+        ("steady TPOT (ms, after the first iteration)", summary.get("steady_tpot_ms")),
         ("prefill (ms)", summary["prefill_ms"]),
         ("first iteration (ms, in TPOT)", summary["first_iteration_ms"]),
         ("acceptance (per proposed token)", summary["acceptance_rate"]),
@@ -226,10 +275,10 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         ),
         ("host-to-device MB per token", summary["h2d_mb_per_token"]),
         ("transfer stall ms per token", summary["stall_ms_per_token"]),
-        ("miss path", summary["miss_path"]),
+        ("experts without a slot are", _miss_path_words(summary["miss_path"])),
         ("streamed MB per token", summary["streamed_mb_per_token"]),
         (
-            "streamed fills (cap per layer)",
+            "slots filled by streamed experts (most per layer)",
             (summary["streamed_fills"], summary["stream_fills"]),
         ),
         ("staged experts per layer (cap)", summary["stream_staging"]),
@@ -242,6 +291,7 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         ("hot-set choice s (not in TPOT)", summary.get("hot_set_choice_s")),
         ("depth warm-up s (not in TPOT)", summary.get("depth_warmup_s")),
         ("depth costs (adaptive depth)", summary.get("depth_costs")),
+        ("stopped because", summary.get("stop_reason")),
         ("device", summary["device"]),
     ]
     auto = summary.get("auto_choice")
@@ -253,11 +303,76 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
                 f"{auto['draft_loads']} / {auto['plain_loads']} -> {auto['decoded']}",
             ),
         )
+    return rows
+
+
+def _miss_path_words(path: str) -> str:
+    return {"stream": "read from host memory", "load": "copied into a slot"}.get(path, path)
+
+
+_STOP_WORDS = {
+    "max_new_tokens": "--max-new-tokens reached",
+    "stop_token": "end-of-text token",
+    "cancelled": "cancelled",
+    "max_positions": "the KV cache's positions are full",
+}
+
+
+def _rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The statistics that apply to this run, in plain words: steady decoding first, then
+    the one-time costs apart from it."""
+    tokens = summary["new_tokens"]
+    steady = summary.get("steady_tpot_ms")
+    rows: list[tuple[str, Any]] = [("tokens generated", tokens)]
+    if steady is not None:
+        rows.append(("steady decoding", f"{steady:.1f} ms a token ({1e3 / steady:.1f} tokens/s)"))
+    if summary["tpot_ms"] is not None:
+        tpot = summary["tpot_ms"]
+        rows.append(("whole decode, first step included", f"{tpot:.1f} ms a token"))
+    speculated = bool(summary["mean_depth"])
+    if speculated:
+        rows += [
+            ("draft tokens accepted", f"{100 * summary['acceptance_rate']:.0f}%"),
+            ("tokens per target step", 1 + summary["accepted_per_iteration"]),
+            ("mean draft depth K", summary["mean_depth"]),
+        ]
+    slots, experts = summary["slots_per_layer"], summary["num_experts"]
+    if slots < experts:
+        rows += [
+            ("experts held on the GPU per layer", f"{slots} of {experts}"),
+            ("expert cache hit rate", summary["hit_rate"]),
+            ("experts without a GPU slot are", _miss_path_words(summary["miss_path"])),
+            ("host-to-GPU MB a token", summary["h2d_mb_per_token"]),
+        ]
+        if summary["miss_path"] == "stream":
+            rows.append(("streamed MB a token", summary["streamed_mb_per_token"]))
+        if summary["hot_experts_per_layer"]:
+            rows.append(("experts pinned per layer", summary["hot_experts_per_layer"]))
+    if summary["peak_gpu_memory_gb"] is not None:
+        rows.append(("peak GPU memory (GB)", summary["peak_gpu_memory_gb"]))
+    rows.append(("stopped because", _STOP_WORDS.get(summary.get("stop_reason"), "-")))
+    rows.append(("device", summary["device"]))
+    once = [
+        ("prompt processing (prefill)", summary["prefill_ms"], "ms"),
+        ("first decode step (first use of the kernels)", summary["first_iteration_ms"], "ms"),
+        ("CUDA graph capture", summary.get("graph_capture_s"), "s"),
+        ("hot-set choice", summary.get("hot_set_choice_s"), "s"),
+        ("depth warm-up", summary.get("depth_warmup_s"), "s"),
+    ]
+    rows.append(("one-time costs (not in steady decoding):", ""))
+    rows += [(f"  {name}", f"{value:.1f} {unit}") for name, value, unit in once if value]
+    return rows
+
+
+def _print_summary(summary: dict[str, Any], out: TextIO, *, verbose: bool = False) -> None:
+    from specter_bench.tables import format_value
+
+    rows = _full_rows(summary) if verbose else _rows(summary)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         if isinstance(value, tuple):
             value = " / ".join(format_value(v) for v in value)
-        print(f"{name:<{width}}  {format_value(value)}", file=out)
+        print(f"{name:<{width}}  {format_value(value)}".rstrip(), file=out)
 
 
 def engine_config_from_args(args: argparse.Namespace, *, device: str, prompt_tokens: int) -> Any:
@@ -278,7 +393,7 @@ def engine_config_from_args(args: argparse.Namespace, *, device: str, prompt_tok
         MemoryConfig,
         SpeculationConfig,
     )
-    from specter_models.engine.warmup import DEPTH_WARMUP_TOKENS
+    from specter_models.engine.warmup import proportionate_warmup_tokens
 
     max_depth = MAX_AUTO_DEPTH if args.depth == "auto" else args.depth
     need = prompt_tokens + args.max_new_tokens + max_depth + 2
@@ -306,9 +421,16 @@ def engine_config_from_args(args: argparse.Namespace, *, device: str, prompt_tok
         raise CommandError(
             "--hot-experts auto chooses a hot set for a memory budget: give --gpu-memory-gb."
         )
-    warmup = DEPTH_WARMUP_TOKENS if args.depth_warmup is None else args.depth_warmup
+    warmup = args.depth_warmup
+    if warmup is None:
+        warmup = proportionate_warmup_tokens(args.max_new_tokens)
     return EngineConfig(
-        load=LoadConfig(model=args.model, device=device, weights_seed=args.weights_seed),
+        load=LoadConfig(
+            model=args.model,
+            device=device,
+            weights_seed=args.weights_seed,
+            draft=getattr(args, "draft", "rtn"),
+        ),
         memory=MemoryConfig(
             gpu_memory_gb=args.gpu_memory_gb,
             slots_per_layer=args.slots_per_layer,
@@ -340,34 +462,45 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Set the engine up, stream the completion to stdout, then print statistics; exit
-    status 0."""
-    from specter_models import DraftDoesNotFitError, Engine
-    from specter_models.engine.model_source import load_tokenizer, model_config, num_experts_of
-
-    text = _prompt_text(args)
-    sampling = _sampling(args)
-    device = resolve_device(args.device)
-    config = model_config(args.model)
-    num_experts = num_experts_of(config)
-    if apply_demo_defaults(args, num_experts):
-        _stderr(
-            f"demo settings: depth {args.depth}, {args.slots_per_layer} of {num_experts} expert "
-            "slots per layer (choose --depth, --slots-per-layer or --gpu-memory-gb to change)"
+def _budget_advice(args: argparse.Namespace, exc: Exception) -> str:
+    """A budget-too-small error in terms of ``specter generate``'s own options."""
+    need = getattr(exc, "needed_gb", None)
+    if need is None:
+        return str(exc)
+    budget = getattr(exc, "budget_gb", None) or args.gpu_memory_gb
+    smallest = math.ceil(need * 100) / 100
+    plain = getattr(exc, "plain", None)
+    plain_need = getattr(exc, "plain_needed_gb", None)
+    message = (
+        f"--gpu-memory-gb {budget:g} is too small for {args.model}"
+        + (" with its INT4 draft" if plain is not None or plain_need is not None else "")
+        + f": it needs at least {smallest:g} GB ({exc.breakdown}). "
+        f"Give --gpu-memory-gb {smallest:g} or more"
+    )
+    if plain is not None:
+        message += (
+            f", or --depth 0: plain decoding, without the draft, fits in {budget:g} GB with "
+            f"{plain.slots_per_layer} FP16 expert slots per layer"
         )
-    args.max_positions = getattr(config, "max_position_embeddings", None)
-    prompt_tokens = len(load_tokenizer(args.model, int(config.vocab_size)).encode(text))
-    engine_config = engine_config_from_args(args, device=device, prompt_tokens=prompt_tokens)
-    try:
-        engine = Engine.from_config(engine_config, calibration_prompt=text, log=_stderr)
-    except DraftDoesNotFitError as exc:
-        raise CommandError(
-            f"{exc.__cause__} Without the INT4 draft it fits: --depth 0 decodes plainly with "
-            f"{exc.plain.slots_per_layer} FP16 expert slots per layer."
-        ) from exc
-    generation = engine.generate(text, max_new_tokens=args.max_new_tokens, sampling=sampling)
+    elif plain_need is not None and math.ceil(plain_need * 100) / 100 < smallest:
+        message += f" (or {math.ceil(plain_need * 100) / 100:g} with --depth 0, no draft)"
+    return message + "; a shorter prompt or fewer --max-new-tokens shrinks the KV cache."
+
+
+def _emit(args: argparse.Namespace, text: str, generation: Any) -> None:
+    """Stream the completion (or, with ``--json``, run it and print one JSON object)."""
     out = sys.stdout
+    if args.json:
+        generation.result()
+        record = {
+            "prompt": text,
+            "text": generation.text,
+            "token_ids": generation.token_ids,
+            "stop_reason": generation.stop_reason,
+            "statistics": generation.stats,
+        }
+        print(json.dumps(record), file=out)
+        return
     if args.no_stream:
         out.write(text + generation.result().text)
     else:
@@ -378,10 +511,46 @@ def run(args: argparse.Namespace) -> int:
                 out.write(chunk.text)
                 out.flush()
     out.write("\n")
-    summary = generation.stats
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print("-" * 40)
-        _print_summary(summary, out)
+    print("-" * 40, file=out)
+    _print_summary(generation.stats, out, verbose=args.verbose)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Set the engine up, stream the completion to stdout, then print statistics; exit
+    status 0."""
+    _check_sampling(args)
+    text = _prompt_text(args)
+    from specter_models import Engine, MemoryBudgetError
+    from specter_models.engine.generation import NonFiniteLogitsError
+    from specter_models.engine.model_source import load_tokenizer, model_config, num_experts_of
+
+    sampling = _sampling(args)
+    device = resolve_device(args.device)
+    config = model_config(args.model)
+    num_experts = num_experts_of(config)
+    if apply_demo_defaults(args, num_experts):
+        _stderr(
+            f"demo settings: depth {args.depth}, {args.slots_per_layer} of {num_experts} expert "
+            "slots per layer (choose --depth, --slots-per-layer or --gpu-memory-gb to change)"
+        )
+    elif args.gpu_memory_gb is None and args.slots_per_layer is None:
+        args.gpu_memory_gb = "auto" if device.startswith("cuda") else None
+    if args.gpu_memory_gb == "unlimited":
+        args.gpu_memory_gb = None
+    args.max_positions = getattr(config, "max_position_embeddings", None)
+    prompt_tokens = len(load_tokenizer(args.model, int(config.vocab_size)).encode(text))
+    engine_config = engine_config_from_args(args, device=device, prompt_tokens=prompt_tokens)
+    try:
+        engine = Engine.from_config(engine_config, calibration_prompt=text, log=_stderr)
+    except MemoryBudgetError as exc:
+        raise CommandError(_budget_advice(args, exc)) from exc
+    generation = engine.generate(text, max_new_tokens=args.max_new_tokens, sampling=sampling)
+    try:
+        _emit(args, text, generation)
+    except NonFiniteLogitsError as exc:
+        from specter_models.engine.non_finite import first_non_finite_layer
+
+        where = first_non_finite_layer(engine.model, list(engine.tokenizer.encode(text)))
+        found = f" The first non-finite values appear in {where}." if where else ""
+        raise CommandError(f"{exc}{found}") from exc
     return 0

@@ -8,7 +8,7 @@ from specter_bench.commands.args import (
     DEFAULT_MODEL,
     auto_or_non_negative_int,
     non_negative_int,
-    parse_budget,
+    parse_budget_or_auto,
     positive_int,
 )
 
@@ -20,12 +20,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info = subparsers.add_parser(
         "info",
         help="GPU, versions, and the memory plan for a model at a budget",
-        description="Print the GPU, library versions and, with --model, the memory plan: "
-        "fixed state, INT4 draft, KV, buffers, slots per layer, expected peak.",
+        description="Print the GPU, library versions, what --gpu-memory-gb auto chooses here, "
+        "and the memory plan of --model (default specter-code-tiny): fixed state, INT4 draft, "
+        "KV cache, buffers, slots per layer, expected peak.",
     )
-    info.add_argument("--model", default=DEFAULT_MODEL)
-    info.add_argument("--gpu-memory-gb", type=parse_budget, default=None)
-    info.add_argument("--max-seq-len", type=positive_int, default=None)
+    info.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="the preset or checkpoint folder to plan for (default specter-code-tiny)",
+    )
+    info.add_argument(
+        "--gpu-memory-gb",
+        type=parse_budget_or_auto,
+        default=None,
+        help="the budget to plan at, in GB, auto or unlimited (default: no budget, every "
+        "expert resident)",
+    )
+    info.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        help="KV cache positions (default 2048, or the model's positions if fewer)",
+    )
+    info.add_argument(
+        "--dtype",
+        choices=("float16", "bfloat16", "float32"),
+        default=None,
+        help="the model's dtype (default: what generate loads here: float16 on a GPU, "
+        "float32 on the CPU)",
+    )
     info.add_argument(
         "--hot-experts",
         type=non_negative_int,
@@ -66,7 +89,14 @@ def describe_machine() -> str:
             f"compute capability {props.major}.{props.minor}"
         )
     versions = package_versions()
-    lines.append("versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in versions.items()))
+    optional = ("accelerate", "triton")
+    lines.append(
+        "versions: "
+        + ", ".join(
+            f"{k} {v}" if v else f"{k} not installed" + (" (optional)" if k in optional else "")
+            for k, v in versions.items()
+        )
+    )
     lines.append(f"git commit: {git_commit()}")
     return "\n".join(lines)
 
@@ -78,15 +108,24 @@ def run(args: argparse.Namespace) -> int:
     default) and a staging buffer of ``args.stream_staging`` experts)."""
     from specter_bench.bench_record import budget_label
     from specter_models import MemoryBudgetError, plan_memory, resolve_pruned_per_layer
-    from specter_models.engine.model_source import model_config
+    from specter_models.engine.auto_budget import auto_budget
+    from specter_models.engine.model_source import model_config, resolve_device, resolve_dtype
     from specter_models.engine.plans import neither_fits, plain_plan
+    from specter_models.memory_plan import DEFAULT_MAX_SEQ_LEN
 
     print(describe_machine())
     config = model_config(args.model)
-    kwargs = {} if args.max_seq_len is None else {"max_seq_len": args.max_seq_len}
+    device = resolve_device("auto")
+    dtype = resolve_dtype(getattr(args, "dtype", None), device)
+    positions = getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN
+    max_seq_len = args.max_seq_len or min(positions, DEFAULT_MAX_SEQ_LEN)
+    kwargs = {"max_seq_len": max_seq_len, "dtype": dtype}
     hot = getattr(args, "hot_experts", 0)
     staging = getattr(args, "stream_staging", 0)
-    budget = args.gpu_memory_gb
+    auto = auto_budget(config, device, staging_slots=staging, **kwargs)
+    print(f"--gpu-memory-gb {auto.reason}")
+    budget = auto.budget_gb if args.gpu_memory_gb == "auto" else args.gpu_memory_gb
+    budget = None if budget == "unlimited" else budget
     pruned = resolve_pruned_per_layer(
         config, budget, getattr(args, "draft_pruned", 0), hot_experts_per_layer=hot, **kwargs
     )
@@ -101,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
     if plan is None and plain is None:
         raise neither_fits(too_small, plain_short)
     print()
-    print(f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}")
+    print(
+        f"memory plan: {args.model} ({config.model_type}) at {budget_label(budget)}, "
+        f"{str(dtype).removeprefix('torch.')}"
+    )
     if plan is None:  # the model fits without its draft only: why, then that plan
         print(f"with the INT4 draft: does not fit: {too_small}")
         print("without the INT4 draft (generate --depth 0, plain decoding):")

@@ -77,7 +77,10 @@ class MemoryConfig:
 
     Attributes:
         gpu_memory_gb: the GPU memory budget in GB; expert slots get what the fixed state
-            leaves. None (and no ``slots_per_layer``): every expert resident.
+            leaves. ``"auto"``: the device memory free at start less
+            :data:`~specter_models.engine.auto_budget.AUTO_BUDGET_MARGIN_GB` (no budget on a
+            CPU, or where that holds every expert). None (and no ``slots_per_layer``): every
+            expert resident.
         slots_per_layer: a fixed number of FP16 expert slots per MoE layer instead of a
             budget (the two are exclusive).
         hot_experts: ``"auto"`` (a hot set chosen on the routing of the calibration prompt
@@ -105,7 +108,7 @@ class MemoryConfig:
             None: 2048, or the model's limit if lower.
     """
 
-    gpu_memory_gb: float | None = None
+    gpu_memory_gb: float | str | None = None
     slots_per_layer: int | None = None
     hot_experts: str | None = None
     hot_set_tokens: int = 32
@@ -117,10 +120,12 @@ class MemoryConfig:
 
     def __post_init__(self) -> None:
         budget = self.gpu_memory_gb
-        if budget is not None and (
-            isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0
+        if (
+            budget is not None
+            and budget != "auto"
+            and (isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0)
         ):
-            _fail("MemoryConfig", "gpu_memory_gb", budget, "a number of GB > 0, or None")
+            _fail("MemoryConfig", "gpu_memory_gb", budget, "a number of GB > 0, 'auto' or None")
         slots = self.slots_per_layer
         if slots is not None and not (_is_int(slots) and slots >= 1):
             _fail("MemoryConfig", "slots_per_layer", slots, "an int >= 1, or None")

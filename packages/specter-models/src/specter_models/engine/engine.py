@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from specter_models.engine.auto_budget import auto_budget
 from specter_models.engine.config import EngineConfig
 from specter_models.engine.decode_window import DecodeWindow, make_depth_policy
 from specter_models.engine.depth_memory import (
@@ -102,6 +103,7 @@ class Engine:
         device: the resolved device (``"cpu"``, ``"cuda"``, ...).
         dtype: the model's dtype.
         depth: the depth it decodes at: an int (0: plain decoding) or ``"auto"``.
+        budget_gb: the GPU memory budget in GB (``"auto"`` resolved), or None.
         setup_stats: what setting up measured (hot-set choice, graph capture, depth
             warm-up, depth costs), repeated in every generation's ``stats``.
     """
@@ -167,15 +169,27 @@ class Engine:
         max_seq_len = memory.max_seq_len
         if max_seq_len is None:
             max_seq_len = min(self.max_positions or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
+        if self.max_positions is not None and max_seq_len > self.max_positions:
+            raise ValueError(
+                f"MemoryConfig.max_seq_len={max_seq_len}: {load.model} has "
+                f"{self.max_positions} positions (max_position_embeddings); give at most that."
+            )
         self.max_seq_len = max_seq_len
+        plan_args = {"dtype": dtype, "max_seq_len": max_seq_len}
         budget = memory.gpu_memory_gb
+        if budget == "auto":
+            chosen = auto_budget(
+                hf_config, device, staging_slots=memory.stream_staging, **plan_args
+            )
+            log(chosen.reason)
+            budget = chosen.budget_gb
+        self.budget_gb = budget
         depth = spec.depth
         speculate = depth != 0
-        budgeted = memory.budgeted
+        budgeted = budget is not None or memory.slots_per_layer is not None
         miss_path, fills = engine_choices(
             memory.miss_path, memory.stream_fills, budgeted=budgeted, speculate=speculate
         )
-        plan_args = {"dtype": dtype, "max_seq_len": max_seq_len}
 
         def load_model(with_draft: bool, hot=None, pruned=None, miss=None, fill=None):
             return self._load(
@@ -282,6 +296,7 @@ class Engine:
                 f"{exc} Without the INT4 draft it fits: depth 0 decodes plainly with "
                 f"{plain.slots_per_layer} FP16 expert slots per layer.",
                 plain,
+                exc,
             ) from exc
         log(f"loaded {loaded!r} in {time.perf_counter() - started:.1f} s")
         self.model = loaded
@@ -357,7 +372,7 @@ class Engine:
         kernels = config.kernels
         return load_model(
             config.load.model,
-            gpu_memory_gb=config.memory.gpu_memory_gb,
+            gpu_memory_gb=self.budget_gb,
             slots_per_layer=config.memory.slots_per_layer,
             device=device,
             dtype=dtype,

@@ -8,7 +8,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["Generation", "GenerationChunk", "generation_summary"]
+from specter_models.kv_cache import KVCacheFullError
+from specter_spec import NonFiniteLogitsError
+
+__all__ = ["Generation", "GenerationChunk", "NonFiniteLogitsError", "generation_summary"]
+
+_NON_FINITE_SAMPLING = "probability tensor contains either `inf`, `nan`"
+"""torch.multinomial's refusal of NaN or infinite probabilities."""
 
 
 @dataclass(frozen=True)
@@ -40,11 +46,17 @@ def generation_summary(loaded: Any, stats: Any, peak_gpu_bytes: int | None) -> d
     cache = loaded.cache.stats()["total"]  # one host sync, after generation
     tokens = stats.new_tokens
     tpot = stats.tpot_s
+    later = stats.iterations[1:]
+    later_tokens = sum(it.committed for it in later)
+    steady = sum(it.total_time_s for it in later) / later_tokens if later_tokens else None
     plan = loaded.memory.plan
     return {
         "new_tokens": tokens,
         "tpot_ms": 1e3 * tpot if tpot is not None else None,
         "tokens_per_s": 1.0 / tpot if tpot else None,
+        # Decode time a token after the first iteration, which carries one-time costs
+        # (the kernels' first use and compilation, the prefill's queued work).
+        "steady_tpot_ms": 1e3 * steady if steady is not None else None,
         "prefill_ms": 1e3 * stats.prefill_time_s,
         # Counted in TPOT, but carries the prefill's queued work and the decode's first
         # uses: at 24 GB on one H200 about twice a later iteration.
@@ -86,8 +98,9 @@ class Generation:
     Attributes:
         token_ids: the generated token ids so far (prompt excluded).
         text: their decoded text (complete after iteration).
-        stop_reason: None while running, then ``"stop_token"``, ``"max_new_tokens"`` or
-            ``"cancelled"``.
+        stop_reason: None while running, then ``"stop_token"``, ``"max_new_tokens"``,
+            ``"cancelled"`` or ``"max_positions"`` (the KV cache filled up part-way: the
+            tokens generated until then are kept).
         stats: None while running, then the statistics: :func:`generation_summary`'s keys,
             ``stop_reason`` and the engine's setup figures (hot-set choice, graph capture,
             depth warm-up, depth costs).
@@ -110,6 +123,8 @@ class Generation:
         self._engine_stats = engine_stats
         self._on_finish = on_finish
         self._cancelled = False
+        self._full = False
+        self._source = getattr(loaded, "source", None) or repr(loaded)
         self._started = False
         self.token_ids: list[int] = []
         self.text = ""
@@ -131,7 +146,7 @@ class Generation:
             torch.cuda.reset_peak_memory_stats()
         decode = self._tokenizer.decode
         shown = ""
-        for token in self._stream:
+        for token in self._tokens():
             self.token_ids.append(token)
             piece = ""
             if with_text:
@@ -151,9 +166,29 @@ class Generation:
             yield GenerationChunk([], self.text[len(shown) :])
         self._finish()
 
+    def _tokens(self) -> Iterator[int]:
+        """The stream's tokens; a KV cache that fills up part-way ends it (``stop_reason``
+        ``"max_positions"``), non-finite logits raise :class:`NonFiniteLogitsError`."""
+        try:
+            yield from self._stream
+        except KVCacheFullError:
+            self._full = True
+        except NonFiniteLogitsError as exc:
+            raise NonFiniteLogitsError(f"{self._source}: {exc}") from exc
+        except RuntimeError as exc:
+            if _NON_FINITE_SAMPLING not in str(exc):
+                raise
+            raise NonFiniteLogitsError(
+                f"{self._source}: a model's logits are not finite (NaN or infinity): its "
+                "weights are probably corrupt; check the checkpoint's files (sizes, "
+                "checksums; download them again)."
+            ) from exc
+
     def _finish(self) -> None:
         stream = self._stream
         self.stop_reason = stream.stop_reason or ("cancelled" if self._cancelled else None)
+        if self._full:
+            self.stop_reason = "max_positions"
         peak = torch.cuda.max_memory_allocated() if self._cuda else None
         self._on_finish()
         stats = generation_summary(self._loaded, stream.stats, peak)

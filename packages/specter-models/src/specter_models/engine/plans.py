@@ -16,8 +16,14 @@ class DraftDoesNotFitError(MemoryBudgetError):
         plain: the plan of plain decoding (no draft) at that budget.
     """
 
-    def __init__(self, message: str, plain: MemoryPlan) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, plain: MemoryPlan, cause: MemoryBudgetError) -> None:
+        super().__init__(
+            message,
+            budget_gb=cause.budget_gb,
+            needed_gb=cause.needed_gb,
+            breakdown=cause.breakdown,
+            plain_needed_gb=None,
+        )
         self.plain = plain
 
 
@@ -54,5 +60,9 @@ def neither_fits(too_small: Exception, plain_short: Exception | None) -> Excepti
         return too_small
     return MemoryBudgetError(
         f"{too_small} Without the INT4 draft (--depth 0, plain decoding) it does not fit "
-        f"either: {plain_short}"
+        f"either: {plain_short}",
+        budget_gb=getattr(too_small, "budget_gb", None),
+        needed_gb=getattr(too_small, "needed_gb", None),
+        breakdown=getattr(too_small, "breakdown", ""),
+        plain_needed_gb=getattr(plain_short, "needed_gb", None),
     )

@@ -12,6 +12,7 @@ __all__ = [
     "CAPTURE_AHEAD_POSITIONS",
     "DEPTH_WARMUP_TOKENS",
     "capture_decode_graphs",
+    "proportionate_warmup_tokens",
     "warm_adaptive_depth",
 ]
 
@@ -23,6 +24,20 @@ key, spread over the hundreds of tokens that reach them."""
 DEPTH_WARMUP_TOKENS = 32
 """Tokens of the calibration prompt an adaptive depth decodes once, unrecorded, before the
 first generation when every expert is resident (the bench's warm-up is as long)."""
+
+
+MIN_WARMED_REQUEST = 16
+"""Requests of fewer new tokens get no depth warm-up: it would cost more than it saves."""
+
+
+def proportionate_warmup_tokens(max_new_tokens: int) -> int:
+    """A depth warm-up in proportion to a request of ``max_new_tokens``: a quarter of it, at
+    most :data:`DEPTH_WARMUP_TOKENS`, and none under :data:`MIN_WARMED_REQUEST` tokens (the
+    warm-up pays the adaptive depth's first, slow iterations once; a short request would
+    pay more for it than it saves)."""
+    if max_new_tokens < MIN_WARMED_REQUEST:
+        return 0
+    return min(DEPTH_WARMUP_TOKENS, max_new_tokens // 4)
 
 
 def _silent(line: str) -> None:
@@ -108,8 +123,10 @@ def warm_adaptive_depth(
     if not (adaptive and every_expert_resident and tokens >= 1):
         return None
     log(
-        f"warming --depth auto up on {tokens} tokens of the prompt (every expert resident; "
-        "not in TPOT) ..."
+        f"warming up the adaptive depth (--depth auto): decoding {tokens} greedy tokens after "
+        f"the {len(prompt_ids)}-token prompt once, unrecorded, to measure the draft's and the "
+        "target's step times it chooses K from (a one-time cost, not in the decode's speed; "
+        "--depth-warmup 0 skips it) ..."
     )
     started = time.perf_counter()
     controller.generate(prompt_ids, tokens)
