@@ -20,7 +20,7 @@ from specter_bench.prompt_sources import PROMPT_SOURCES
 
 __all__ = ["build_parser", "main", "parse_budget", "parse_depth", "parse_int_list"]
 
-COMMANDS = ("generate", "bench", "profile-depth", "kernel-bench", "info", "report")
+COMMANDS = ("generate", "bench", "profile-depth", "kernel-bench", "info", "report", "serve")
 DEFAULT_MODEL = "specter-code-tiny"
 DEFAULT_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
@@ -515,6 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="a command to list in the report (repeatable)",
     )
+    from specter_bench.commands import serve
+
+    serve.register(sub)
     return parser
 
 
@@ -568,6 +571,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_info(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "serve":
+        return args.run(args)
     raise CommandError(f"unknown command {args.command!r}; expected one of {', '.join(COMMANDS)}")
 
 

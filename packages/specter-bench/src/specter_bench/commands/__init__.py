@@ -1,0 +1,1 @@
+"""The ``specter`` subcommands, one module each (``register(subparsers)`` adds one)."""

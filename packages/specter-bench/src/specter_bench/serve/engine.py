@@ -1,0 +1,85 @@
+"""What the server needs of an engine: the surface of ``specter_models.Engine`` it calls.
+
+The server talks to the engine only through :class:`ServingEngine`, so the request
+handling, queueing and failure paths can be tested against an in-process fake engine, and
+the acceptance tests drive the real one in a ``specter serve`` subprocess.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from specter_spec import SamplingConfig
+
+__all__ = ["GenerationChunk", "GenerationHandle", "ServingEngine", "accepts_depth", "eos_ids"]
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """Tokens committed by one engine step and the text they complete.
+
+    Attributes:
+        token_ids: the step's new token ids (one or more: a speculative step commits several).
+        text: the new decoded suffix (possibly empty while a multi-byte character is
+            incomplete).
+    """
+
+    token_ids: list[int]
+    text: str
+
+
+@runtime_checkable
+class GenerationHandle(Protocol):
+    """One running generation: iterate it for chunks; ``stats`` and ``stop_reason`` are
+    final once iteration ends. ``cancel`` may be called from another thread and stops the
+    generation at its next step boundary."""
+
+    token_ids: list[int]
+    text: str
+    stop_reason: str | None
+    stats: dict[str, Any]
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class ServingEngine(Protocol):
+    """The part of ``specter_models.Engine`` the server uses."""
+
+    tokenizer: Any
+    max_positions: int
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> GenerationHandle: ...
+
+
+def accepts_depth(engine: ServingEngine) -> bool:
+    """Whether ``engine.generate`` takes a per-request ``depth`` keyword."""
+    try:
+        params = inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        return False
+    return "depth" in params
+
+
+def eos_ids(tokenizer: Any) -> list[int]:
+    """The tokenizer's end-of-sequence id as a stop-token list, as ``specter generate``
+    stops on it: empty without one, and for the byte tokenizer of random-weight presets
+    (whose text is noise and whose id 0 is only a BOS)."""
+    from specter_bench.prompt_encoding import ByteTokenizer
+
+    if isinstance(tokenizer, ByteTokenizer):
+        return []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [eos] if isinstance(eos, int) and not isinstance(eos, bool) else []
