@@ -63,6 +63,7 @@ class FakeGeneration:
         if engine.fail_with is not None:
             raise engine.fail_with
         script = engine.script
+        stops = self.kwargs.get("stop") or []
         try:
             while len(self.token_ids) < self.max_new_tokens:
                 if self.cancelled.is_set():
@@ -74,13 +75,13 @@ class FakeGeneration:
                 for _ in range(min(engine.tokens_per_step, room)):
                     i = len(self.token_ids) + len(step)
                     step.append(EOS if i == engine.eos_at else ord(script[i % len(script)]) + 2)
-                    if step[-1] == EOS:
+                    if step[-1] in stops:
                         break
                 self.token_ids += step
                 text = engine.tokenizer.decode(step)
                 self.text += text
                 yield GenerationChunk(step, text)
-                if step[-1] == EOS:
+                if step[-1] in stops:
                     self.stop_reason = "stop_token"
                     return
             self.stop_reason = "max_new_tokens"

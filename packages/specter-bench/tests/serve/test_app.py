@@ -78,6 +78,15 @@ def test_eos_ends_the_answer_without_its_text(start_server):
     assert r.json()["specter"]["stop_reason"] == "stop_token"
 
 
+def test_ignore_eos_generates_past_it(start_server):
+    engine = FakeEngine("abcdef", eos_at=3)
+    server = start_server(engine)
+    body = {"model": MODEL, "prompt": "p", "max_tokens": 5, "ignore_eos": True}
+    r = _post(server, "/v1/completions", body)
+    assert engine.generations[-1].kwargs["stop"] == []
+    assert r.json()["usage"]["completion_tokens"] == 5
+
+
 @pytest.mark.parametrize("tokens_per_step", [1, 2, 5])
 def test_stop_strings_cut_exactly_across_chunks(start_server, tokens_per_step):
     engine = FakeEngine("one two; three four", tokens_per_step=tokens_per_step, step_s=0.02)
@@ -282,6 +291,21 @@ def test_full_queue_answers_429_with_retry_after(start_server):
     for t in threads:
         t.join()
     assert results == [200, 200]
+
+
+def test_a_request_waiting_past_the_queue_timeout_gets_503(start_server):
+    engine = FakeEngine(step_s=0.02)
+    server = start_server(engine, queue_timeout_s=0.3)
+    body = {"model": MODEL, "prompt": "p", "max_tokens": 60}
+    running = threading.Thread(target=_post, args=(server, "/v1/completions", body))
+    running.start()
+    time.sleep(0.2)
+    r = _post(server, "/v1/completions", body)
+    assert r.status_code == 503
+    assert _error(r)["code"] == "queue_timeout"
+    assert "Retry-After" in r.headers
+    running.join()
+    assert len(engine.generations) == 1  # the timed-out request never reached the engine
 
 
 def test_a_disconnect_cancels_the_generation_and_frees_the_engine(start_server):

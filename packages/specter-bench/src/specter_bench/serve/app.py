@@ -174,7 +174,7 @@ class _Service:
             prompt_ids=ids,
             max_new_tokens=n,
             sampling=self.sampling(body),
-            stop_token_ids=eos_ids(engine.tokenizer),
+            stop_token_ids=[] if body.ignore_eos else eos_ids(engine.tokenizer),
             depth=body.depth,
             timeout_s=self.config.request_timeout_s,
         )
@@ -192,17 +192,50 @@ class _Service:
         return job
 
     async def next_event(self, job: Job, request: Request | None) -> JobEvent:
-        """The job's next event; a client that disconnects meanwhile (polled every
-        ``_DISCONNECT_POLL_S`` when ``request`` is given) cancels the job."""
+        """The job's next event other than ``start``; a client that disconnects meanwhile
+        (polled every ``_DISCONNECT_POLL_S`` when ``request`` is given) cancels the job."""
         while True:
             if request is not None and time.monotonic() - job.polled > _DISCONNECT_POLL_S:
                 job.polled = time.monotonic()
                 if await request.is_disconnected():
                     job.cancel("disconnect")
             try:
-                return await asyncio.wait_for(job.events.get(), _DISCONNECT_POLL_S)
+                event = await asyncio.wait_for(job.events.get(), _DISCONNECT_POLL_S)
             except TimeoutError:
                 continue
+            if event.kind != "start":
+                return event
+
+    async def started(self, job: Job, request: Request) -> JobEvent | None:
+        """Wait until the engine takes ``job`` (at most the queue timeout); a client that
+        disconnects meanwhile cancels it.
+
+        Returns:
+            None once the job started, or the event that ended it first (an error).
+
+        Raises:
+            APIError: 503 when the queue timeout passes first (the job is cancelled).
+        """
+        timeout = self.config.queue_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                job.cancel("queue_timeout")
+                raise APIError(
+                    503,
+                    f"the request waited {timeout:g} s for the engine (the server's queue "
+                    "timeout, specter serve --queue-timeout); retry later",
+                    type="server_error",
+                    code="queue_timeout",
+                    headers={"Retry-After": "5"},
+                )
+            try:
+                event = await asyncio.wait_for(job.events.get(), _DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel("disconnect")
+                continue
+            return None if event.kind == "start" else event
 
     def raise_for(self, event: JobEvent) -> None:
         if event.kind != "error":
@@ -210,7 +243,7 @@ class _Service:
         if isinstance(event.value, TimeoutError):
             raise APIError(
                 503,
-                f"the request {event.value}, longer than this server's queue timeout; retry",
+                f"the request {event.value}, longer than the server's queue timeout; retry",
                 type="server_error",
                 code="queue_timeout",
                 headers={"Retry-After": "5"},
@@ -281,7 +314,8 @@ class _Service:
     def matcher(self, body: GenerationRequest, engine: ServingEngine) -> StopMatcher:
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         # The EOS token ends the generation; its text ("<|endoftext|>") is not the answer's.
-        final = [engine.tokenizer.decode([eos]) for eos in eos_ids(engine.tokenizer)]
+        ends = [] if body.ignore_eos else eos_ids(engine.tokenizer)
+        final = [engine.tokenizer.decode([eos]) for eos in ends]
         return StopMatcher(stops, final)
 
     async def answer(
@@ -295,7 +329,7 @@ class _Service:
         engine = self.engine()
         job = self.enqueue(body, engine, ids, max_tokens)
         try:
-            first = await self.next_event(job, request)
+            first = await self.started(job, request) or await self.next_event(job, request)
             self.raise_for(first)
         except BaseException:
             job.cancel("disconnect")

@@ -43,6 +43,8 @@ def direct_timing(server: BackgroundServer, prompt: str, max_new_tokens: int) ->
         stats: dict[str, Any] = {}
         while True:
             event = await job.events.get()
+            if event.kind == "start":
+                continue
             if event.kind == "error":
                 raise event.value
             if event.kind == "end":

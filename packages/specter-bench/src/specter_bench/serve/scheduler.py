@@ -45,9 +45,10 @@ class QueueFullError(Exception):
 
 @dataclass(frozen=True)
 class JobEvent:
-    """What the worker reports: ``kind`` is ``chunk`` (``value`` a GenerationChunk),
-    ``end`` (``value`` the finished GenerationHandle) or ``error`` (``value`` the
-    exception); ``at`` is ``time.perf_counter()`` when it happened."""
+    """What the worker reports: ``kind`` is ``start`` (the engine took the job),
+    ``chunk`` (``value`` a GenerationChunk), ``end`` (``value`` the finished
+    GenerationHandle, or None for a job cancelled before it started) or ``error``
+    (``value`` the exception); ``at`` is ``time.perf_counter()`` when it happened."""
 
     kind: str
     value: Any
@@ -218,6 +219,7 @@ class Scheduler:
             job.post("error", TimeoutError(f"waited {waited:.1f} s for the engine"))
             return
         assert self.engine is not None
+        job.post("start", None)
         extra = {} if job.depth is None else {"depth": job.depth}
         first: float | None = None
         last = job.started

@@ -45,6 +45,8 @@ class GenerationRequest(BaseModel):
         stream: answer with server-sent events, one chunk per engine step.
         depth: Specter's speculation depth K for this request (0: plain decoding; default:
             the server's setting).
+        ignore_eos: keep generating past the EOS token, to ``max_tokens`` (for load tests and
+            measurements that need a fixed length; vLLM's field of the same name).
     """
 
     model_config = ConfigDict(strict=True, extra="ignore")
@@ -64,6 +66,7 @@ class GenerationRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     depth: int | None = Field(default=None, ge=0, le=64)
+    ignore_eos: bool = False
 
 
 class CompletionRequest(GenerationRequest):
