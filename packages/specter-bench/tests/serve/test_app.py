@@ -293,6 +293,14 @@ def test_full_queue_answers_429_with_retry_after(start_server):
     assert results == [200, 200]
 
 
+def test_the_engine_is_free_when_the_answer_arrives(start_server):
+    server = start_server(FakeEngine(), max_queue=0)  # a request while one runs gets 429
+    body = {"model": MODEL, "prompt": "p", "max_tokens": 2}
+    with httpx.Client(base_url=server.url) as client:
+        statuses = [client.post("/v1/completions", json=body).status_code for _ in range(30)]
+    assert statuses == [200] * 30
+
+
 def test_a_request_waiting_past_the_queue_timeout_gets_503(start_server):
     engine = FakeEngine(step_s=0.02)
     server = start_server(engine, queue_timeout_s=0.3)

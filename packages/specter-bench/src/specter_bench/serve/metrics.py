@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["CONTENT_TYPE", "ServerMetrics", "bytes_moved"]
+__all__ = ["CONTENT_TYPE", "ServerMetrics", "bytes_moved", "draft_counts"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 _TOKEN_BUCKETS = (0.002, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
@@ -32,6 +32,20 @@ def bytes_moved(stats: dict[str, Any]) -> float | None:
     if per_token is None or not tokens:
         return None
     return float(per_token) * 1e6 * int(tokens)
+
+
+def draft_counts(stats: dict[str, Any]) -> tuple[float, float] | None:
+    """(proposed, accepted) draft tokens of one generation: the counts where the statistics
+    hold them, else from the mean depth, the iterations and the acceptance rate (None
+    without speculation)."""
+    if stats.get("proposed") is not None and stats.get("accepted") is not None:
+        return float(stats["proposed"]), float(stats["accepted"])
+    depth, iterations = stats.get("mean_depth"), stats.get("iterations")
+    rate = stats.get("acceptance_rate")
+    if depth is None or not iterations or rate is None:
+        return None
+    proposed = round(float(depth) * int(iterations))
+    return float(proposed), float(round(float(rate) * proposed))
 
 
 class ServerMetrics:
@@ -149,9 +163,10 @@ class ServerMetrics:
         self.e2e.observe(duration_s)
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(completion_tokens)
-        for key, counter in (("proposed", self.proposed), ("accepted", self.accepted)):
-            if stats.get(key) is not None:
-                counter.inc(stats[key])
+        counts = draft_counts(stats)
+        if counts is not None:
+            self.proposed.inc(counts[0])
+            self.accepted.inc(counts[1])
         per_request = (
             ("acceptance_rate", self.acceptance),
             ("mean_depth", self.depth),

@@ -202,22 +202,25 @@ class Scheduler:
                 self._running += 1
                 self.metrics.queue_depth.set(self._waiting)
                 self.metrics.running.set(self._running)
+            final: tuple[str, Any] = ("error", RuntimeError("the engine's worker failed"))
             try:
-                self._run(job)
+                final = self._run(job)
             finally:
+                # The engine is free before the client hears of the end, so a client that
+                # sends its next request at once finds the place its last one left.
                 with self._lock:
                     self._running -= 1
                     self.metrics.running.set(self._running)
+                job.post(*final)
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job) -> tuple[str, Any]:
+        """Run one job, posting its start and chunks; returns its final event."""
         job.started = time.perf_counter()
         waited = job.started - job.arrived
         if job.cancelled:
-            job.post("end", None)
-            return
+            return ("end", None)
         if self.queue_timeout_s is not None and waited > self.queue_timeout_s:
-            job.post("error", TimeoutError(f"waited {waited:.1f} s for the engine"))
-            return
+            return ("error", TimeoutError(f"waited {waited:.1f} s for the engine"))
         assert self.engine is not None
         job.post("start", None)
         extra = {} if job.depth is None else {"depth": job.depth}
@@ -249,8 +252,7 @@ class Scheduler:
                     job.cancel("timeout")
         except Exception as exc:
             log.exception("the engine failed on a request")
-            job.post("error", exc)
-            return
+            return ("error", exc)
         finally:
             ended = time.perf_counter()
             self._recent_s.append(ended - job.started)
@@ -266,4 +268,4 @@ class Scheduler:
             )
             if job.cancel_reason is not None:
                 self.metrics.cancelled.labels(job.cancel_reason).inc()
-        job.post("end", generation)
+        return ("end", generation)
