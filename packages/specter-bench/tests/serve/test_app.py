@@ -177,6 +177,19 @@ def test_unknown_model_malformed_json_and_unknown_route(start_server):
     assert _error(r)["code"] == "not_found"
 
 
+def test_type_errors_name_the_field_and_the_types_it_takes(start_server):
+    server = start_server(FakeEngine())
+    r = _post(server, "/v1/completions", {"model": MODEL, "prompt": 5})
+    assert r.status_code == 400
+    assert _error(r)["param"] == "prompt"
+    assert "expected one of: str, list[int], list[str]" in _error(r)["message"]
+    r = _post(server, "/v1/completions", [])
+    assert "must be a JSON object" in _error(r)["message"]
+    r = httpx.post(server.url + "/v1/completions", content=b'{"model": "fake-model"}')
+    assert r.status_code == 400
+    assert "Content-Type: application/json" in _error(r)["message"]
+
+
 def test_models_lists_the_served_model(start_server):
     server = start_server(FakeEngine())
     data = httpx.get(server.url + "/v1/models").json()["data"]

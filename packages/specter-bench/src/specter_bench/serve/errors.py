@@ -73,21 +73,37 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "the request body is not valid", None
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
+    loc = [part for part in first.get("loc", ()) if part != "body"]
     if first.get("type") == "json_invalid":
-        return (
-            "the request body is not valid JSON: "
-            + str(first.get("ctx", {}).get("error", first.get("msg"))),
-            None,
-        )
+        detail = first.get("ctx", {}).get("error", first.get("msg"))
+        return f"the request body is not valid JSON: {detail}", None
     if first.get("type") == "missing" and not loc:
         return "the request needs a JSON object body", None
     got = first.get("input")
-    shown = repr(got) if not isinstance(got, dict | list) or len(repr(got)) < 80 else "..."
-    where = f"'{param}'" if param else "the body"
-    more = f" ({len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return f"{where}: {first.get('msg')}; got {shown}{more}", param
+    if not loc and isinstance(got, bytes | str):
+        return (
+            "the request body was not read as JSON: send a JSON object with the header "
+            "'Content-Type: application/json'",
+            None,
+        )
+    if not loc:
+        return f"the request body must be a JSON object; got {got!r:.80}", None
+    field = str(loc[0])
+    same = [e for e in errors if [p for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
+    shown = repr(got) if len(repr(got)) < 80 else repr(got)[:77] + "..."
+    if len(same) > 1 and len(loc) > 1 and isinstance(loc[1], str):
+        # A field of several accepted types: pydantic reports one error per type.
+        kinds = []
+        for error in same:
+            parts = [p for p in error.get("loc", ()) if p != "body"]
+            if len(parts) > 1 and isinstance(parts[1], str) and parts[1] not in kinds:
+                kinds.append(parts[1])
+        return f"'{field}': got {shown}; expected one of: {', '.join(kinds)}", field
+    param = ".".join(str(part) for part in loc)
+    where = f"'{param}'"
+    more = len(errors) - 1
+    extra = f" ({more} more problem{'s' if more > 1 else ''} after it)" if more else ""
+    return f"{where}: {first.get('msg')}; got {shown}{extra}", param
 
 
 def install_error_handlers(app: FastAPI) -> None:
