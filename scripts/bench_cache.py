@@ -1,5 +1,7 @@
 """GPU benchmark of specter-cache: transfer bandwidth through the cache, and overlap.
 
+Usage: python3 scripts/bench_cache.py --out FILE.jsonl   (one CUDA GPU; --smoke on a CPU)
+
 Measures, in one process on one GPU:
 
 1. The ceiling: a raw pinned 1 GiB host-to-device copy (CUDA events, median).
@@ -20,7 +22,7 @@ Measures, in one process on one GPU:
 Weights are seeded random data (values do not change copy speed). Writes JSON lines to
 ``--out`` and prints a table.
 
-    source scripts/gpu-env.sh && python3 scripts/bench_cache.py --out $OUT/cache.jsonl
+    source scripts/offline-env.sh && python3 scripts/bench_cache.py --out $OUT/cache.jsonl
     python3 scripts/bench_cache.py --smoke      # tiny sizes on the CPU: checks the script runs
 """
 

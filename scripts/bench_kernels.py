@@ -1,5 +1,7 @@
 """Kernel benchmark of specter-kernels on one CUDA GPU (not a test: it times things).
 
+Usage: python3 scripts/bench_kernels.py [--sweep] --out DIR   (one CUDA GPU)
+
 For the routed-expert shapes of DeepSeek-V2-Lite, Qwen1.5-MoE and Phi-3.5-MoE and
 T in {1, 2, 4, 8, 16, 32} it validates, then times, one MoE layer (both
 projections) through:
@@ -19,7 +21,7 @@ weight sets and 4 input sets (so repeated calls cannot be served from L2),
 median over many replays; eager (no graph) medians are recorded too. Rooflines
 are the weight bytes the routed experts touch over 4.25 TB/s.
 
-    source scripts/gpu-env.sh
+    source scripts/offline-env.sh                           # without internet access
     python3 scripts/bench_kernels.py --out "$OUT"            # full benchmark
     python3 scripts/bench_kernels.py --sweep --out "$OUT"    # tile-shape sweep first
 
@@ -45,8 +47,8 @@ import torch
 import torch.nn.functional as F
 
 import specter_kernels as sk
-from specter_kernels import w4a16_configs, w4a16_triton
-from specter_kernels.w4a16_triton import GemvConfig, TileConfig
+from specter_kernels.moe import w4a16_configs, w4a16_triton
+from specter_kernels.moe.w4a16_triton import GemvConfig, TileConfig
 
 COPY_BANDWIDTH = 4.25e12  # bytes/s, device-to-device copy measured on the H200 (BENCHMARK.md)
 NUM_SETS = 4  # weight sets and input sets rotated through

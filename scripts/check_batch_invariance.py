@@ -1,5 +1,7 @@
 """GPU diagnostic: are rows bit-identical across row counts, with and without BatchInvariantMode?
 
+Usage: python3 scripts/check_batch_invariance.py --out FILE.jsonl   (one CUDA GPU)
+
 For each op at DeepSeek-V2-Lite-like shapes (hidden 2048, vocab 102400, 16 heads
 with qk dim 192 / v dim 128, 64 experts of intermediate 1408, top-6) the op runs
 on 33 rows, then on the first M rows for M in {1, 2, 3, 5, 9, 17, 33}; a row
@@ -7,7 +9,7 @@ count "matches" when its rows equal the 33-row result bit for bit. Then times
 invariant_mm against F.linear (cuBLAS) at M = 1, 8, 33 (median of CUDA-event
 timings). Prints a table and writes one JSON object per line to --out.
 
-    source scripts/gpu-env.sh && python3 scripts/check_batch_invariance.py --out $OUT/bi.jsonl
+    source scripts/offline-env.sh && python3 scripts/check_batch_invariance.py --out $OUT/bi.jsonl
 """
 
 from __future__ import annotations

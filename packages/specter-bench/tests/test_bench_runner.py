@@ -376,7 +376,7 @@ def test_first_mismatch():
 
 
 def test_a_compiled_system_is_warmed_on_each_prompt_before_its_measured_run(default_run):
-    from specter_bench.bench_runner import PROMPT_WARMUP_TOKENS
+    from specter_bench.bench_support import PROMPT_WARMUP_TOKENS
 
     runner, _ = default_run
     calls = []

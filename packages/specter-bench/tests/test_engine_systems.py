@@ -15,6 +15,7 @@ from specter_bench.hf_baseline import HFRunner
 from specter_bench.model_loading import FILL_CANDIDATES, STAGING_SLOTS
 from specter_bench.unfused_draft import per_expert_w4a16, unfused_draft_kernel
 from specter_models import build_reference_model
+from specter_models.loader import load_model
 
 ARCHS = ("tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe")
 
@@ -29,13 +30,13 @@ def test_every_engine_system_matches_transformers_greedy(arch):
     # float64 keeps near-tie argmaxes from flipping between summation orders.
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
     fills = {"stream_fills": FILL_CANDIDATES}  # specter-fill fills
-    spec_load = specter_models.load(arch, slots_per_layer=3, policy="predictive", **fills, **kwargs)
+    spec_load = load_model(arch, slots_per_layer=3, policy="predictive", **fills, **kwargs)
     layers = spec_load.cache.num_layers
-    hot_load = specter_models.load(
+    hot_load = load_model(
         arch, slots_per_layer=3, policy="predictive", hot_experts=[[0, 5]] * layers, **fills,
         **kwargs,
     )  # fmt: skip
-    lru_load = specter_models.load(
+    lru_load = load_model(
         arch, slots_per_layer=3, policy="lru", draft=None, **fills, **kwargs
     )  # specter-plain-fill fills
     reference = build_reference_model(arch, seed=3, device="cpu", dtype=torch.float64)
@@ -135,7 +136,7 @@ def test_decode_window_resets_once_and_forwards_every_phase():
 
 
 def test_statistics_cover_the_decode_only():
-    loaded = specter_models.load(
+    loaded = load_model(
         "tiny-qwen2-moe", slots_per_layer=2, device="cpu", dtype=torch.float64, max_seq_len=96,
         policy="lru", draft=None,
     )  # fmt: skip
@@ -163,7 +164,7 @@ def test_unfused_draft_equals_fused_and_is_restored():
         assert experts_module.fused_moe_w4a16 is per_expert_w4a16
     assert experts_module.fused_moe_w4a16 is fused_moe_w4a16
     # Step graphs replay the kernel they were captured with: paused for the block.
-    loaded = specter_models.load("tiny-qwen2-moe", device="cpu", dtype=torch.float32)
+    loaded = load_model("tiny-qwen2-moe", device="cpu", dtype=torch.float32)
     loaded.enable_step_graphs(capture=False)
     graphs = loaded.draft.graphs
     with unfused_draft_kernel(loaded.draft):
@@ -176,7 +177,7 @@ def test_depth_policies_and_bad_systems():
     assert make_depth_policy("auto").choose_depth() >= 0
     with pytest.raises(ValueError, match="depth must be an int >= 0 or 'auto'"):
         make_depth_policy(-1)
-    loaded = specter_models.load(
+    loaded = load_model(
         "tiny-phimoe", device="cpu", dtype=torch.float64, draft=None, max_seq_len=64
     )
     with pytest.raises(ValueError, match="loaded without a draft"):
@@ -195,7 +196,7 @@ def test_unfused_draft_system_runs_the_per_expert_kernel_in_half_precision(monke
         return per_expert_w4a16(*args, **kwargs)
 
     monkeypatch.setattr(unfused, "per_expert_w4a16", counting)
-    loaded = specter_models.load(
+    loaded = load_model(
         "tiny-qwen2-moe", slots_per_layer=4, device="cpu", dtype=torch.float16, seed=2,
         max_seq_len=64, policy="predictive",
     )  # fmt: skip
@@ -210,9 +211,7 @@ def test_unfused_draft_system_runs_the_per_expert_kernel_in_half_precision(monke
 
 def test_row_cut_variant_cuts_rows_and_keeps_greedy_output():
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 5, "max_seq_len": 64}
-    loaded = specter_models.load(
-        "tiny-deepseek-v2", slots_per_layer=2, policy="predictive", **kwargs
-    )
+    loaded = load_model("tiny-deepseek-v2", slots_per_layer=2, policy="predictive", **kwargs)
     prompt = _prompt(2, loaded.config.vocab_size)
     plain = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"], depth=5).generate(prompt, 16)
     runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter-row-cut"], depth=5)
@@ -235,7 +234,7 @@ def test_specter_staged_stages_in_float16_and_keeps_specter_tokens():
     # The staging variant on a float16 model with a staging buffer: it stages (its records
     # say so) and decodes specter's tokens; on a model without a buffer it runs unstaged.
     kwargs = {"device": "cpu", "seed": 3, "max_seq_len": 64, "slots_per_layer": 3}
-    loaded = specter_models.load(
+    loaded = load_model(
         "tiny-deepseek-v2", dtype=torch.float16, batch_invariant=True, policy="predictive",
         stream_staging=STAGING_SLOTS, **kwargs,
     )  # fmt: skip
@@ -249,7 +248,7 @@ def test_specter_staged_stages_in_float16_and_keeps_specter_tokens():
     assert runs["specter-staged"].settings["stream_staging"] == STAGING_SLOTS
     assert runs["specter-staged"].cache["streamed_reads"] > 0
     assert staging_width(loaded) == STAGING_SLOTS
-    plain = specter_models.load("tiny-deepseek-v2", dtype=torch.float64, **kwargs)
+    plain = load_model("tiny-deepseek-v2", dtype=torch.float64, **kwargs)
     assert staging_width(plain) == 0
     run = EngineSystemRunner(plain, ENGINE_SYSTEMS["specter-staged"], depth=3).generate(prompt, 4)
     assert run.settings["stream_staging"] == 0
@@ -258,10 +257,8 @@ def test_specter_staged_stages_in_float16_and_keeps_specter_tokens():
 def test_plain_steps_overlap_only_with_every_expert_resident():
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
     config = specter_models.preset_config("tiny-qwen2-moe")
-    full = specter_models.load("tiny-qwen2-moe", draft=None, policy="lru", **kwargs)
-    budgeted = specter_models.load(
-        "tiny-qwen2-moe", slots_per_layer=3, draft=None, policy="lru", **kwargs
-    )
+    full = load_model("tiny-qwen2-moe", draft=None, policy="lru", **kwargs)
+    budgeted = load_model("tiny-qwen2-moe", slots_per_layer=3, draft=None, policy="lru", **kwargs)
     assert full.cache.slots_per_layer[0] == config.num_experts
     assert DecodeWindow(full.cache, None).plain_steps_may_overlap()
     assert not DecodeWindow(budgeted.cache, None).plain_steps_may_overlap()
@@ -300,7 +297,7 @@ def test_pipelined_records_keep_plain_fill_tokens_and_say_so():
     # step before them is counted (deferred records, as on CUDA): the same tokens, fills
     # made, and the setting in its records; switching back turns it off.
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
-    loaded = specter_models.load(
+    loaded = load_model(
         "tiny-deepseek-v2", slots_per_layer=3, draft=None, policy="lru", miss_path="stream",
         stream_fills=FILL_CANDIDATES, **kwargs,
     )  # fmt: skip
@@ -322,7 +319,7 @@ def test_specter_plans_from_published_counts_and_specter_snapshot_keeps_its_toke
     # layer (the loader publishes on CUDA; here the test turns it on): every final boundary
     # layer-wise, no fallback; specter-snapshot plans from a snapshot, to the same tokens.
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
-    loaded = specter_models.load(
+    loaded = load_model(
         "tiny-deepseek-v2", slots_per_layer=3, policy="predictive", miss_path="stream", **kwargs
     )
     assert not loaded.counter.publishing  # on the CPU the loader does not publish
@@ -345,7 +342,7 @@ def test_specter_plans_from_published_counts_and_specter_snapshot_keeps_its_toke
 
 def test_specter_no_wait_switches_the_waits_off_for_itself_only_and_keeps_tokens():
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
-    loaded = specter_models.load(
+    loaded = load_model(
         "tiny-qwen2-moe", slots_per_layer=3, policy="predictive", miss_path="stream", **kwargs
     )
     prompt = _prompt(5, loaded.config.vocab_size)

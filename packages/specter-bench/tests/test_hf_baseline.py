@@ -120,8 +120,8 @@ def test_hf_can_decode_with_grouped_mm(reference):
 
 
 def test_bench_cli_passes_hf_decode_experts():
-    from specter_bench.bench_command import bench_config_from_args
     from specter_bench.cli import build_parser
+    from specter_bench.commands.bench import bench_config_from_args
 
     parser = build_parser()
     for argv, expected in (

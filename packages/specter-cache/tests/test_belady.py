@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from specter_cache import belady_layer_loads, belady_loads
+from specter_cache import belady_loads
+from specter_cache.belady import belady_layer_loads
 
 
 def exhaustive_min_loads(steps, slots):

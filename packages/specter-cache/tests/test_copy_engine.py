@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specter_cache import DeferredCopyEngine, ImmediateCopyEngine, default_copy_engine
+from specter_cache.copy_engine import DeferredCopyEngine, ImmediateCopyEngine, default_copy_engine
 
 
 def test_immediate_engine_copies_at_once_and_events_are_complete():

@@ -11,13 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cache_helpers import build_store
-from specter_cache import (
-    DeferredCopyEngine,
-    ExpertCache,
-    ExpertLayout,
-    belady_loads,
-    simulate_policy,
-)
+from specter_cache import ExpertCache, ExpertLayout, belady_loads, simulate_policy
+from specter_cache.copy_engine import DeferredCopyEngine
 
 L, E = 2, 6
 LAYOUT = ExpertLayout({"a": ((3,), torch.float32), "b": ((2, 2), torch.int32)})

@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from specter_cache import ExpertLayout, TensorSpec
-from specter_cache.expert_layout import RECORD_ALIGNMENT
+from specter_cache import ExpertLayout
+from specter_cache.expert_layout import RECORD_ALIGNMENT, TensorSpec
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int32, torch.uint8]
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specter_cache import ExpertLayout, ExpertStore, TensorSlice
+from specter_cache import ExpertLayout, ExpertStore
 from specter_cache.expert_layout import RECORD_ALIGNMENT
+from specter_cache.expert_store import TensorSlice
 
 
 def test_put_get_round_trip(make_store):

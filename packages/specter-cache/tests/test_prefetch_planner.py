@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from specter_cache import PlannerConfig, PlannerPhase, PrefetchPlanner
+from specter_cache import PlannerConfig, PrefetchPlanner
+from specter_cache.prefetch_planner import PlannerPhase
 
 
 def test_cold_start_observes_the_initial_chunk_only():

@@ -11,9 +11,18 @@ README = Path(__file__).parents[1] / "README.md"
 
 def test_readme_examples_run_and_use_the_cache(capsys):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
+    usage: dict = {}
+    exec(compile(blocks[0], "README-usage", "exec"), usage)
+    assert sorted(usage["out"]) == [2, 5, 6]
+    for e, y in usage["out"].items():  # each wave's slot held its expert's weights
+        expect = usage["x"].cpu() @ usage["store"].get(0, e)["w"].T
+        torch.testing.assert_close(y.cpu(), expect)
+    usage_total = usage["cache"].stats()["total"]
+    assert (usage_total["hits"], usage_total["misses"]) == (1, 2)  # expert 2 was prefetched
+    assert "[2, 5, 6] 0.333" in capsys.readouterr().out
     namespace: dict = {}
-    exec(compile(blocks[0], "README-example-1", "exec"), namespace)
+    exec(compile(blocks[1], "README-example-1", "exec"), namespace)
     cache = namespace["cache"]
     total = cache.stats()["total"]
     assert namespace["y"].shape == (5, 64)
@@ -33,6 +42,6 @@ def test_readme_examples_run_and_use_the_cache(capsys):
                 out[t] += weights[t, k] * (w["down"] @ (F.silu(gate) * up))
         ref = out
     torch.testing.assert_close(model(x.to(device)).cpu(), ref, rtol=1e-4, atol=1e-4)
-    exec(compile(blocks[1], "README-example-2", "exec"), namespace)
+    exec(compile(blocks[2], "README-example-2", "exec"), namespace)
     assert namespace["prefetcher"].stats()["boundaries"] >= 1
     assert "torch.Size([5, 64])" in capsys.readouterr().out

@@ -5,6 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
+from cache_helpers import SLEEP_CYCLES, cuda
 from specter_cache import RoutingCounter
 
 
@@ -162,3 +163,46 @@ def test_publishing_calls_need_publish_first():
         counter.begin_forward()
     with pytest.raises(RuntimeError, match="publish"):
         counter.published(0, 1)
+
+
+@cuda
+def test_snapshot_async_waits_for_its_own_copy_not_for_later_work():
+    counter = RoutingCounter(2, 8, "cuda")
+    counter.observe(0, torch.tensor([[1, 3], [3, 5], [1, 3]], device="cuda"))
+    counter.observe(1, torch.tensor([[6, 6]], device="cuda"))
+    later = torch.tensor([[7, 7], [7, 7]], device="cuda")  # made now: a host copy syncs
+    pending = counter.snapshot_async(2)
+    torch.cuda._sleep(SLEEP_CYCLES)  # queued after the snapshot: a long "next draft step"
+    counter.observe(0, later)
+    counter.clear()
+    plan = pending.result()
+    assert plan == {0: [3, 1], 1: [6]}
+    assert not torch.cuda.current_stream().query()  # the later work was not waited for
+    torch.cuda.synchronize()
+    assert pending.done()
+
+
+@cuda
+def test_published_counts_reach_the_host_from_a_captured_graph_while_it_runs():
+    # The torch path of RoutingCounter.publish inside a CUDA graph: each replay publishes its
+    # rows with the generation stamped before it; the host reads layer 0's row while the
+    # replay still sleeps before layer 1's observe.
+    counter = RoutingCounter(2, 16, "cuda")
+    counter.publish()
+    ids = torch.tensor([[3, 5], [5, 9]], device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        counter.observe(0, ids)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        counter.observe(1, ids + 1)
+    counter.clear()
+    torch.cuda.synchronize()
+    gen = counter.begin_forward()
+    graph.replay()
+    row0 = None
+    while row0 is None:
+        row0 = counter.published(0, gen)
+    assert counter.published(1, gen) is None  # still sleeping before layer 1
+    assert row0 == counter.counts[0].tolist()  # (this read waits for the replay)
+    assert counter.published(1, gen) == counter.counts[1].tolist()
+    assert sorted(e for e, c in enumerate(row0) if c) == [3, 5, 9]

@@ -1,4 +1,4 @@
-"""SafetensorsFile: our reader against files written by the safetensors package."""
+"""SafetensorsFile: specter-cache's reader against files written by the safetensors package."""
 
 import json
 import struct
@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specter_cache import SafetensorsFile
+from specter_cache.safetensors_file import SafetensorsFile
 
 DTYPES = [
     torch.float16,

@@ -6,15 +6,16 @@ import random
 import pytest
 import torch
 
+from cache_helpers import CUDA_LAYOUT, build_store, cuda
 from specter_cache import (
     ExpertCache,
     ExpertLayout,
     PlannerConfig,
-    PlannerPhase,
     PrefetchPlanner,
     RoutingCounter,
     SpeculativePrefetcher,
 )
+from specter_cache.prefetch_planner import PlannerPhase
 
 LAYOUT = ExpertLayout({"w": ((4, 4), torch.float32)})
 
@@ -318,7 +319,7 @@ def _iterations(pf, cache, seed, watch=None, launched=None):
         for layer in range(3):  # a streamed verification: its counts come after the forward
             needed = sorted({e for row in target for e in row[layer]})
             streamed = cache.lookup(layer, needed)[1]
-            cache.record_streamed(layer, needed, streamed)
+            cache.streamed.record_streamed(layer, needed, streamed)
         pf.on_verify_end(rng.randint(0, depth))
         if watch is not None:
             watch()
@@ -537,3 +538,49 @@ def test_layerwise_needs_a_publishing_counter_and_stamps_only_the_last_forward(
     pf.on_verify_start(4)
     assert stamps == [4]  # once, after the second forward's two observes: before the third
     assert pf.stats()["layerwise_boundaries"] == 1
+
+
+@cuda
+def test_prefetcher_on_cuda_prefetches_from_device_counters():
+    store, _ = build_store(2, 8, CUDA_LAYOUT, seed=5)
+    cache = ExpertCache(store, slots_per_layer=3, device="cuda", policy="predictive")
+    counter = RoutingCounter(2, 8, "cuda")
+    planner = PrefetchPlanner(PlannerConfig(initial_chunk=2))
+    pf = SpeculativePrefetcher(cache, counter, planner)
+    pf.on_draft_start(6)
+    for i in range(6):
+        for layer in range(2):
+            counter.observe(layer, torch.tensor([[1, 2 + layer]], device="cuda"))
+        torch.cuda.synchronize()  # the timing markers are complete when a boundary reads them
+        pf.on_draft_token(i)
+    pf.on_verify_start(7)
+    for layer in range(2):
+        for wave in cache.acquire(layer, [1, 2 + layer]):
+            wave.release()
+    pf.on_verify_end(6)
+    st = pf.stats()
+    assert st["plan_recall"] == 1.0
+    assert st["cache"]["total"]["misses"] == 0
+    assert st["draft_token_seconds"] is not None
+    assert st["bandwidth_bytes_per_s"] > 0
+
+
+@cuda
+def test_warm_up_on_cuda_leaves_the_counts_and_the_first_plan_as_they_were():
+    store, _ = build_store(2, 8, CUDA_LAYOUT, seed=6)
+    cache = ExpertCache(store, slots_per_layer=3, device="cuda", policy="predictive")
+    counter = RoutingCounter(2, 8, "cuda")
+    pf = SpeculativePrefetcher(cache, counter, PrefetchPlanner(PlannerConfig(initial_chunk=2)))
+    counter.observe(0, torch.tensor([[4, 4]], device="cuda"))
+    before = counter.counts.clone()
+    pf.warm_up()
+    assert torch.equal(counter.counts, before)
+    assert cache.stats()["total"]["prefetch_loads"] == 0
+    pf.on_draft_start(2)
+    for i in range(2):
+        counter.observe(1, torch.tensor([[5, 6]], device="cuda"))
+        torch.cuda.synchronize()
+        pf.on_draft_token(i)
+    pf.on_verify_start(3)
+    cache.synchronize()
+    assert sorted(cache.resident_experts(1)) == [5, 6]

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specter_cache import belady_loads, compare_policies, simulate_policy
+from specter_cache import belady_loads, simulate_policy
+from specter_cache.trace_simulation import compare_policies
 
 
 def reference_lru_loads(steps, slots):
@@ -106,7 +107,7 @@ def test_pinned_experts_are_hits_after_setup():
 
 
 def test_windowed_trace_groups_tokens_per_step():
-    from specter_cache import windowed_trace
+    from specter_cache.trace_simulation import windowed_trace
 
     routing = torch.tensor([[[0, 1], [2, 3]], [[1, 4], [3, 3]], [[5, 0], [2, 2]]])  # [T=3, L=2, k]
     assert windowed_trace(routing, 1) == [

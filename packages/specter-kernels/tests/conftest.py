@@ -155,32 +155,31 @@ class PoisonedTorch:
 @pytest.fixture
 def poisoned(monkeypatch, triton_backend):
     """Triton backend with poisoned intermediate and output buffers."""
-    from specter_kernels import (
-        argmax_triton,
+    from specter_kernels.attention import mla_attention_triton
+    from specter_kernels.invariant import matmul_triton
+    from specter_kernels.moe import (
+        align_triton,
         grouped_fp16_triton,
-        invariant_matmul_triton,
         join_norm_triton,
-        mla_attention_triton,
-        moe_align_triton,
         routed_pair_sum_triton,
         router_topk_triton,
-        streamed_fills_triton,
-        streamed_staging_triton,
         w4a16_triton,
     )
+    from specter_kernels.sampling import argmax_triton
+    from specter_kernels.streaming import fills_triton, staging_triton
 
     for module in (
         argmax_triton,
         w4a16_triton,
         grouped_fp16_triton,
-        moe_align_triton,
-        invariant_matmul_triton,
+        align_triton,
+        matmul_triton,
         join_norm_triton,
         router_topk_triton,
         mla_attention_triton,
         routed_pair_sum_triton,
-        streamed_fills_triton,
-        streamed_staging_triton,
+        fills_triton,
+        staging_triton,
     ):
         monkeypatch.setattr(module, "torch", PoisonedTorch())
 

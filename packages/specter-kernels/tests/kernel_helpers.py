@@ -33,3 +33,42 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(out).all():
         return float("inf")
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+STREAMED_TOLERANCE = 2e-3
+"""Relative error the streamed-expert tests allow against the float64 reference."""
+
+
+def streamed_problem(T, H, I, E, k, resident_count, *, stream_one=False):
+    """Inputs, every expert's weights, and slots holding the first ``resident_count`` experts
+    of a random order (the other slots NaN: reading one shows up in the result). With
+    ``stream_one`` the first routed expert comes last in the order, so (``resident_count <
+    E``) at least one routed expert is streamed whatever the draw."""
+    x = torch.randn(T, H).half()
+    ids, weights = random_routing(T, k, E)
+    w13 = (torch.randn(E, 2 * I, H) * 0.05).half()
+    w2 = (torch.randn(E, H, I) * 0.05).half()
+    order = torch.randperm(E)
+    if stream_one:
+        first = ids[0, 0]
+        order = torch.cat([order[order != first], first.reshape(1)])
+    S = max(resident_count, 1) + 1
+    w13_slots = torch.full((S, 2 * I, H), float("nan")).half()
+    w2_slots = torch.full((S, H, I), float("nan")).half()
+    slot_of = torch.full((E,), -1, dtype=torch.int32)
+    for s, e in enumerate(order[:resident_count].tolist()):
+        w13_slots[s + 1], w2_slots[s + 1] = w13[e], w2[e]
+        slot_of[e] = s + 1
+    streamed = sk.StreamedExperts.from_tensors(
+        [w.clone() for w in w13], [w.clone() for w in w2], "cpu"
+    )
+    return x, ids, weights, w13, w2, w13_slots, w2_slots, slot_of, streamed
+
+
+def all_in_slots(x, ids, weights, w13, w2, out):
+    """``grouped_moe_fp16`` with every expert resident in slot ``e`` (the streamed tests'
+    baseline)."""
+    E = w13.shape[0]
+    every = torch.ones(E, dtype=torch.bool)
+    slot_of = torch.arange(E, dtype=torch.int32)
+    return sk.grouped_moe_fp16(x, ids, weights, w13, w2, slot_of, every, out)

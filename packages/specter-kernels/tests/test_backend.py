@@ -31,21 +31,3 @@ def test_unknown_backend_is_refused_with_the_choices(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV_VAR, "cutlass")
     with pytest.raises(ValueError, match=r"auto.*triton.*torch"):
         select_backend(torch.device("cpu"))
-
-
-@pytest.mark.parametrize(
-    ("default", "value", "on"),
-    [
-        (True, None, True), (True, "1", True), (True, "on", True), (True, "0", False),
-        (True, " OFF ", False), (False, None, False), (False, "", False), (False, "1", True),
-        (False, " On ", True), (False, "off", False),
-    ],
-)  # fmt: skip
-def test_env_switch_is_its_default_unless_set_on_or_off(monkeypatch, default, value, on):
-    from specter_kernels.backend import env_switch
-
-    if value is None:
-        monkeypatch.delenv("SPECTER_TEST_SWITCH", raising=False)
-    else:
-        monkeypatch.setenv("SPECTER_TEST_SWITCH", value)
-    assert env_switch("SPECTER_TEST_SWITCH", default=default) is on

@@ -15,11 +15,6 @@ def _fresh_settings():
     pdl.refresh_pdl_settings()
 
 
-def _set_mode(monkeypatch, value: str) -> None:
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, value)
-    pdl.refresh_pdl_settings()
-
-
 def test_pdl_is_off_on_the_cpu_and_under_the_interpreter(monkeypatch):
     assert pdl.pdl_options(torch.device("cpu")) == {"PDL": 0}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -27,32 +22,20 @@ def test_pdl_is_off_on_the_cpu_and_under_the_interpreter(monkeypatch):
     assert not pdl.pdl_enabled(torch.device("cuda", 0))  # the interpreter cannot launch PDL
 
 
-def test_the_variable_picks_the_mode(monkeypatch):
+def test_small_kernels_trigger_their_successor_and_the_others_wait(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(pdl, "_capable", lambda index: True)
     cuda = torch.device("cuda", 0)
-    monkeypatch.delenv(pdl.PDL_ENV_VAR, raising=False)
     pdl.refresh_pdl_settings()
-    # By default ``early``: small kernels trigger their successor's launch, others wait.
     assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}
     assert pdl.pdl_options(cuda, early_trigger=True) == {"PDL": 2, "launch_pdl": True}
-    _set_mode(monkeypatch, "trigger")
-    assert pdl.pdl_options(cuda) == {"PDL": 2, "launch_pdl": True}
-    _set_mode(monkeypatch, "early")  # trigger in small kernels, wait in the others
-    assert pdl.pdl_options(cuda, early_trigger=True) == {"PDL": 2, "launch_pdl": True}
-    assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}
     assert pdl.pdl_options(torch.device("cpu"), early_trigger=True) == {"PDL": 0}
-    _set_mode(monkeypatch, "0")
-    assert pdl.pdl_options(cuda) == {"PDL": 0}
-    assert pdl.pdl_options(cuda, early_trigger=True) == {"PDL": 0}
-    monkeypatch.setenv(pdl.PDL_ENV_VAR, "1")
-    assert pdl.pdl_options(cuda) == {"PDL": 0}  # read once: the next launch still has "0"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert pdl.pdl_options(cuda)["PDL"] == 1  # read once: the next launch still compiles
     pdl.refresh_pdl_settings()
-    assert pdl.pdl_options(cuda) == {"PDL": 1, "launch_pdl": True}
-    _set_mode(monkeypatch, "sometimes")
-    with pytest.raises(ValueError, match=r"SPECTER_KERNELS_PDL='sometimes' is not a PDL mode"):
-        pdl.pdl_options(cuda)
-    _set_mode(monkeypatch, "wait")
+    assert pdl.pdl_options(cuda) == {"PDL": 0}
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    pdl.refresh_pdl_settings()
     monkeypatch.setattr(pdl, "_capable", lambda index: False)  # before Hopper
     assert pdl.pdl_options(cuda) == {"PDL": 0}
 
@@ -62,7 +45,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specter_kernels import rms_norm_triton as rn
+from specter_kernels.norms import rms_norm_triton as rn
 
 signature = {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16", "N": "i32",
              "stride_xr": "i32", "stride_or": "i32", "eps": "fp32", "BLOCK": "constexpr",
@@ -77,9 +60,9 @@ sys.stdout.write(json.dumps(ptx))
 
 
 def test_each_mode_compiles_to_its_grid_dependency_instructions():
-    """Compiled for an H100/H200 (sm_90), a kernel's PTX holds ``griddepcontrol.wait`` in the
-    ``wait`` and ``trigger`` modes, ``launch_dependents`` in ``trigger`` only, and neither
-    without PDL. Needs no GPU: a subprocess without the interpreter compiles it."""
+    """Compiled for an H100/H200 (sm_90), a kernel's PTX holds ``griddepcontrol.wait`` with
+    ``PDL`` 1 and 2, ``launch_dependents`` with ``PDL`` 2 only, and neither without PDL.
+    Needs no GPU: a subprocess without the interpreter compiles it."""
     import json
     import os
     import subprocess
@@ -106,7 +89,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specter_kernels.invariant_gemv_triton import _invariant_gemv_kernel
+from specter_kernels.invariant.gemv_triton import _invariant_gemv_kernel
 
 signature = {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp16", "out_ptr": "*fp16",
              "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
@@ -160,17 +143,9 @@ def _layer(x, norm, w1, w2, constant=False):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize(
-    ("mode", "preload"), [("wait", False), ("trigger", False), ("trigger", True), ("early", True)]
-)
-def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(
-    seed, monkeypatch, mode, preload
-):
-    from specter_kernels import invariant_gemv_config
-
+@pytest.mark.parametrize("preload", [False, True])
+def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(seed, monkeypatch, preload):
     monkeypatch.setenv("SPECTER_KERNELS_BACKEND", "auto")
-    monkeypatch.setattr(invariant_gemv_config, "GEMV_PRELOAD", True)
-    _set_mode(monkeypatch, mode)
     if not pdl.pdl_enabled(torch.device("cuda")):
         pytest.skip("this GPU or environment does not use PDL")
     H, I = 2048, 1408
@@ -184,9 +159,12 @@ def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(
             x = x + _layer(x, norm, w1, w2, constant=preload)
         return x
 
-    _set_mode(monkeypatch, "0")
-    plain = chain(x)
-    _set_mode(monkeypatch, mode)
+    def without_pdl(x):
+        with pytest.MonkeyPatch.context() as off:
+            off.setattr(pdl, "_interpreted", lambda: True)
+            return chain(x)
+
+    plain = without_pdl(x)
     assert torch.equal(chain(x), plain)
     static = x.clone()
     chain(static)  # compiled with PDL before the capture
@@ -197,7 +175,4 @@ def test_a_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(
         fresh = torch.randn_like(x)
         static.copy_(fresh)
         graph.replay()
-        _set_mode(monkeypatch, "0")
-        expected = chain(fresh)
-        _set_mode(monkeypatch, mode)
-        assert torch.equal(out, expected)
+        assert torch.equal(out, without_pdl(fresh))

@@ -11,8 +11,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specter_kernels import dequantize_int4
-from specter_models import architecture_for, get_preset, load
+from specter_models import architecture_for, get_preset
 from specter_models.architecture import find_moe_layers
+from specter_models.loader import load_model
 
 TINY_ARCHS = ("tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe")
 
@@ -164,7 +165,9 @@ def draft_experts_in_float64(lm, x, ids, weights):
 
 def moe_layer_count(folder: Path) -> int:
     """MoE layers of the checkpoint in ``folder`` (a draftless CPU load)."""
-    return len(find_moe_layers(load(folder, device="cpu", draft=None, slots_per_layer=8).model))
+    return len(
+        find_moe_layers(load_model(folder, device="cpu", draft=None, slots_per_layer=8).model)
+    )
 
 
 def reference_with_draft_experts(lm, folder: Path) -> PreTrainedModel:

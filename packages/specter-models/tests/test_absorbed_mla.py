@@ -11,7 +11,7 @@ import torch
 
 import specter_models.absorbed_mla as absorbed_mla
 from model_helpers import random_prompt
-from specter_models import load
+from specter_models.loader import load_model
 
 
 def _attention(lm):
@@ -23,12 +23,12 @@ def _attention(lm):
     [("tiny-deepseek-v2", True), ("tiny-qwen2-moe", False), ("tiny-phimoe", False)],
 )
 def test_every_mla_module_is_replaced_once(checkpoints, name, absorbed):
-    lm = load(checkpoints[name], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints[name], device="cpu", dtype=torch.float32)
     modules = _attention(lm)
     assert modules
     assert all(getattr(m, "_specter_absorbed", False) == absorbed for m in modules)
     assert absorbed_mla.install_absorbed_mla(lm.model) == 0
-    plain = load(checkpoints[name], device="cpu", dtype=torch.float32, absorbed_mla=False)
+    plain = load_model(checkpoints[name], device="cpu", dtype=torch.float32, absorbed_mla=False)
     assert not any(getattr(m, "_specter_absorbed", False) for m in _attention(plain))
 
 
@@ -41,8 +41,8 @@ def _prefill_then_decode(lm, prompt):
 def test_logits_and_cache_match_the_expanded_attention(checkpoints):
     prompt = random_prompt(10, 96, seed=5)
     path = checkpoints["tiny-deepseek-v2"]
-    absorbed = load(path, device="cpu", dtype=torch.float64)
-    expanded = load(path, device="cpu", dtype=torch.float64, absorbed_mla=False)
+    absorbed = load_model(path, device="cpu", dtype=torch.float64)
+    expanded = load_model(path, device="cpu", dtype=torch.float64, absorbed_mla=False)
     for got, expected in zip(
         _prefill_then_decode(absorbed, prompt), _prefill_then_decode(expanded, prompt), strict=True
     ):
@@ -60,7 +60,7 @@ def test_logits_and_cache_match_the_expanded_attention(checkpoints):
 
 def test_the_kernel_gets_the_mask_and_scale(checkpoints, monkeypatch):
     prompt = random_prompt(9, 96, seed=6)
-    lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32)
     calls = []
     original = absorbed_mla.mla_attention
 
@@ -88,7 +88,7 @@ def test_the_value_projection_in_the_merge_gives_the_same_logits(checkpoints, mo
     # and returns [T, H, v]; the logits equal the separate bmm's, prefill and decode.
     prompt = random_prompt(9, 96, seed=8)
     path = checkpoints["tiny-deepseek-v2"]
-    expected = _prefill_then_decode(load(path, device="cpu", dtype=dtype), prompt)
+    expected = _prefill_then_decode(load_model(path, device="cpu", dtype=dtype), prompt)
     calls = []
     original = absorbed_mla.mla_attention
 
@@ -98,14 +98,14 @@ def test_the_value_projection_in_the_merge_gives_the_same_logits(checkpoints, mo
 
     monkeypatch.setattr(absorbed_mla, "mla_attention", spy)
     monkeypatch.setattr(absorbed_mla, "fused_value_projection", lambda q_lat: True)
-    got = _prefill_then_decode(load(path, device="cpu", dtype=dtype), prompt)
+    got = _prefill_then_decode(load_model(path, device="cpu", dtype=dtype), prompt)
     assert calls
     assert all(calls)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
 
 
-def test_the_value_projection_applies_to_cuda_half_queries_with_the_switch(monkeypatch):
+def test_the_value_projection_applies_to_cuda_half_queries():
     def queries(dtype, cuda=True):  # a stand-in for a CUDA tensor
         return SimpleNamespace(is_cuda=cuda, dtype=dtype)
 
@@ -113,12 +113,10 @@ def test_the_value_projection_applies_to_cuda_half_queries_with_the_switch(monke
     assert absorbed_mla.fused_value_projection(queries(torch.bfloat16))
     assert not absorbed_mla.fused_value_projection(queries(torch.float32))
     assert not absorbed_mla.fused_value_projection(queries(torch.float16, cuda=False))
-    monkeypatch.setattr(absorbed_mla, "MLA_FUSED_UV", False)
-    assert not absorbed_mla.fused_value_projection(queries(torch.float16))
 
 
 def test_batches_of_several_sequences_fall_back(checkpoints):
-    lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32)
     module = _attention(lm)[0]
     hidden = torch.randn(2, 3, lm.config.hidden_size)
     rotary = lm.model.model.rotary_emb

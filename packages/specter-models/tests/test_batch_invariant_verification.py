@@ -20,8 +20,8 @@ import torch
 
 from model_helpers import in_scalar_aten, random_prompt, reference_from_checkpoint
 from specter_kernels import BatchInvariantMode
-from specter_kernels.batch_invariant_mode import COVERED_CALLS
-from specter_models import load
+from specter_kernels.invariant.mode import COVERED_CALLS
+from specter_models.loader import load_model
 from specter_spec import SpecController
 
 
@@ -45,7 +45,7 @@ def test_rows_are_bit_identical_whatever_the_row_count(checkpoints, arch_name, s
 
 def check_rows_bit_identical(checkpoint: str, slots: int | None) -> None:
     torch.set_num_threads(1)
-    lm = load(
+    lm = load_model(
         checkpoint,
         device="cpu",
         dtype=torch.float32,
@@ -70,7 +70,7 @@ def test_speculative_greedy_equals_plain_greedy_with_batch_invariance(checkpoint
 
 def check_speculation_is_exact(checkpoint: str) -> None:
     torch.set_num_threads(1)
-    lm = load(
+    lm = load_model(
         checkpoint,
         device="cpu",
         dtype=torch.float32,
@@ -89,14 +89,14 @@ def check_speculation_is_exact(checkpoint: str) -> None:
 
 
 def test_batch_invariance_defaults_off_on_the_cpu_and_can_be_toggled(checkpoints):
-    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32)
     assert not lm.batch_invariant
     lm.batch_invariant = True
     assert lm.runtime.batch_invariant
 
 
 def test_all_resident_layers_bypass_the_cache_bookkeeping(checkpoints, arch_name):
-    lm = load(checkpoints[arch_name], device="cpu", dtype=torch.float64)  # no budget
+    lm = load_model(checkpoints[arch_name], device="cpu", dtype=torch.float64)  # no budget
     assert min(lm.cache.slots_per_layer) == lm.cache.num_experts
     ids = random_prompt(7, lm.config.vocab_size, seed=5)
     got = lm.target.forward(ids, 0)
@@ -107,7 +107,7 @@ def test_all_resident_layers_bypass_the_cache_bookkeeping(checkpoints, arch_name
 
 
 def test_routing_trace_is_kept_on_the_fast_path(checkpoints):
-    lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32)
     lm.runtime.record_routing()
     lm.target.forward(torch.tensor([[1, 2, 3]]), 0)
     trace = lm.runtime.routing_trace
@@ -115,7 +115,9 @@ def test_routing_trace_is_kept_on_the_fast_path(checkpoints):
 
 
 def test_a_budget_keeps_the_cache_path(checkpoints):
-    lm = load(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float64, slots_per_layer=2)
+    lm = load_model(
+        checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float64, slots_per_layer=2
+    )
     lm.target.forward(random_prompt(4, lm.config.vocab_size, seed=1), 0)
     assert lm.cache.stats()["total"]["acquires"] > 0
     assert not any(module._fully_resident() for module in lm.experts)
@@ -187,7 +189,7 @@ def test_every_row_count_sensitive_call_of_a_target_forward_is_covered(
         specter_experts, "grouped_moe_fp16", kernel(specter_experts.grouped_moe_fp16)
     )
     for dtype in (torch.float32, torch.float16):
-        lm = load(
+        lm = load_model(
             checkpoints[arch_name],
             device="cpu",
             dtype=dtype,
@@ -210,7 +212,7 @@ def test_every_row_count_sensitive_call_of_a_target_forward_is_covered(
 def test_wrappers_are_installed_once_and_are_inert_outside_target_forwards(checkpoints):
     from specter_models.invariant_scopes import install_batch_invariance, needs_scope
 
-    lm = load(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float32)
     routers = [m for m in lm.model.modules() if type(m).__name__.endswith("Router")]
     assert routers
     assert all(needs_scope(m) for m in routers)  # PhiMoE's router is a Linear subclass
@@ -239,7 +241,7 @@ def test_invariant_draft_linears_route_the_drafts_linears_through_the_kernel(
     prompt = random_prompt(4, 64, seed=5)
     logits = {}
     for switch in (False, True):
-        lm = load(
+        lm = load_model(
             checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32,
             slots_per_layer=3, batch_invariant=True, invariant_draft_linears=switch,
         )  # fmt: skip
@@ -256,7 +258,7 @@ def test_invariant_draft_linears_route_the_drafts_linears_through_the_kernel(
 def test_invariant_draft_linears_default_is_off_on_the_cpu(checkpoints):
     # The default follows the device: on CUDA with batch invariance (the GEMV beats cuBLAS
     # at one row), off on the CPU, where the invariant reference runs row by row.
-    lm = load(
+    lm = load_model(
         checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32,
         slots_per_layer=3, batch_invariant=True,
     )  # fmt: skip

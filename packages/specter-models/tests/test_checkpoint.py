@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specter_cache import TensorSlice
+from specter_cache.expert_store import TensorSlice
 from specter_models import architecture_for, get_preset
 from specter_models.architecture import find_moe_layers
 from specter_models.checkpoint import CheckpointFiles, expert_sources

@@ -1,5 +1,5 @@
 """The engine on a CUDA device: Triton kernels, the copy stream, and no host sync in the
-draft's decode step. Skipped without a GPU (run on the GPU machine)."""
+draft's decode step. Skipped without a GPU (run them on a CUDA machine)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import contextlib
 import pytest
 import torch
 
-from specter_models import RowTruncation, build_reference_model, load, reference_model_from
+from specter_models import RowTruncation, build_reference_model, reference_model_from
+from specter_models.loader import load_model
 from specter_spec import SpecController
 
 pytestmark = [
@@ -35,7 +36,7 @@ def _host_sync_forbidden():
 
 @pytest.mark.parametrize("name", TINY)
 def test_cuda_target_matches_transformers_and_speculation_is_exact(name):
-    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=3, seed=1)
+    lm = load_model(name, device="cuda", dtype=torch.float16, slots_per_layer=3, seed=1)
     assert lm.cache.store.is_pinned
     assert lm.runtime.invariant_draft_linears  # the default on CUDA
     generator = torch.Generator("cuda").manual_seed(3)
@@ -63,7 +64,9 @@ def test_cuda_expert_wise_equals_token_wise(name):
         0, 96, (1, 9), device="cuda", generator=torch.Generator("cuda").manual_seed(0)
     )
     for kind in ("expert", "token"):
-        lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=2, verification=kind)
+        lm = load_model(
+            name, device="cuda", dtype=torch.float16, slots_per_layer=2, verification=kind
+        )
         lm.target.forward(ids[:, :4], 0)
         out[kind] = lm.target.forward(ids[:, 4:], 4).float()
     assert (out["expert"] - out["token"]).abs().max() < 0.01 * out["expert"].abs().max()
@@ -72,7 +75,7 @@ def test_cuda_expert_wise_equals_token_wise(name):
 @pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphed"])
 def test_cuda_draft_step_has_no_host_sync(name, graphs):
-    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=3, cuda_graphs=graphs)
+    lm = load_model(name, device="cuda", dtype=torch.float16, slots_per_layer=3, cuda_graphs=graphs)
     lm.target.forward(torch.tensor([[1, 2, 3, 4]], device="cuda"), 0)
     token = torch.tensor([[5]], device="cuda")
     for _ in range(2):  # warm-up: kernels compiled, buffers grown, the step's graph captured
@@ -100,7 +103,7 @@ def test_cuda_build_reference_model_accepts_an_unindexed_device(name):
 @pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("slots", [2, None])
 def test_cuda_batch_invariant_rows_and_exact_speculation(name, slots):
-    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=slots, seed=3)
+    lm = load_model(name, device="cuda", dtype=torch.float16, slots_per_layer=slots, seed=3)
     assert lm.batch_invariant  # the default for fp16 on CUDA
     generator = torch.Generator("cuda").manual_seed(5)
     prompt = torch.randint(0, lm.config.vocab_size, (1, 7), device="cuda", generator=generator)
@@ -122,7 +125,7 @@ def test_cuda_batch_invariant_rows_and_exact_speculation(name, slots):
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphed"])
 def test_cuda_all_resident_target_step_has_no_host_sync(name, graphs):
     # every expert resident
-    lm = load(name, device="cuda", dtype=torch.float16, seed=4, cuda_graphs=graphs)
+    lm = load_model(name, device="cuda", dtype=torch.float16, seed=4, cuda_graphs=graphs)
     lm.target.forward(torch.tensor([[1, 2, 3, 4]], device="cuda"), 0)
     rows = torch.tensor([[5, 6, 7]], device="cuda")
     for _ in range(2):  # warm-up: kernels compiled, both steps' graphs captured
@@ -141,7 +144,7 @@ def test_cuda_all_resident_target_step_has_no_host_sync(name, graphs):
 
 @pytest.mark.parametrize("name", TINY)
 def test_cuda_graph_replays_the_window_forward_bit_for_bit(name):
-    lm = load(name, device="cuda", dtype=torch.float16, seed=6)  # all resident, graphs on
+    lm = load_model(name, device="cuda", dtype=torch.float16, seed=6)  # all resident, graphs on
     assert lm.cuda_graphs
     generator = torch.Generator("cuda").manual_seed(2)
     prompt = torch.randint(0, lm.config.vocab_size, (1, 40), device="cuda", generator=generator)
@@ -164,7 +167,7 @@ def test_cuda_graph_replays_the_window_forward_bit_for_bit(name):
 @pytest.mark.parametrize("name", TINY)
 @pytest.mark.parametrize("slots", [2, None])
 def test_cuda_graphed_speculation_equals_plain_decoding(name, slots):
-    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=slots, seed=7)
+    lm = load_model(name, device="cuda", dtype=torch.float16, slots_per_layer=slots, seed=7)
     prompt = torch.randint(0, lm.config.vocab_size, (60,), device="cuda").tolist()
     plain = SpecController(None, lm.target, depth=0).generate(prompt, 40)
     for depth in (1, 4):
@@ -177,7 +180,7 @@ def test_cuda_graphed_speculation_equals_plain_decoding(name, slots):
     if slots is None:
         assert stats["target"]["replays"] > 0
         assert stats["target"]["disabled_reason"] is None
-    eager = load(
+    eager = load_model(
         name, device="cuda", dtype=torch.float16, slots_per_layer=slots, seed=7, cuda_graphs=False
     )
     # Window mode only adds masked (zero) terms to attention's sums: same tokens as eager.
@@ -186,7 +189,7 @@ def test_cuda_graphed_speculation_equals_plain_decoding(name, slots):
 
 @pytest.mark.parametrize("name", TINY)
 def test_cuda_graphs_captured_ahead_serve_every_decode_step(name):
-    lm = load(name, device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
+    lm = load_model(name, device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
     captured = lm.capture_step_graphs()
     assert captured["draft"] == 2  # windows 256 and 320, one row
     assert captured["target"] > captured["draft"]
@@ -211,9 +214,9 @@ def test_cuda_capture_compiles_the_greedy_argmax_before_the_first_decode(monkeyp
     # launches do not hide it).
     import triton
 
-    from specter_kernels.argmax_triton import _argmax_kernel
+    from specter_kernels.sampling.argmax_triton import _argmax_kernel
 
-    lm = load("tiny-deepseek-v2", device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
+    lm = load_model("tiny-deepseek-v2", device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
     _argmax_kernel.device_caches.clear()
     phase, first_uses = ["capture"], []
 
@@ -241,11 +244,11 @@ def test_cuda_captures_run_with_the_collector_paused_and_survive_a_collection_of
         def __init__(self, payload):
             self.payload, self.me = payload, self
 
-    old = load("tiny-qwen2-moe", device="cuda", dtype=torch.float16, seed=8, max_seq_len=256)
+    old = load_model("tiny-qwen2-moe", device="cuda", dtype=torch.float16, seed=8, max_seq_len=256)
     old.capture_step_graphs()
     Cycle(old)
     del old
-    lm = load("tiny-qwen2-moe", device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
+    lm = load_model("tiny-qwen2-moe", device="cuda", dtype=torch.float16, seed=8, max_seq_len=320)
     seen = []
 
     def observe(module, args):
@@ -272,7 +275,7 @@ def test_cuda_plain_streamed_decode_replays_the_one_row_graphs_captured_past_the
     # What `specter generate --depth 0` captures under a budget: one-row target graphs of
     # the windows from the prompt on (256 and 320), enough for the whole decode.
     kwargs = {**BUDGETED, "miss_path": "stream", "stream_fills": 8}
-    lm = load(name, draft=None, **kwargs)
+    lm = load_model(name, draft=None, **kwargs)
     prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
     assert lm.capture_step_graphs(min_length=len(prompt), max_rows=1) == {"target": 2}
     lm.reset()
@@ -282,7 +285,7 @@ def test_cuda_plain_streamed_decode_replays_the_one_row_graphs_captured_past_the
     assert stats["graphs"] == 2
     assert stats["replays"] >= 39  # a step per token after the first
     assert lm.cache.stats()["total"]["streamed_fills"] > 0
-    eager = load(name, draft=None, cuda_graphs=False, **kwargs)
+    eager = load_model(name, draft=None, cuda_graphs=False, **kwargs)
     assert SpecController(None, eager.target, depth=0).generate(prompt, 40).tokens == plain.tokens
 
 
@@ -295,7 +298,7 @@ def test_cuda_pipelined_stream_records_keep_plain_tokens_and_fill_no_expert_twic
     prompt = torch.randint(0, 96, (200,), device="cuda").tolist()
     runs = []
     for pipelined in (False, True):
-        lm = load(name, **kwargs)
+        lm = load_model(name, **kwargs)
         lm.runtime.stream_record.pipelined = pipelined
         lm.capture_step_graphs(min_length=len(prompt), max_rows=1)
         lm.reset()
@@ -316,7 +319,7 @@ def test_cuda_pipelined_stream_records_keep_plain_tokens_and_fill_no_expert_twic
 @pytest.mark.parametrize("verification", ["expert", "token"])
 def test_cuda_piecewise_graphs_under_a_budget_decode_like_eager(name, verification):
     kwargs = {**BUDGETED, "verification": verification}
-    lm = load(name, **kwargs)  # piecewise graphs come with CUDA graphs by default
+    lm = load_model(name, **kwargs)  # piecewise graphs come with CUDA graphs by default
     captured = lm.capture_step_graphs()
     assert captured["target"] > 0
     prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
@@ -329,14 +332,14 @@ def test_cuda_piecewise_graphs_under_a_budget_decode_like_eager(name, verificati
     assert stats["window_eager"] == 0  # every target step replayed its pieces
     assert stats["replays"] > 0
     assert stats["piecewise_graphs"] == stats["graphs"]
-    eager = load(name, cuda_graphs=False, **kwargs)
+    eager = load_model(name, cuda_graphs=False, **kwargs)
     assert SpecController(None, eager.target, depth=0).generate(prompt, 32).tokens == plain.tokens
 
 
 def test_cuda_piecewise_captures_record_on_one_stream(monkeypatch):
     # cuBLAS keeps a 32 MiB workspace per stream it runs on: a stream a capture cost
     # DeepSeek-V2-Lite's draftless 24 GB load 33 workspaces, 1.1 GB past its plan.
-    lm = load("tiny-deepseek-v2", **BUDGETED)
+    lm = load_model("tiny-deepseek-v2", **BUDGETED)
     made = []
     real = torch.cuda.Stream
 
@@ -358,8 +361,8 @@ def test_cuda_piecewise_captures_record_on_one_stream(monkeypatch):
 @pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
 def test_cuda_fused_rms_norm_computes_transformers_norms(name):
     kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 10, "cuda_graphs": False}
-    fused = load(name, **kwargs)
-    plain = load(name, fused_norms=False, **kwargs)
+    fused = load_model(name, **kwargs)
+    plain = load_model(name, fused_norms=False, **kwargs)
     prompt = torch.randint(0, fused.config.vocab_size, (1, 24), device="cuda")
     a = fused.target.forward(prompt, 0).float()
     b = plain.target.forward(prompt, 0).float()
@@ -374,7 +377,7 @@ def test_cuda_row_truncation_under_piecewise_graphs_keeps_greedy_tokens(name):
     }  # fmt: skip
     # Misses priced far above tokens: every row bringing a new missing expert is cut.
     policy = RowTruncation(token_seconds=1e-6, bandwidth_bytes_per_s=1.0)
-    lm = load(name, row_truncation=policy, **kwargs)
+    lm = load_model(name, row_truncation=policy, **kwargs)
     lm.capture_step_graphs()
     prompt = torch.randint(0, lm.config.vocab_size, (200,), device="cuda").tolist()
     plain = SpecController(None, lm.target, depth=0).generate(prompt, 32)
@@ -388,8 +391,8 @@ def test_cuda_row_truncation_under_piecewise_graphs_keeps_greedy_tokens(name):
 @pytest.mark.parametrize("name", TINY)
 def test_cuda_fused_rotary_computes_transformers_rotary(name):
     kwargs = {"device": "cuda", "dtype": torch.float16, "seed": 13, "cuda_graphs": False}
-    fused = load(name, **kwargs)
-    plain = load(name, fused_rotary=False, **kwargs)
+    fused = load_model(name, **kwargs)
+    plain = load_model(name, fused_rotary=False, **kwargs)
     assert any(getattr(m, "_specter_fused_rotary", False) for m in fused.model.modules())
     prompt = torch.randint(0, fused.config.vocab_size, (1, 24), device="cuda")
     a = fused.target.forward(prompt, 0).float()
@@ -404,19 +407,19 @@ def test_cuda_hot_set_draft_is_graphed_sync_free_and_speculation_exact(name, pru
     # steps (skip-pairs INT4 kernel plus the grouped FP16 kernel on the pinned slots) replay
     # as graphs with no host sync, give the eager window forward's logits, and greedy
     # speculation keeps plain decoding's tokens.
-    lm = load(name, device="cuda", dtype=torch.float16, slots_per_layer=4, seed=6)
+    lm = load_model(name, device="cuda", dtype=torch.float16, slots_per_layer=4, seed=6)
     hot = [[1, 6]] * lm.cache.num_layers
     skip = [[0, 3]] * lm.cache.num_layers if pruned else None
     kwargs = {"device": "cuda", "dtype": torch.float16, "slots_per_layer": 4, "seed": 6,
               "hot_experts": hot, "draft_pruned_experts": skip}  # fmt: skip
-    lm = load(name, **kwargs)
+    lm = load_model(name, **kwargs)
     assert lm.hot_experts == hot
     assert lm.draft_pruned_experts == (skip or [[] for _ in hot])
     generator = torch.Generator("cuda").manual_seed(8)
     prompt = torch.randint(0, lm.config.vocab_size, (1, 6), device="cuda", generator=generator)
     lm.target.forward(prompt, 0)
     token = prompt[:, -1:]
-    eager = load(name, cuda_graphs=False, **kwargs)
+    eager = load_model(name, cuda_graphs=False, **kwargs)
     eager.target.forward(prompt, 0)
     for _ in range(2):  # warm-up: kernels compiled, the step's graph captured
         lm.draft.forward(token, 6)
@@ -442,8 +445,8 @@ def test_cuda_streamed_misses_graph_the_budgeted_target_whole_and_keep_greedy_to
     # greedy tokens are the acquire path's.
     kwargs = dict(BUDGETED)
     prompt = torch.randint(0, 96, (200,), device="cuda").tolist()
-    acquired = SpecController(None, load(name, **kwargs).target, depth=0).generate(prompt, 32)
-    lm = load(name, miss_path="stream", stream_fills=8, **kwargs)
+    acquired = SpecController(None, load_model(name, **kwargs).target, depth=0).generate(prompt, 32)
+    lm = load_model(name, miss_path="stream", stream_fills=8, **kwargs)
     plain = SpecController(None, lm.target, depth=0).generate(prompt, 32)
     assert plain.tokens == acquired.tokens
     assert lm.cache.stats()["total"]["streamed_fills"] > 0  # fills kept streamed experts
@@ -482,7 +485,7 @@ def test_cuda_staged_streaming_keeps_greedy_tokens_and_the_whole_graph(name):
     # streaming's, and both widths are graphed whole in one process.
     kwargs = {**BUDGETED, "miss_path": "stream"}
     prompt = torch.randint(0, 96, (200,), device="cuda").tolist()
-    lm = load(name, stream_staging=4, **kwargs)
+    lm = load_model(name, stream_staging=4, **kwargs)
     runs = {}
     for staging in (0, 4, 0):
         lm.stream_staging = staging
@@ -552,7 +555,7 @@ def test_cuda_shared_overlap_keeps_every_bit(name, budget):
     kwargs, prompt, rows = _tiny_problem(budget, seed=4)
     out, tokens = {}, {}
     for overlap in (False, True):
-        lm = load(name, shared_overlap=overlap, **kwargs)
+        lm = load_model(name, shared_overlap=overlap, **kwargs)
         out[overlap], tokens[overlap] = _logits_and_greedy(lm, prompt, rows)
         stats = lm.graph_stats()
         assert stats["draft"]["disabled_reason"] is None
@@ -567,8 +570,8 @@ def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
     # The full-size shapes' tuned tiles split K (the tiny ones' heuristic does not): with every
     # invariant GEMM split, the target and the draft must still be captured (the capture's
     # stream and the side stream make no counters) and give the in-order bits.
-    from specter_kernels import invariant_matmul_triton as kernel
-    from specter_kernels.invariant_matmul_config import BLOCK_M, MatmulConfig
+    from specter_kernels.invariant import matmul_triton as kernel
+    from specter_kernels.invariant.matmul_config import BLOCK_M, MatmulConfig
 
     def split_everything(N, K, dtype, device_name=None):
         return MatmulConfig(BLOCK_M, 16, 16, split_k=2)
@@ -580,7 +583,7 @@ def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
     rows = torch.tensor([[3, 4]], device="cuda")
     out = {}
     for overlap in (False, True):
-        lm = load(name, device="cuda", dtype=torch.float16, seed=3, shared_overlap=overlap)
+        lm = load_model(name, device="cuda", dtype=torch.float16, seed=3, shared_overlap=overlap)
         out[overlap] = _rows_eager_captured_replayed(lm, prompt, rows)
         for _ in range(3):
             lm.draft.forward(rows[:, :1], 30)
@@ -596,7 +599,8 @@ def test_cuda_split_k_gemms_keep_the_graphs_with_the_overlap(name, monkeypatch):
 def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
     # DeepSeek-V2's latent norm, rotations and cache writes in one launch: the same logits bit
     # for bit (eager prefill, captured and replayed steps) and the same greedy tokens as the
-    # parts apart; the cache holds the same rows.
+    # parts apart (the path of tensors the prologue does not take); the cache holds the same
+    # rows.
     from specter_models import absorbed_mla
 
     kwargs, prompt, rows = _tiny_problem(budget, seed=6)
@@ -604,9 +608,11 @@ def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
     calls = []
     real = absorbed_mla.mla_prologue
     monkeypatch.setattr(absorbed_mla, "mla_prologue", lambda *a: calls.append(1) or real(*a))
+    real_layer = absorbed_mla._prologue_layer
     for fused in (False, True):
-        monkeypatch.setattr(absorbed_mla, "MLA_PROLOGUE", fused)
-        lm = load("tiny-deepseek-v2", **kwargs)
+        apart = (lambda *a: None) if not fused else real_layer
+        monkeypatch.setattr(absorbed_mla, "_prologue_layer", apart)
+        lm = load_model("tiny-deepseek-v2", **kwargs)
         before = len(calls)
         out[fused], tokens[fused] = _logits_and_greedy(lm, prompt, rows)
         n = lm.target.kv_length
@@ -626,7 +632,8 @@ def test_cuda_mla_prologue_keeps_every_bit(budget, monkeypatch):
 def test_cuda_fused_residuals_keep_every_bit(name, budget, monkeypatch):
     # The attention's residual add in the post-attention norm and the MoE block's branch add
     # in the layer's: the same logits bit for bit (eager prefill, captured and replayed steps)
-    # and the same greedy tokens as the adds apart, with the shared experts' side stream.
+    # and the same greedy tokens as the adds apart (transformers' layer forward), with the
+    # shared experts' side stream.
     from specter_models import fused_residuals
 
     kwargs, prompt, rows = _tiny_problem(budget, seed=6)
@@ -635,8 +642,7 @@ def test_cuda_fused_residuals_keep_every_bit(name, budget, monkeypatch):
     real = fused_residuals.add_rms_norm
     monkeypatch.setattr(fused_residuals, "add_rms_norm", lambda *a: calls.append(1) or real(*a))
     for fused in (False, True):
-        monkeypatch.setattr(fused_residuals, "FUSED_RESIDUALS", fused)
-        lm = load(name, **kwargs)
+        lm = load_model(name, fused_residuals=fused, **kwargs)
         before = len(calls)
         out[fused], tokens[fused] = _logits_and_greedy(lm, prompt, rows)
         launches[fused] = len(calls) - before
@@ -653,7 +659,9 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
     # separate bmm's (another summation order), eager, captured and replayed rows equal, a
     # row verified with others equal to the row alone, and speculative greedy tokens equal
     # to plain greedy tokens.
-    calls = _mla_fusion_against_apart(budget, monkeypatch, "MLA_FUSED_UV", "mla_attention", len)
+    calls = _mla_fusion_against_apart(
+        budget, monkeypatch, ("fused_value_projection", lambda q_lat: False), "mla_attention", len
+    )
     for fused in (False, True):
         assert bool(calls[fused])
         assert all(n == (7 if fused else 6) for n in calls[fused])
@@ -663,22 +671,23 @@ def test_cuda_fused_value_projection_is_close_and_speculation_stays_exact(budget
 def test_cuda_queries_absorbed_in_the_prologue_are_close_and_speculation_stays_exact(
     budget, monkeypatch
 ):
-    # SPECTER_MLA_FUSED_ABSORB: q_lat computed by the prologue's launch in decode and
+    # q_lat computed by the prologue's launch in decode and
     # verification steps (the prefill keeps the bmm): logits close to the bmm's (another
     # summation order), rows verified together equal to each alone, speculative greedy
     # tokens equal to plain greedy tokens.
     from specter_models import absorbed_mla
 
     calls = _mla_fusion_against_apart(
-        budget, monkeypatch, "MLA_FUSED_ABSORB", "mla_prologue_absorb", lambda a: a[0].shape[0]
+        budget, monkeypatch, ("ABSORB_MAX_ROWS", 0), "mla_prologue_absorb", lambda a: a[0].shape[0]
     )
     for fused in (False, True):
         assert bool(calls[fused]) is fused
         assert all(t <= absorbed_mla.ABSORB_MAX_ROWS for t in calls[fused])
 
 
-def _mla_fusion_against_apart(budget, monkeypatch, switch, kernel, note) -> dict[bool, list]:
-    """The tiny DeepSeek-V2's target with ``absorbed_mla.<switch>`` off and on: logits of
+def _mla_fusion_against_apart(budget, monkeypatch, apart, kernel, note) -> dict[bool, list]:
+    """The tiny DeepSeek-V2's target with ``absorbed_mla``'s ``apart = (name, value)`` set
+    (the fusion off) and as shipped (on): logits of
     rows eager, captured and replayed (equal), close between the two; with it on, rows
     invariant and speculation exact. Returns ``note(args)`` of each call of
     ``absorbed_mla.<kernel>`` per setting."""
@@ -689,9 +698,11 @@ def _mla_fusion_against_apart(budget, monkeypatch, switch, kernel, note) -> dict
     real = getattr(absorbed_mla, kernel)
     monkeypatch.setattr(absorbed_mla, kernel, lambda *a: calls.append(note(a)) or real(*a))
     out, per_setting = {}, {}
+    name, off = apart
+    shipped = getattr(absorbed_mla, name)
     for fused in (False, True):
-        monkeypatch.setattr(absorbed_mla, switch, fused)
-        lm = load("tiny-deepseek-v2", **kwargs)
+        monkeypatch.setattr(absorbed_mla, name, shipped if fused else off)
+        lm = load_model("tiny-deepseek-v2", **kwargs)
         calls.clear()
         out[fused] = _rows_eager_captured_replayed(lm, prompt, rows).float()
         per_setting[fused] = list(calls)
@@ -721,7 +732,7 @@ def test_cuda_layerwise_final_plans_come_from_the_graphed_draft_and_keep_tokens(
     # decoding's.
     kwargs = {**BUDGETED, "miss_path": "stream"}
     prompt = torch.randint(0, 96, (120,), device="cuda").tolist()
-    lm = load(name, **kwargs)
+    lm = load_model(name, **kwargs)
     assert lm.counter.publishing
     assert lm.prefetcher.layerwise  # the default where the counter publishes
     plain = SpecController(None, lm.target, depth=0).generate(prompt, 24)
@@ -744,7 +755,7 @@ def test_cuda_stream_waits_are_graphed_and_keep_tokens(name):
     # decoding's, the target stays graphed whole, and both switch values get their graphs.
     kwargs = {**BUDGETED, "miss_path": "stream"}
     prompt = torch.randint(0, 96, (120,), device="cuda").tolist()
-    lm = load(name, stream_waits=True, **kwargs)
+    lm = load_model(name, stream_waits=True, **kwargs)
     plain = SpecController(None, lm.target, depth=0).generate(prompt, 24)
     runs = {}
     for waits in (True, False, True):

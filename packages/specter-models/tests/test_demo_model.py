@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specter_models
-from specter_models import load
+from specter_models.loader import load_model
 from specter_spec import SpecController
 
 FOLDER = Path(specter_models.__file__).parent / "data" / "specter-code-tiny"
@@ -30,7 +30,7 @@ def test_demo_model_is_trained_on_code():
 
 
 def test_demo_speculative_greedy_equals_transformers_generate():
-    lm = load("specter-code-tiny", device="cpu", dtype=torch.float64, slots_per_layer=8)
+    lm = load_model("specter-code-tiny", device="cpu", dtype=torch.float64, slots_per_layer=8)
     prompt = lm.tokenizer("def fibonacci(n):")["input_ids"]
     spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4).generate(prompt, 40)
     reference = AutoModelForCausalLM.from_pretrained(

@@ -7,7 +7,8 @@ import torch
 
 from model_helpers import random_prompt, reference_from_checkpoint
 from specter_kernels import dequantize_int4
-from specter_models import load, plan_memory
+from specter_models import plan_memory
+from specter_models.loader import load_model
 
 
 def _nbytes(tensors) -> int:
@@ -16,7 +17,7 @@ def _nbytes(tensors) -> int:
 
 def test_draft_adds_only_int4_experts(checkpoints, arch_name):
     folder = checkpoints[arch_name]
-    lm = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=3)
+    lm = load_model(folder, device="cpu", dtype=torch.float32, slots_per_layer=3)
     target, draft = lm.state_tensors("target"), lm.state_tensors("draft")
     shared = set(target) & set(draft)
     assert shared == {name for name in target if name.startswith("param:")}
@@ -42,7 +43,7 @@ def test_draft_is_the_target_with_dequantized_routed_experts(checkpoints, arch_n
     # transformers' model with its routed experts replaced by the dequantized INT4 ones
     # computes exactly the draft's logits: nothing else differs between draft and target.
     folder = checkpoints[arch_name]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=2)
+    lm = load_model(folder, device="cpu", dtype=torch.float64, slots_per_layer=2)
     reference = reference_from_checkpoint(folder)
     with torch.no_grad():
         for module in lm.experts:
@@ -68,7 +69,9 @@ def _decoder_layer(lm, moe_index: int) -> int:
 
 
 def test_draft_routing_feeds_the_counters_and_target_routing_does_not(checkpoints):
-    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, slots_per_layer=4)
+    lm = load_model(
+        checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, slots_per_layer=4
+    )
     top_k = lm.config.num_experts_per_tok
     lm.target.forward(torch.tensor([[1, 2, 3]]), 0)
     assert int(lm.counter.counts.sum()) == 0
@@ -80,11 +83,13 @@ def test_draft_routing_feeds_the_counters_and_target_routing_does_not(checkpoint
 
 def test_target_only_engine_has_no_draft_and_more_slots(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
-    with_draft = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=2)
+    with_draft = load_model(folder, device="cpu", dtype=torch.float32, slots_per_layer=2)
     plan = plan_memory(with_draft.config, dtype=torch.float32, max_seq_len=64)
     budget = plan.fixed_bytes + plan.num_moe_layers * plan.expert_bytes * 2 + 1
-    a = load(folder, device="cpu", dtype=torch.float32, gpu_memory_gb=budget / 1e9, max_seq_len=64)
-    b = load(
+    a = load_model(
+        folder, device="cpu", dtype=torch.float32, gpu_memory_gb=budget / 1e9, max_seq_len=64
+    )
+    b = load_model(
         folder,
         device="cpu",
         dtype=torch.float32,

@@ -17,7 +17,7 @@ from model_helpers import (
     rows_alone,
     rows_together,
 )
-from specter_models import load
+from specter_models.loader import load_model
 
 # The loader installs the fused MLPs itself (fused_mlp=True, the default): these tests install
 # them by hand, so they load unfused models.
@@ -28,7 +28,7 @@ EXPECTED_MLPS = {"tiny-deepseek-v2": 3, "tiny-qwen2-moe": 2, "tiny-phimoe": 0}
 
 
 def _load(checkpoints, name: str, dtype: torch.dtype = torch.float32, **kwargs):
-    return load(checkpoints[name], device="cpu", dtype=dtype, **UNFUSED, **kwargs)
+    return load_model(checkpoints[name], device="cpu", dtype=dtype, **UNFUSED, **kwargs)
 
 
 def _swiglu_mlps(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -130,7 +130,7 @@ def test_fused_rows_are_bit_identical_whatever_the_row_count(checkpoints, name):
 
 def check_fused_rows_bit_identical(checkpoint: str) -> None:
     torch.set_num_threads(1)
-    lm = load(checkpoint, device="cpu", dtype=torch.float32, batch_invariant=True, **UNFUSED)
+    lm = load_model(checkpoint, device="cpu", dtype=torch.float32, batch_invariant=True, **UNFUSED)
     prompt = random_prompt(6, lm.config.vocab_size, seed=3)
     rows = random_prompt(5, lm.config.vocab_size, seed=4)
     unfused = rows_together(lm, prompt, rows)
@@ -148,7 +148,7 @@ def check_fused_rows_bit_identical(checkpoint: str) -> None:
 
 @pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe"])
 def test_load_fuses_by_default(checkpoints, name):
-    lm = load(checkpoints[name], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints[name], device="cpu", dtype=torch.float32)
     fused = [m for m in lm.model.modules() if getattr(m, "_specter_fused_gate_up", False)]
     assert len(fused) == EXPECTED_MLPS[name]
     assert fused_mlp.install_fused_gate_up(lm.model, lm.runtime) == 0

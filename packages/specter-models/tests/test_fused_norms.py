@@ -8,7 +8,7 @@ import torch
 
 import specter_models.fused_norms as fused_norms
 from model_helpers import random_prompt
-from specter_models import load
+from specter_models.loader import load_model
 
 
 def _norms(lm):
@@ -20,19 +20,19 @@ def _norms(lm):
     [("tiny-deepseek-v2", True), ("tiny-qwen2-moe", True), ("tiny-phimoe", False)],
 )
 def test_every_rms_norm_is_wrapped_once(checkpoints, name, has_rms_norms):
-    lm = load(checkpoints[name], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints[name], device="cpu", dtype=torch.float32)
     norms = _norms(lm)
     assert bool(norms) == has_rms_norms  # PhiMoE normalises with nn.LayerNorm
     assert all(getattr(m, "_specter_fused", False) for m in norms)
     assert fused_norms.install_fused_rms_norm(lm.model) == 0  # already installed
-    plain = load(checkpoints[name], device="cpu", dtype=torch.float32, fused_norms=False)
+    plain = load_model(checkpoints[name], device="cpu", dtype=torch.float32, fused_norms=False)
     assert not any(getattr(m, "_specter_fused", False) for m in _norms(plain))
 
 
 @pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
 def test_the_fused_call_gets_the_module_weight_and_epsilon(checkpoints, name, monkeypatch):
     prompt = random_prompt(6, 96, seed=2)
-    lm = load(checkpoints[name], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints[name], device="cpu", dtype=torch.float32)
     for module in _norms(lm):  # distinct epsilons: a swapped or default one would show
         module.variance_epsilon = 0.5 + torch.rand(()).item()
     expected = lm.target.forward(prompt, 0)

@@ -17,7 +17,7 @@ from model_helpers import (
     rows_alone,
     rows_together,
 )
-from specter_models import load
+from specter_models.loader import load_model
 
 # The loader fuses by default: these tests fuse by hand, so they load unfused models.
 UNFUSED = {"fused_projections": False}
@@ -25,7 +25,7 @@ TINY_DEEPSEEK_LAYERS = 3
 
 
 def _load(checkpoints, name: str = "tiny-deepseek-v2", dtype=torch.float32, **kwargs):
-    return load(checkpoints[name], device="cpu", dtype=dtype, **UNFUSED, **kwargs)
+    return load_model(checkpoints[name], device="cpu", dtype=dtype, **UNFUSED, **kwargs)
 
 
 def _attention(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -48,9 +48,9 @@ def test_every_mla_attention_is_fused_once(checkpoints, name, expected):
 
 
 def test_load_fuses_by_default_and_only_in_the_absorbed_form(checkpoints):
-    fused = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32)
+    fused = load_model(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32)
     assert all(_fused(m) is not None for m in _attention(fused.model))
-    expanded = load(
+    expanded = load_model(
         checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float32, absorbed_mla=False
     )
     assert not any(_fused(m) is not None for m in _attention(expanded.model))
@@ -123,7 +123,7 @@ def test_fused_rows_are_bit_identical_whatever_the_row_count(checkpoints):
 
 def check_fused_rows_bit_identical(checkpoint: str) -> None:
     torch.set_num_threads(1)
-    lm = load(checkpoint, device="cpu", dtype=torch.float32, batch_invariant=True, **UNFUSED)
+    lm = load_model(checkpoint, device="cpu", dtype=torch.float32, batch_invariant=True, **UNFUSED)
     prompt = random_prompt(6, lm.config.vocab_size, seed=3)
     rows = random_prompt(5, lm.config.vocab_size, seed=4)
     unfused = rows_together(lm, prompt, rows)

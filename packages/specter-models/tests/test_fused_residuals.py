@@ -11,14 +11,14 @@ import specter_models.fused_norms as fused_norms
 import specter_models.fused_residuals as fused_residuals
 import specter_models.shared_overlap as shared_overlap
 from model_helpers import random_prompt
-from specter_models import load
+from specter_models.loader import load_model
 
 # Decoder layers (all pre-norm RMSNorm layers), MoE blocks with shared experts.
 EXPECTED = {"tiny-deepseek-v2": (3, 2), "tiny-qwen2-moe": (2, 2), "tiny-phimoe": (0, 0)}
 
 
 def _load(checkpoints, name: str, **kwargs):
-    return load(checkpoints[name], device="cpu", dtype=torch.float32, **kwargs)
+    return load_model(checkpoints[name], device="cpu", dtype=torch.float32, **kwargs)
 
 
 def _patched(lm) -> int:
@@ -62,14 +62,10 @@ def _adds(calls):
 
 
 @pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
-@pytest.mark.parametrize("next_norm", [True, False])
-def test_the_fused_layers_keep_the_logits_bit_for_bit(
-    checkpoints, name, forced, monkeypatch, next_norm
-):
+def test_the_fused_layers_keep_the_logits_bit_for_bit(checkpoints, name, forced):
     # Each shared-expert block's join also normalises its output for the next norm (the
     # next layer's input norm, the last layer's: the final norm), which then launches
     # nothing: the same logits, one rms_norm fewer per such block.
-    monkeypatch.setattr(shared_overlap, "FUSED_NEXT_NORM", next_norm)
     plain = _load(checkpoints, name, fused_residuals=False)
     fused = _load(checkpoints, name)
     prompt = random_prompt(9, plain.config.vocab_size, seed=4)
@@ -79,16 +75,11 @@ def test_the_fused_layers_keep_the_logits_bit_for_bit(
     assert _adds(forced) == dict.fromkeys(_adds(forced), 0)  # the plain model: none
     out = fused.target.forward(prompt, 0)
     layers, shared_blocks = EXPECTED[name]
-    joins = (
-        {"residual_add_rms_norm": shared_blocks} if next_norm else {"residual_add": shared_blocks}
-    )
-    want = {"add_rms_norm": layers, "residual_add": 0, "residual_add_rms_norm": 0, **joins}
+    want = {"add_rms_norm": layers, "residual_add": 0, "residual_add_rms_norm": shared_blocks}
     assert _adds(forced) == want
     # The plain target and draft launched ``norms``, half each; the fused target's
-    # post-attention norms run in add_rms_norm and, with next_norm, a norm after each block
-    # comes from its join.
-    handed = shared_blocks if next_norm else 0
-    assert forced["rms_norm"] - norms == norms // 2 - layers - handed
+    # post-attention norms run in add_rms_norm and a norm after each block comes from its join.
+    assert forced["rms_norm"] - norms == norms // 2 - layers - shared_blocks
     assert torch.equal(out, expected)
     assert torch.equal(fused.draft.forward(prompt[:, -1:], 9), expected_draft)
     assert _adds(forced) == {k: 2 * v for k, v in want.items()}
@@ -119,18 +110,6 @@ def test_next_norms_are_linked_without_registering_modules(checkpoints):
     ]
     assert fused_residuals.link_next_norms(lm.model) == 3
     assert [name for name, _ in lm.model.named_modules()] == names  # nothing registered
-
-
-def test_the_switch_keeps_the_adds_apart(checkpoints, forced, monkeypatch):
-    lm = _load(checkpoints, "tiny-deepseek-v2")
-    prompt = random_prompt(5, lm.config.vocab_size, seed=5)
-    monkeypatch.setattr(fused_residuals, "FUSED_RESIDUALS", False)
-    off = lm.target.forward(prompt, 0)
-    assert _adds(forced) == dict.fromkeys(_adds(forced), 0)
-    lm.reset()
-    monkeypatch.setattr(fused_residuals, "FUSED_RESIDUALS", True)
-    assert torch.equal(lm.target.forward(prompt, 0), off)
-    assert forced["add_rms_norm"] == 3
 
 
 def test_without_specter_norms_the_layers_run_transformers_forward(checkpoints, forced):

@@ -10,7 +10,7 @@ import torch
 
 import specter_models.fused_rotary as fused_rotary
 from model_helpers import random_prompt
-from specter_models import load
+from specter_models.loader import load_model
 
 # preset -> (attention class, the module-level function it calls, the applies() check)
 CASES = {
@@ -26,12 +26,14 @@ def _attention(lm, cls):
 
 def test_every_attention_module_is_wrapped_once(checkpoints, arch_name):
     cls, _, _ = CASES[arch_name]
-    lm = load(checkpoints[arch_name], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints[arch_name], device="cpu", dtype=torch.float32)
     modules = _attention(lm, cls)
     assert modules
     assert all(getattr(m, "_specter_fused_rotary", False) for m in modules)
     assert fused_rotary.install_fused_rotary(lm.model) == 0  # already installed
-    plain = load(checkpoints[arch_name], device="cpu", dtype=torch.float32, fused_rotary=False)
+    plain = load_model(
+        checkpoints[arch_name], device="cpu", dtype=torch.float32, fused_rotary=False
+    )
     assert not any(getattr(m, "_specter_fused_rotary", False) for m in _attention(plain, cls))
 
 
@@ -39,11 +41,13 @@ def test_the_fused_call_computes_transformers_rotary_and_is_scoped(
     checkpoints, arch_name, monkeypatch
 ):
     cls, function, check = CASES[arch_name]
-    lm = load(checkpoints[arch_name], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints[arch_name], device="cpu", dtype=torch.float32)
     namespace = sys.modules[type(_attention(lm, cls)[0]).__module__]
     original = getattr(namespace, function)
     prompt = random_prompt(6, 96, seed=3)
-    plain = load(checkpoints[arch_name], device="cpu", dtype=torch.float32, fused_rotary=False)
+    plain = load_model(
+        checkpoints[arch_name], device="cpu", dtype=torch.float32, fused_rotary=False
+    )
     expected = plain.target.forward(prompt, 0)
     calls = []
 
@@ -60,7 +64,7 @@ def test_the_fused_call_computes_transformers_rotary_and_is_scoped(
 
 
 def test_the_module_attribute_is_restored_when_a_forward_fails(checkpoints, monkeypatch):
-    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32)
     namespace = sys.modules[type(_attention(lm, "Qwen2MoeAttention")[0]).__module__]
     original = namespace.apply_rotary_pos_emb
 

@@ -9,7 +9,7 @@ import torch
 
 import specter_models.fused_routers as fused_routers
 from model_helpers import random_prompt
-from specter_models import load
+from specter_models.loader import load_model
 
 
 def _routers(lm):
@@ -21,12 +21,12 @@ def _routers(lm):
     [("tiny-deepseek-v2", True), ("tiny-qwen2-moe", True), ("tiny-phimoe", False)],
 )
 def test_every_supported_router_is_wrapped_once(checkpoints, name, fused):
-    lm = load(checkpoints[name], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints[name], device="cpu", dtype=torch.float32)
     routers = _routers(lm)
     assert routers
     assert all(getattr(m, "_specter_fused_router", False) == fused for m in routers)
     assert fused_routers.install_fused_routers(lm.model) == 0  # installed, or unsupported
-    plain = load(checkpoints[name], device="cpu", dtype=torch.float32, fused_routers=False)
+    plain = load_model(checkpoints[name], device="cpu", dtype=torch.float32, fused_routers=False)
     assert not any(getattr(m, "_specter_fused_router", False) for m in _routers(plain))
 
 
@@ -42,7 +42,7 @@ def test_group_limited_routers_are_not_fused():
 @pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
 def test_the_fused_call_routes_as_transformers(checkpoints, name, monkeypatch):
     prompt = random_prompt(6, 96, seed=3)
-    lm = load(checkpoints[name], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints[name], device="cpu", dtype=torch.float32)
     routers = _routers(lm)
     for i, module in enumerate(routers):  # distinct settings: a swapped one would show
         if hasattr(module, "routed_scaling_factor"):
@@ -65,7 +65,7 @@ def test_the_fused_call_routes_as_transformers(checkpoints, name, monkeypatch):
 
 
 def test_fused_router_outputs_match_the_module(checkpoints, monkeypatch):
-    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32)
     router = _routers(lm)[0]
     router.norm_topk_prob = True  # read at call time
     x = torch.randn(3, router.hidden_dim)

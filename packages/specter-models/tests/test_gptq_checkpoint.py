@@ -12,8 +12,8 @@ import torch
 from safetensors.numpy import save_file
 
 from specter_kernels import dequantize_int4
-from specter_models import load
 from specter_models.architecture import architecture_for, find_moe_layers
+from specter_models.loader import load_model
 
 GROUP = 32
 
@@ -61,7 +61,7 @@ def _write_gptq(
 
     Returns ``(moe layer, expert, "gate" | "up" | "down") -> dequantized [N, K]``.
     """
-    lm = load(model_dir, device="cpu", dtype=torch.float32, draft=None)
+    lm = load_model(model_dir, device="cpu", dtype=torch.float32, draft=None)
     arch = architecture_for(lm.config)
     tensors, reference = {}, {}
     for layer in find_moe_layers(lm.model):
@@ -112,7 +112,9 @@ def _assert_draft_equals(lm, reference: dict) -> None:
 def test_gptq_draft_equals_the_dequantized_reference(tmp_path, checkpoints, arch_name, sym, v1):
     rng = np.random.default_rng(7)
     reference = _write_gptq(tmp_path / "gptq", checkpoints[arch_name], rng, sym=sym, v1=v1)
-    lm = load(checkpoints[arch_name], device="cpu", dtype=torch.float32, draft=tmp_path / "gptq")
+    lm = load_model(
+        checkpoints[arch_name], device="cpu", dtype=torch.float32, draft=tmp_path / "gptq"
+    )
     _assert_draft_equals(lm, reference)
     assert all((m.draft_gate_up.zeros is None) == sym for m in lm.experts)
     lm.target.forward(torch.tensor([[1, 2, 3]]), 0)
@@ -122,8 +124,8 @@ def test_gptq_draft_equals_the_dequantized_reference(tmp_path, checkpoints, arch
 def test_gptq_draft_with_a_hot_set_keeps_the_other_experts(tmp_path, checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
     reference = _write_gptq(tmp_path / "gptq", folder, np.random.default_rng(3), sym=True, v1=True)
-    layers = len(find_moe_layers(load(folder, device="cpu", draft=None).model))
-    lm = load(
+    layers = len(find_moe_layers(load_model(folder, device="cpu", draft=None).model))
+    lm = load_model(
         folder, device="cpu", dtype=torch.float32, draft=tmp_path / "gptq", slots_per_layer=4,
         hot_experts=[[2, 5]] * layers,
     )  # fmt: skip
@@ -135,7 +137,7 @@ def test_gptq_draft_with_a_hot_set_keeps_the_other_experts(tmp_path, checkpoints
 def test_gptq_of_rtn_ints_reproduces_the_rtn_draft(tmp_path, checkpoints):
     # Pack the RTN draft's own ints and scales as GPTQ (symmetric, v1): same INT4 weights.
     folder = checkpoints["tiny-deepseek-v2"]
-    rtn = load(folder, device="cpu", dtype=torch.float32, draft_group_size=GROUP)
+    rtn = load_model(folder, device="cpu", dtype=torch.float32, draft_group_size=GROUP)
     ints = {}
     for module in rtn.experts:
         I = module.intermediate_dim
@@ -149,7 +151,7 @@ def test_gptq_of_rtn_ints_reproduces_the_rtn_draft(tmp_path, checkpoints):
                 module.draft_down.scales[e].numpy(),
             )
     _write_gptq(tmp_path / "gptq", folder, np.random.default_rng(0), sym=True, v1=True, ints=ints)
-    gptq = load(folder, device="cpu", dtype=torch.float32, draft=tmp_path / "gptq")
+    gptq = load_model(folder, device="cpu", dtype=torch.float32, draft=tmp_path / "gptq")
     for a, b in zip(rtn.experts, gptq.experts, strict=True):
         for wa, wb in ((a.draft_gate_up, b.draft_gate_up), (a.draft_down, b.draft_down)):
             assert torch.equal(wa.qweight, wb.qweight)
@@ -191,13 +193,13 @@ def test_mismatched_gptq_checkpoints_are_refused(tmp_path, checkpoints, change, 
     _write_gptq(tmp_path / "gptq", folder, np.random.default_rng(1), sym=True, v1=True)
     _edit(tmp_path / "gptq", **change)
     with pytest.raises(ValueError, match=message):
-        load(folder, device="cpu", dtype=torch.float32, draft=tmp_path / "gptq")
+        load_model(folder, device="cpu", dtype=torch.float32, draft=tmp_path / "gptq")
 
 
 def test_draft_folder_must_exist_and_be_gptq(tmp_path, checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
     with pytest.raises(FileNotFoundError, match="neither 'rtn' nor a GPTQ checkpoint"):
-        load(folder, device="cpu", draft=tmp_path / "missing")
+        load_model(folder, device="cpu", draft=tmp_path / "missing")
     (tmp_path / "plain").mkdir()
     with pytest.raises(ValueError, match="not a GPTQ checkpoint"):
-        load(folder, device="cpu", draft=tmp_path / "plain")
+        load_model(folder, device="cpu", draft=tmp_path / "plain")

@@ -13,19 +13,20 @@ from model_helpers import (
     reference_with_draft_experts,
     speculate_beside_transformers,
 )
-from specter_cache import simulate_policy, windowed_trace
+from specter_cache import simulate_policy
+from specter_cache.trace_simulation import windowed_trace
 from specter_models import (
     MemoryBudgetError,
     choose_hot_experts,
     get_preset,
     hottest_experts,
-    load,
     plan_memory,
     replay_plain_decoding,
     routing_counts,
 )
 from specter_models.architecture import find_moe_layers
 from specter_models.int4_draft import int4_expert_bytes
+from specter_models.loader import load_model
 
 HOT = (1, 6)  # pinned in every layer of the tiny models (8 experts each)
 
@@ -36,7 +37,7 @@ def _hot(lm_or_layers: int) -> list[list[int]]:
 
 def _hot_load(folder, dtype: torch.dtype, slots: int):
     """The tiny checkpoint on the CPU with ``HOT`` pinned in every MoE layer."""
-    return load(
+    return load_model(
         folder, device="cpu", dtype=dtype, slots_per_layer=slots,
         hot_experts=_hot(moe_layer_count(folder)),
     )  # fmt: skip
@@ -85,7 +86,7 @@ def test_greedy_speculation_with_a_hot_set_equals_transformers_generate(
 
 def test_the_hot_set_frees_int4_memory_and_the_plan_counts_it(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
-    plain = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=4)
+    plain = load_model(folder, device="cpu", dtype=torch.float32, slots_per_layer=4)
     lm = _hot_load(folder, torch.float32, 4)
     plan = lm.memory.plan
     assert plan.hot_experts_per_layer == 2
@@ -121,22 +122,24 @@ def test_bad_hot_sets_are_refused(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
     layers = moe_layer_count(folder)
     with pytest.raises(ValueError, match=f"one list per MoE layer \\({layers} in this"):
-        load(folder, device="cpu", slots_per_layer=4, hot_experts=[[1]] * (layers + 1))
+        load_model(folder, device="cpu", slots_per_layer=4, hot_experts=[[1]] * (layers + 1))
     with pytest.raises(ValueError, match="same number of experts in every layer"):
-        load(folder, device="cpu", slots_per_layer=4, hot_experts=[[1], [1, 2]])
+        load_model(folder, device="cpu", slots_per_layer=4, hot_experts=[[1], [1, 2]])
     with pytest.raises(ValueError, match="distinct expert ids"):
-        load(folder, device="cpu", slots_per_layer=4, hot_experts=[[1, 1]] * layers)
+        load_model(folder, device="cpu", slots_per_layer=4, hot_experts=[[1, 1]] * layers)
     with pytest.raises(ValueError, match=r"distinct ids in \[0, 8\)"):
-        load(folder, device="cpu", slots_per_layer=4, hot_experts=[[9]] * layers)
+        load_model(folder, device="cpu", slots_per_layer=4, hot_experts=[[9]] * layers)
     with pytest.raises(ValueError, match="one sequence of expert ids per MoE layer"):
-        load(folder, device="cpu", slots_per_layer=4, hot_experts=[1, 2])
+        load_model(folder, device="cpu", slots_per_layer=4, hot_experts=[1, 2])
     with pytest.raises(ValueError, match=r"slots_per_layer must be an int in \[3, 8\]"):
-        load(folder, device="cpu", slots_per_layer=2, hot_experts=[[1, 2]] * layers)
+        load_model(folder, device="cpu", slots_per_layer=2, hot_experts=[[1, 2]] * layers)
 
 
 def test_drafting_with_unpinned_hot_experts_is_refused(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
-    lm = load(folder, device="cpu", slots_per_layer=4, hot_experts=_hot(moe_layer_count(folder)))
+    lm = load_model(
+        folder, device="cpu", slots_per_layer=4, hot_experts=_hot(moe_layer_count(folder))
+    )
     lm.cache.unpin(0, list(HOT))
     with pytest.raises(RuntimeError, match=r"hot experts \[1, 6\] are not pinned"):
         lm.draft.forward(torch.tensor([[3, 4]]), 0)

@@ -1,4 +1,4 @@
-"""load() on real checkpoints written by save_pretrained: logits and greedy output equal
+"""load_model() on real checkpoints written by save_pretrained: logits and greedy output equal
 transformers' own, per architecture, plus every load error."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from model_helpers import (
     speculate_beside_transformers,
     tiny_transformers_model,
 )
-from specter_models import MemoryBudgetError, load, plan_memory
+from specter_models import MemoryBudgetError, plan_memory
+from specter_models.loader import load_model
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -64,7 +65,7 @@ def test_save_pretrained_writes_original_per_expert_names(checkpoints, arch_name
 @pytest.mark.parametrize("slots", [8, 3, 1])
 def test_target_logits_equal_transformers(checkpoints, arch_name, slots):
     folder = checkpoints[arch_name]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=slots)
+    lm = load_model(folder, device="cpu", dtype=torch.float64, slots_per_layer=slots)
     reference = reference_from_checkpoint(folder)
     ids = random_prompt(11, lm.config.vocab_size, seed=slots)
     expected = _chunked_logits(reference, ids, [7, 8])
@@ -88,7 +89,7 @@ def test_target_logits_equal_transformers(checkpoints, arch_name, slots):
 @pytest.mark.parametrize("depth", [0, 1, 3, 6])
 def test_greedy_speculation_equals_transformers_generate(checkpoints, arch_name, depth):
     folder = checkpoints[arch_name]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3)
+    lm = load_model(folder, device="cpu", dtype=torch.float64, slots_per_layer=3)
     prompt = random_prompt(6, lm.config.vocab_size, seed=depth + 100)
     result, expected = speculate_beside_transformers(lm, folder, prompt, depth, 24)
     assert result.tokens == expected
@@ -100,7 +101,9 @@ def test_greedy_speculation_equals_transformers_generate(checkpoints, arch_name,
 
 def test_speculation_exercises_rejections(checkpoints):
     # The equality above must cover rolled-back suffixes, not only fully accepted drafts.
-    lm = load(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float64, slots_per_layer=3)
+    lm = load_model(
+        checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float64, slots_per_layer=3
+    )
     result = lm.generate(random_prompt(5, 96, seed=3)[0].tolist(), 24, depth=4)
     accepted = [it.accepted for it in result.stats.iterations]
     assert any(a < it.depth for a, it in zip(accepted, result.stats.iterations, strict=True))
@@ -109,7 +112,7 @@ def test_speculation_exercises_rejections(checkpoints):
 def test_fp16_kernel_path_is_close_to_float64(checkpoints, arch_name):
     # float16 runs specter-kernels (their torch references on the CPU) end to end.
     folder = checkpoints[arch_name]
-    lm = load(folder, device="cpu", dtype=torch.float16, slots_per_layer=3)
+    lm = load_model(folder, device="cpu", dtype=torch.float16, slots_per_layer=3)
     reference = reference_from_checkpoint(folder)
     ids = random_prompt(9, lm.config.vocab_size, seed=1)
     expected = _logits(reference, ids)
@@ -126,8 +129,8 @@ def test_sharded_checkpoint_loads_like_single_file(tmp_path, checkpoints):
     assert (sharded / "model.safetensors.index.json").is_file()
     assert len(list(sharded.glob("model-*.safetensors"))) > 2
     ids = random_prompt(7, 96, seed=5)
-    a = load(single, device="cpu", dtype=torch.float64).target.forward(ids, 0)
-    b = load(sharded, device="cpu", dtype=torch.float64).target.forward(ids, 0)
+    a = load_model(single, device="cpu", dtype=torch.float64).target.forward(ids, 0)
+    b = load_model(sharded, device="cpu", dtype=torch.float64).target.forward(ids, 0)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -140,7 +143,7 @@ def test_stacked_expert_layout_loads(tmp_path):
     state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     state["lm_head.weight"] = model.lm_head.weight.detach().clone()
     save_file(state, folder / "model.safetensors")
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=2)
+    lm = load_model(folder, device="cpu", dtype=torch.float64, slots_per_layer=2)
     ids = random_prompt(6, 96, seed=2)
     model.double().set_experts_implementation("eager")
     torch.testing.assert_close(lm.target.forward(ids, 0), _logits(model, ids), rtol=0, atol=1e-10)
@@ -152,7 +155,7 @@ def test_tied_embeddings_and_tokenizer(tmp_path):
     folder = tmp_path / "tied"
     model.save_pretrained(folder)
     _tiny_tokenizer(vocab=96).save_pretrained(folder)
-    lm = load(folder, device="cpu", dtype=torch.float64)
+    lm = load_model(folder, device="cpu", dtype=torch.float64)
     assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
     assert lm.tokenizer is not None
     ids = torch.tensor([lm.tokenizer("a b c")["input_ids"]])
@@ -174,7 +177,9 @@ def _tiny_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
 
 
 def test_checkpoint_without_tokenizer_has_none(checkpoints):
-    assert load(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float32).tokenizer is None
+    assert (
+        load_model(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float32).tokenizer is None
+    )
 
 
 def test_unsupported_model_type_names_the_supported_ones(tmp_path):
@@ -182,29 +187,29 @@ def test_unsupported_model_type_names_the_supported_ones(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ValueError, match="llama") as info:
-        load(folder, device="cpu")
+        load_model(folder, device="cpu")
     for name in ("deepseek_v2", "qwen2_moe", "phimoe"):
         assert name in str(info.value)
 
 
 def test_unknown_source_and_missing_weights(tmp_path, checkpoints):
     with pytest.raises(ValueError, match="neither a checkpoint folder nor a preset"):
-        load("no-such-model", device="cpu")
+        load_model("no-such-model", device="cpu")
     folder = tmp_path / "config-only"
     shutil.copytree(checkpoints["tiny-qwen2-moe"], folder)
     (folder / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no safetensors weights"):
-        load(folder, device="cpu")
+        load_model(folder, device="cpu")
 
 
 def test_a_missing_path_or_a_file_is_named_as_such(tmp_path):
     missing = tmp_path / "no" / "checkpoint"
     with pytest.raises(ValueError, match=r"no checkpoint folder at .*nothing exists there"):
-        load(missing, device="cpu")
+        load_model(missing, device="cpu")
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"")
     with pytest.raises(ValueError, match="is a file, not a checkpoint folder"):
-        load(weights, device="cpu")
+        load_model(weights, device="cpu")
     from specter_models.presets import get_preset
 
     with pytest.raises(KeyError, match=r"no checkpoint folder at '\./models/dsv2'"):
@@ -223,7 +228,7 @@ def test_checkpoint_lacking_an_expert_is_refused(tmp_path):
     del state["model.layers.1.mlp.experts.5.down_proj.weight"]
     save_file(state, folder / "model.safetensors")
     with pytest.raises(ValueError, match=r"routed expert 5 of decoder layer 1"):
-        load(folder, device="cpu", dtype=torch.float32)
+        load_model(folder, device="cpu", dtype=torch.float32)
 
 
 def test_checkpoint_with_unknown_tensor_is_refused(tmp_path, checkpoints):
@@ -235,12 +240,12 @@ def test_checkpoint_with_unknown_tensor_is_refused(tmp_path, checkpoints):
     state["model.layers.0.mlp.mystery.weight"] = torch.zeros(3)
     save_file(state, folder / "model.safetensors")
     with pytest.raises(ValueError, match="mystery"):
-        load(folder, device="cpu", dtype=torch.float32)
+        load_model(folder, device="cpu", dtype=torch.float32)
 
 
 def test_budget_too_small_says_what_is_needed(checkpoints):
     with pytest.raises(MemoryBudgetError, match=r"needs at least [0-9.]+ GB") as info:
-        load(checkpoints["tiny-deepseek-v2"], device="cpu", gpu_memory_gb=0.001)
+        load_model(checkpoints["tiny-deepseek-v2"], device="cpu", gpu_memory_gb=0.001)
     message = str(info.value)
     for part in ("non-expert weights", "INT4 draft experts", "KV cache", "buffers", "slot"):
         assert part in message
@@ -249,18 +254,18 @@ def test_budget_too_small_says_what_is_needed(checkpoints):
 @pytest.mark.parametrize("slots", [1, 5])
 def test_budget_sets_slots(checkpoints, slots):
     folder = checkpoints["tiny-deepseek-v2"]
-    config = specter_models.load(folder, device="cpu", dtype=torch.float32).config
+    config = load_model(folder, device="cpu", dtype=torch.float32).config
     sizing = plan_memory(config, dtype=torch.float32, max_seq_len=64)
     budget = sizing.fixed_bytes + slots * sizing.num_moe_layers * sizing.expert_bytes
     gb = (budget + 10) / 1e9  # a few bytes short of the next slot
-    lm = load(folder, device="cpu", dtype=torch.float32, gpu_memory_gb=gb, max_seq_len=64)
+    lm = load_model(folder, device="cpu", dtype=torch.float32, gpu_memory_gb=gb, max_seq_len=64)
     plan = lm.memory.plan
     assert plan.slots_per_layer == slots
     assert lm.cache.slots_per_layer == (slots,) * plan.num_moe_layers
     assert plan.expected_peak_bytes <= plan.budget_bytes
     one_byte_short = sizing.fixed_bytes + sizing.num_moe_layers * sizing.expert_bytes - 1
     with pytest.raises(MemoryBudgetError):
-        load(
+        load_model(
             folder,
             device="cpu",
             dtype=torch.float32,
@@ -272,13 +277,15 @@ def test_budget_sets_slots(checkpoints, slots):
 def test_conflicting_arguments(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
     with pytest.raises(ValueError, match="not both"):
-        load(folder, device="cpu", gpu_memory_gb=1, slots_per_layer=2)
+        load_model(folder, device="cpu", gpu_memory_gb=1, slots_per_layer=2)
     with pytest.raises(TypeError, match="dtype"):
-        load(folder, device="cpu", dtype=torch.int8)
+        load_model(folder, device="cpu", dtype=torch.int8)
 
 
 def test_memory_report_and_phases(checkpoints):
-    lm = load(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float32, slots_per_layer=2)
+    lm = load_model(
+        checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float32, slots_per_layer=2
+    )
     report = lm.memory.as_dict()
     assert report["host_store_bytes"] >= lm.memory.plan.all_experts_bytes
     load_peaks = report["load"]
@@ -294,7 +301,7 @@ def test_the_prefetcher_is_warmed_up_once_at_load(checkpoints, monkeypatch):
     monkeypatch.setattr(
         SpeculativePrefetcher, "warm_up", lambda self: warmed.append(self) or warm_up(self)
     )
-    loaded = load(checkpoints["tiny-deepseek-v2"], device="cpu", slots_per_layer=2)
+    loaded = load_model(checkpoints["tiny-deepseek-v2"], device="cpu", slots_per_layer=2)
     assert warmed == [loaded.prefetcher]
     assert int(loaded.counter.counts.sum()) == 0  # nothing counted by the warm-up
 
@@ -304,10 +311,10 @@ def test_demo_checkpoint_resolves_or_says_it_is_missing():
         with pytest.raises(FileNotFoundError, match="specter-code-tiny"):
             specter_models.demo_model_path()
         with pytest.raises(FileNotFoundError, match="specter-code-tiny"):
-            load("specter-code-tiny", device="cpu")
+            load_model("specter-code-tiny", device="cpu")
         return
     folder = specter_models.demo_model_path()
-    lm = load("specter-code-tiny", device="cpu", dtype=torch.float32)
+    lm = load_model("specter-code-tiny", device="cpu", dtype=torch.float32)
     assert Path(lm.source) == folder
     assert lm.tokenizer is not None
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers.models.phimoe.modeling_phimoe import PhimoeRotaryEmbedding
 
-from specter_models import get_preset, load
+from specter_models import get_preset
+from specter_models.loader import load_model
 from specter_models.phimoe_rotary import StaticPhimoeRotaryEmbedding
 
 
@@ -29,7 +30,7 @@ def test_same_values_as_transformers_and_no_recomputation(monkeypatch):
 
 
 def test_the_engine_uses_it_and_references_do_not():
-    lm = load("tiny-phimoe", device="cpu", dtype=torch.float32)
+    lm = load_model("tiny-phimoe", device="cpu", dtype=torch.float32)
     assert isinstance(lm.model.model.rotary_emb, StaticPhimoeRotaryEmbedding)
     from specter_models import reference_model_from
 

@@ -23,12 +23,12 @@ from specter_models import (
     coldest_experts,
     get_preset,
     hottest_experts,
-    load,
     plan_memory,
     routing_counts,
 )
 from specter_models.experts_runtime import ExpertsMode
 from specter_models.int4_draft import int4_expert_bytes
+from specter_models.loader import load_model
 
 HOT = (1, 6)  # pinned in every layer of the tiny models (8 experts each)
 PRUNED = (0, 3)  # skipped by the draft in every layer
@@ -37,7 +37,7 @@ PRUNED = (0, 3)  # skipped by the draft in every layer
 def _pruned_load(folder, dtype: torch.dtype, slots: int, hot: bool = True):
     """The tiny checkpoint on the CPU, ``PRUNED`` skipped (and ``HOT`` pinned) everywhere."""
     n = moe_layer_count(folder)
-    return load(
+    return load_model(
         folder, device="cpu", dtype=dtype, slots_per_layer=slots,
         hot_experts=[list(HOT)] * n if hot else None, draft_pruned_experts=[list(PRUNED)] * n,
     )  # fmt: skip
@@ -89,7 +89,7 @@ def test_fp16_hot_and_pruned_drafts_run_the_kernels_like_float64_experts(
     # experts, against float64 sums that leave the pruned pairs out.
     folder = checkpoints[arch_name]
     n = moe_layer_count(folder)
-    lm = load(
+    lm = load_model(
         folder, device="cpu", dtype=torch.float16, slots_per_layer=4,
         hot_experts=[list(HOT)] * n, draft_pruned_experts=[list(PRUNED)] * n if pruned else None,
     )  # fmt: skip
@@ -107,7 +107,7 @@ def test_fp16_hot_and_pruned_drafts_run_the_kernels_like_float64_experts(
 
 def test_pruning_frees_int4_memory_and_the_plan_counts_it(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
-    plain = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=4)
+    plain = load_model(folder, device="cpu", dtype=torch.float32, slots_per_layer=4)
     lm = _pruned_load(folder, torch.float32, 4)
     plan = lm.memory.plan
     assert (plan.hot_experts_per_layer, plan.pruned_experts_per_layer) == (2, 2)
@@ -144,19 +144,21 @@ def test_bad_pruned_sets_are_refused(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
     n = moe_layer_count(folder)
     with pytest.raises(ValueError, match=r"experts \[1\] are both hot and pruned"):
-        load(folder, device="cpu", slots_per_layer=4, hot_experts=[[1, 6]] * n,
+        load_model(folder, device="cpu", slots_per_layer=4, hot_experts=[[1, 6]] * n,
              draft_pruned_experts=[[1]] * n)  # fmt: skip
     with pytest.raises(ValueError, match="draft_pruned_experts needs a draft"):
-        load(folder, device="cpu", slots_per_layer=4, draft=None, draft_pruned_experts=[[1]] * n)
+        load_model(
+            folder, device="cpu", slots_per_layer=4, draft=None, draft_pruned_experts=[[1]] * n
+        )
     with pytest.raises(ValueError, match=f"draft_pruned_experts needs one list per MoE layer "
                        f"\\({n} in this"):  # fmt: skip
-        load(folder, device="cpu", slots_per_layer=4, draft_pruned_experts=[[1]] * (n + 1))
+        load_model(folder, device="cpu", slots_per_layer=4, draft_pruned_experts=[[1]] * (n + 1))
     with pytest.raises(ValueError, match=r"draft_pruned_experts\[0\] must be distinct"):
-        load(folder, device="cpu", slots_per_layer=4, draft_pruned_experts=[[2, 2]] * n)
+        load_model(folder, device="cpu", slots_per_layer=4, draft_pruned_experts=[[2, 2]] * n)
     with pytest.raises(ValueError, match=r"pruned_experts must be distinct ids in \[0, 8\)"):
-        load(folder, device="cpu", slots_per_layer=4, draft_pruned_experts=[[9]] * n)
+        load_model(folder, device="cpu", slots_per_layer=4, draft_pruned_experts=[[9]] * n)
     with pytest.raises(ValueError, match=r"pruned_experts_per_layer must be an int in \[0, 6\)"):
-        load(folder, device="cpu", slots_per_layer=4, hot_experts=[[1, 6]] * n,
+        load_model(folder, device="cpu", slots_per_layer=4, hot_experts=[[1, 6]] * n,
              draft_pruned_experts=[[0, 2, 3, 4, 5, 7]] * n)  # fmt: skip
 
 

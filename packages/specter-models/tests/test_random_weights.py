@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from model_helpers import random_prompt
-from specter_models import build_reference_model, load, reference_model_from
+from specter_models import build_reference_model, reference_model_from
+from specter_models.loader import load_model
 from specter_models.random_weights import init_non_expert_weights, seeded_normal, tensor_seed
 
 
@@ -29,7 +30,7 @@ def test_each_tensor_has_its_own_reproducible_stream():
 
 
 def test_init_rules_follow_transformers():
-    lm = load("tiny-phimoe", device="cpu", dtype=torch.float32, seed=5)
+    lm = load_model("tiny-phimoe", device="cpu", dtype=torch.float32, seed=5)
     model = lm.model
     assert torch.equal(model.model.norm.weight, torch.ones_like(model.model.norm.weight))
     assert torch.equal(model.model.norm.bias, torch.zeros_like(model.model.norm.bias))
@@ -56,7 +57,7 @@ def test_padding_row_is_zero_and_unknown_parameters_are_refused():
 @pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe"])
 def test_preset_engine_equals_rebuilt_transformers_model(name):
     # The seed alone reproduces the engine's weights inside transformers' own model.
-    lm = load(name, device="cpu", dtype=torch.float64, seed=3, slots_per_layer=2)
+    lm = load_model(name, device="cpu", dtype=torch.float64, seed=3, slots_per_layer=2)
     reference = build_reference_model(name, seed=3, device="cpu", dtype=torch.float64)
     other_seed = build_reference_model(name, seed=4, device="cpu", dtype=torch.float64)
     ids = random_prompt(8, lm.config.vocab_size, seed=0)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from model_helpers import random_prompt
-from specter_models import RowTruncation, choose_cutoff, load
+from specter_models import RowTruncation, choose_cutoff
+from specter_models.loader import load_model
 from specter_spec import SamplingConfig, SpecController
 
 # Misses so expensive that any row bringing a new missing expert is cut.
@@ -62,7 +63,7 @@ def test_the_policy_learns_acceptance_and_token_time():
 
 
 def _load(checkpoint, **kw):
-    return load(checkpoint, device="cpu", dtype=torch.float64, slots_per_layer=2, **kw)
+    return load_model(checkpoint, device="cpu", dtype=torch.float64, slots_per_layer=2, **kw)
 
 
 def test_kept_rows_are_exact_and_prefills_are_never_cut(checkpoints, arch_name):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model_helpers import random_prompt
-from specter_models import load
+from specter_models.loader import load_model
 
 
 def _rows(lm, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -30,7 +30,7 @@ def _assert_rows_equal(a, b, **tolerance) -> None:
 )
 def test_kv_contract_over_one_iteration(checkpoints, arch_name, accepted):
     depth = 4
-    lm = load(checkpoints[arch_name], device="cpu", dtype=torch.float64, slots_per_layer=3)
+    lm = load_model(checkpoints[arch_name], device="cpu", dtype=torch.float64, slots_per_layer=3)
     target, draft = lm.target, lm.draft
     tokens = random_prompt(6, lm.config.vocab_size, seed=accepted)[0]
     n = tokens.numel()
@@ -66,7 +66,7 @@ def test_kv_contract_over_one_iteration(checkpoints, arch_name, accepted):
 
     # The committed KV equals a fresh target-only prefill of the same tokens...
     history = torch.cat([tokens[None], *proposals[:accepted]], dim=1)[:, : new_n - 1]
-    fresh = load(lm.source, device="cpu", dtype=torch.float64, slots_per_layer=8)
+    fresh = load_model(lm.source, device="cpu", dtype=torch.float64, slots_per_layer=8)
     fresh.target.forward(history, 0)
     # (DeepSeek's float32 router can round rows computed in other batch shapes apart.)
     _assert_rows_equal(_rows(lm, new_n - 1), _rows(fresh, new_n - 1), rtol=1e-5, atol=1e-7)
@@ -78,7 +78,7 @@ def test_kv_contract_over_one_iteration(checkpoints, arch_name, accepted):
 
 
 def test_draft_can_rewrite_its_own_scratch(checkpoints):
-    lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float64)
+    lm = load_model(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float64)
     lm.target.forward(torch.tensor([[3, 4, 5]]), 0)
     first = lm.draft.forward(torch.tensor([[6, 7]]), 3)
     lm.draft.forward(torch.tensor([[9]]), 5)
@@ -89,7 +89,9 @@ def test_draft_can_rewrite_its_own_scratch(checkpoints):
 
 
 def test_contract_violations_are_refused(checkpoints):
-    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, max_seq_len=16)
+    lm = load_model(
+        checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, max_seq_len=16
+    )
     target, draft = lm.target, lm.draft
     target.forward(torch.tensor([[1, 2, 3, 4]]), 0)
     with pytest.raises(ValueError, match="committed KV holds 4"):
@@ -121,7 +123,9 @@ def test_prefill_writes_forwards_kv_with_the_lm_head_on_the_last_row_only(
     tokens = random_prompt(9, 64, seed=3)[0]
     runs = []
     for use_prefill in (False, True):
-        lm = load(checkpoints[arch_name], device="cpu", dtype=torch.float64, slots_per_layer=3)
+        lm = load_model(
+            checkpoints[arch_name], device="cpu", dtype=torch.float64, slots_per_layer=3
+        )
         model = getattr(lm, role)
         head_rows: list[int] = []
         hook = lm.model.lm_head.register_forward_hook(
@@ -154,7 +158,7 @@ def test_greedy_decoding_takes_the_kernels_argmax(checkpoints, monkeypatch):
         adapters, "argmax_last_dim", lambda x: calls.append(tuple(x.shape)) or real(x)
     )
     name = next(iter(checkpoints))
-    lm = load(checkpoints[name], device="cpu", dtype=torch.float64, slots_per_layer=3)
+    lm = load_model(checkpoints[name], device="cpu", dtype=torch.float64, slots_per_layer=3)
     logits = lm.target.forward(random_prompt(5, 64, seed=4)[0][None, :], 0)
     assert torch.equal(lm.target.argmax(logits), logits.argmax(dim=-1))
     assert torch.equal(lm.draft.argmax(logits[0, -1]), logits[0, -1].argmax())

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from model_helpers import random_prompt, reference_from_checkpoint
-from specter_cache import DeferredCopyEngine, ExpertCache
+from specter_cache import ExpertCache
+from specter_cache.copy_engine import DeferredCopyEngine
 from specter_kernels import quantize_int4
-from specter_models import ExpertsMode, load
+from specter_models import ExpertsMode
 from specter_models.expert_math import accumulate_experts
+from specter_models.loader import load_model
 
 
 class WaveSpy:
@@ -37,7 +39,9 @@ def _logits(model, ids):
 
 
 def test_waves_hand_out_resident_experts_first_then_arrivals(checkpoints):
-    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float64, slots_per_layer=4)
+    lm = load_model(
+        checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float64, slots_per_layer=4
+    )
     # A copy engine that holds every load in flight until the consumer waits for it.
     cache = ExpertCache(
         lm.cache.store, slots_per_layer=4, device="cpu", copy_engine=DeferredCopyEngine()
@@ -63,7 +67,9 @@ def test_waves_hand_out_resident_experts_first_then_arrivals(checkpoints):
 
 @pytest.mark.parametrize("slots", [1, 2])
 def test_fewer_slots_than_needed_experts_still_exact(checkpoints, arch_name, slots):
-    lm = load(checkpoints[arch_name], device="cpu", dtype=torch.float64, slots_per_layer=slots)
+    lm = load_model(
+        checkpoints[arch_name], device="cpu", dtype=torch.float64, slots_per_layer=slots
+    )
     ids = random_prompt(9, lm.config.vocab_size, seed=slots)
     got = lm.target.forward(ids, 0)
     torch.testing.assert_close(
@@ -79,7 +85,7 @@ def test_expert_wise_equals_token_wise(checkpoints, arch_name, dtype):
     logits, traces = {}, {}
     ids = random_prompt(7, 96, seed=4)
     for kind in ("expert", "token"):
-        lm = load(
+        lm = load_model(
             checkpoints[arch_name], device="cpu", dtype=dtype, slots_per_layer=3, verification=kind
         )
         lm.runtime.record_routing()
@@ -93,7 +99,7 @@ def test_expert_wise_equals_token_wise(checkpoints, arch_name, dtype):
 
 
 def test_routing_trace_lists_each_forwards_needed_experts(checkpoints):
-    lm = load(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float32)
+    lm = load_model(checkpoints["tiny-phimoe"], device="cpu", dtype=torch.float32)
     lm.runtime.record_routing()
     lm.target.forward(torch.tensor([[1, 2, 3]]), 0)
     lm.target.forward(torch.tensor([[4]]), 3)
@@ -109,7 +115,9 @@ def test_routing_trace_lists_each_forwards_needed_experts(checkpoints):
 
 def test_kernel_path_matches_plain_torch_on_the_same_slots(checkpoints):
     # fp16: grouped_moe_fp16 over the slots vs the plain-torch loop in float32.
-    lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float16, slots_per_layer=4)
+    lm = load_model(
+        checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float16, slots_per_layer=4
+    )
     module = lm.experts[0]
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(6, module.hidden_dim, generator=generator).half()
@@ -129,7 +137,7 @@ def test_kernel_path_matches_plain_torch_on_the_same_slots(checkpoints):
 
 
 def test_modes_and_missing_draft_are_reported(checkpoints):
-    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, draft=None)
+    lm = load_model(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, draft=None)
     with pytest.raises(RuntimeError, match="outside a draft or target forward"), torch.no_grad():
         lm.model(torch.tensor([[1, 2]]))
     with (
@@ -142,7 +150,7 @@ def test_modes_and_missing_draft_are_reported(checkpoints):
 
 
 def test_set_draft_weights_checks_shapes(checkpoints):
-    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, draft=None)
+    lm = load_model(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, draft=None)
     module = lm.experts[0]
     wrong = quantize_int4(torch.randn(8, 64, 64), 64)  # gate_up needs N = 2I = 64: fine; K ok
     down_wrong = quantize_int4(torch.randn(8, 32, 32), 32)  # down needs [8, 64, 32]
@@ -156,7 +164,7 @@ def test_token_wise_with_every_expert_resident_is_the_single_wave(checkpoints):
     ids = random_prompt(7, 96, seed=6)
     logits = {}
     for kind in ("expert", "token"):
-        lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float64)
+        lm = load_model(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float64)
         lm.verification = kind
         logits[kind] = lm.target.forward(ids, 0)
         assert lm.cache.stats()["total"]["acquires"] == 0, kind
@@ -168,7 +176,9 @@ def test_all_resident_per_pair_accumulator_is_fully_written(checkpoints, monkeyp
     # With every expert resident the batch-invariant accumulator starts unzeroed: its one
     # wave must write every routed pair. Poisoned (NaN) buffers show any pair it skips.
     ids = random_prompt(6, 96, seed=8)
-    lm = load(checkpoints["tiny-deepseek-v2"], device="cpu", dtype=dtype, batch_invariant=True)
+    lm = load_model(
+        checkpoints["tiny-deepseek-v2"], device="cpu", dtype=dtype, batch_invariant=True
+    )
     clean = lm.target.forward(ids, 0)
     from specter_models import specter_experts
 
@@ -202,7 +212,7 @@ def test_budget_waves_of_few_rows_take_pair_blocks(checkpoints, monkeypatch):
     monkeypatch.setattr(specter_experts, "grouped_moe_fp16", spy)
     rows = specter_experts.PAIR_BLOCK_ROWS
     prompt = random_prompt(rows + 4, 96, seed=3)
-    budgeted = load(
+    budgeted = load_model(
         checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float16, slots_per_layer=3
     )
     budgeted.target.forward(prompt[:, : rows + 1], 0)  # a prefill of PAIR_BLOCK_ROWS + 1 rows
@@ -210,7 +220,7 @@ def test_budget_waves_of_few_rows_take_pair_blocks(checkpoints, monkeypatch):
     assert {flag for t, flag in calls if t == rows + 1} == {None}
     assert {flag for t, flag in calls if t == 3} == {True}
     calls.clear()
-    resident = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float16)
+    resident = load_model(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float16)
     resident.target.forward(prompt[:, :3], 0)
     assert calls
     assert {flag for _, flag in calls} == {None}

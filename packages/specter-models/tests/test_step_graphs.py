@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from model_helpers import random_prompt
-from specter_models import load
+from specter_models.loader import load_model
 from specter_models.step_graphs import ROW_BUCKETS, StepGraphs, window_mask
 
 
 def _load(source, **kwargs):
-    return load(source, device="cpu", dtype=torch.float64, **kwargs)
+    return load_model(source, device="cpu", dtype=torch.float64, **kwargs)
 
 
 def _spoil_rows_beyond(lm, length: int) -> None:

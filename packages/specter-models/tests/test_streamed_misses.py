@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from model_helpers import random_prompt, reference_from_checkpoint, speculate_beside_transformers
-from specter_cache import DeferredCopyEngine, ExpertCache
-from specter_models import load
+from specter_cache import ExpertCache
+from specter_cache.copy_engine import DeferredCopyEngine
+from specter_models.loader import load_model
 from specter_models.streamed_misses import STREAM_MAX_ROWS
 
 
@@ -25,7 +26,9 @@ def _slot_states(lm):
 @pytest.mark.parametrize("slots", [1, 3])
 def test_a_streamed_forward_is_exact_and_loads_nothing(checkpoints, arch_name, slots):
     folder = checkpoints[arch_name]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=slots, miss_path="stream")
+    lm = load_model(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=slots, miss_path="stream"
+    )
     assert lm.miss_path == "stream"
     assert lm.cache.streaming
     lm.cache.prefetch({layer: list(range(slots)) for layer in range(lm.cache.num_layers)})
@@ -60,7 +63,7 @@ def _deferred_cache(lm, slots: int):
 
 def _routed_per_layer(lm, folder, ids):
     """The experts each MoE layer routed ``ids`` to, from a load-path forward's trace."""
-    reference = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=8)
+    reference = load_model(folder, device="cpu", dtype=torch.float64, slots_per_layer=8)
     reference.runtime.record_routing()
     reference.target.forward(ids, 0)
     return [steps[0] for steps in reference.runtime.routing_trace]
@@ -72,7 +75,7 @@ def test_stream_and_load_paths_give_the_same_bits(checkpoints, arch_name, dtype)
     ids = random_prompt(7, 96, seed=3)
     logits = {}
     for path in ("load", "stream"):
-        lm = load(
+        lm = load_model(
             folder, device="cpu", dtype=dtype, slots_per_layer=2, batch_invariant=True,
             miss_path=path,
         )  # fmt: skip
@@ -84,7 +87,7 @@ def test_stream_and_load_paths_give_the_same_bits(checkpoints, arch_name, dtype)
 @pytest.mark.parametrize("depth", [1, 4])
 def test_greedy_speculation_on_the_streamed_path_equals_transformers(checkpoints, arch_name, depth):
     folder = checkpoints[arch_name]
-    lm = load(
+    lm = load_model(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
         stream_fills=8,
     )  # fmt: skip
@@ -102,7 +105,7 @@ def test_greedy_speculation_on_the_streamed_path_equals_transformers(checkpoints
 
 def test_without_waits_experts_still_in_flight_are_streamed(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
-    lm = load(
+    lm = load_model(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=8, miss_path="stream",
         stream_waits=False,
     )  # fmt: skip
@@ -125,7 +128,7 @@ def test_with_waits_experts_in_flight_land_and_are_read_from_their_slots(checkpo
     # stream_waits: each layer first waits for its loads in flight (the deferred engine
     # runs its queue up to them), so nothing planned is streamed and the bits are the same.
     folder = checkpoints["tiny-qwen2-moe"]
-    lm = load(
+    lm = load_model(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=8, miss_path="stream",
         stream_waits=True,
     )  # fmt: skip
@@ -149,7 +152,9 @@ def test_with_waits_experts_in_flight_land_and_are_read_from_their_slots(checkpo
 def test_waits_cover_the_planned_experts_only(checkpoints):
     # Half of each layer's experts are planned: the waits land those, the rest stream.
     folder = checkpoints["tiny-deepseek-v2"]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream")
+    lm = load_model(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream"
+    )
     assert lm.stream_waits  # the default
     cache, _ = _deferred_cache(lm, 4)
     cache.prefetch({layer: [0, 1, 2, 3] for layer in range(cache.num_layers)})
@@ -168,8 +173,10 @@ def test_waits_cover_the_planned_experts_only(checkpoints):
 def test_bad_stream_waits_are_refused(checkpoints):
     folder = checkpoints["tiny-phimoe"]
     with pytest.raises(ValueError, match=r"stream_waits must be True .* or False .*got 1"):
-        load(folder, device="cpu", dtype=torch.float32, stream_waits=1)
-    lm = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=2, miss_path="stream")
+        load_model(folder, device="cpu", dtype=torch.float32, stream_waits=1)
+    lm = load_model(
+        folder, device="cpu", dtype=torch.float32, slots_per_layer=2, miss_path="stream"
+    )
     assert lm.stream_waits is True  # the default
     with pytest.raises(ValueError, match="stream_waits must be True"):
         lm.stream_waits = "yes"
@@ -177,7 +184,9 @@ def test_bad_stream_waits_are_refused(checkpoints):
 
 def test_a_long_prefill_acquires_instead(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream")
+    lm = load_model(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream"
+    )
     ids = random_prompt(STREAM_MAX_ROWS + 1, lm.config.vocab_size, seed=2)
     lm.target.forward(ids, 0)
     total = lm.cache.stats()["total"]
@@ -190,8 +199,8 @@ def test_a_long_prefill_acquires_instead(checkpoints):
 def test_bad_miss_paths_are_refused(checkpoints):
     folder = checkpoints["tiny-phimoe"]
     with pytest.raises(ValueError, match=r"miss_path must be one of \('load', 'stream'\).*'zero'"):
-        load(folder, device="cpu", dtype=torch.float32, miss_path="zero")
-    lm = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=2)
+        load_model(folder, device="cpu", dtype=torch.float32, miss_path="zero")
+    lm = load_model(folder, device="cpu", dtype=torch.float32, slots_per_layer=2)
     assert lm.miss_path == "load"
     assert not lm.cache.streaming
     with pytest.raises(ValueError, match="'copy'"):
@@ -205,7 +214,9 @@ def test_padding_rows_of_a_window_step_stream_nothing(checkpoints, arch_name):
     # Window mode pads 9 rows to the 12-row bucket by repeating the last token; at their own
     # positions those rows route elsewhere, and on the streamed path they route nowhere.
     folder = checkpoints[arch_name]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=2, miss_path="stream")
+    lm = load_model(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=2, miss_path="stream"
+    )
     lm.enable_step_graphs(capture=False)  # window mode, eager: what a graph records
     assert lm.target.graphs.padded_rows(9, 0) == 12
     ids = random_prompt(9, lm.config.vocab_size, seed=11)
@@ -224,7 +235,7 @@ def test_padding_rows_of_a_window_step_stream_nothing(checkpoints, arch_name):
 
 def test_fills_make_streamed_experts_resident_for_no_transfer(checkpoints, arch_name):
     folder = checkpoints[arch_name]
-    lm = load(
+    lm = load_model(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream",
         stream_fills=8,
     )  # fmt: skip
@@ -264,12 +275,14 @@ def test_fills_make_streamed_experts_resident_for_no_transfer(checkpoints, arch_
 
 def test_without_fills_a_streamed_forward_changes_no_slot(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream")
+    lm = load_model(
+        folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream"
+    )
     assert lm.stream_fills == 0  # the default
     assert lm.runtime.stream_record.width == 0
     lm.target.forward(random_prompt(6, lm.config.vocab_size, seed=21), 0)
     assert all(not lm.cache.resident_experts(layer) for layer in range(lm.cache.num_layers))
-    lm = load(
+    lm = load_model(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=4, miss_path="stream",
         stream_fills=4,
     )  # fmt: skip
@@ -287,7 +300,7 @@ def test_the_fill_width_is_loads_whatever_the_path_was_then(checkpoints):
     # A model loaded with fills may turn them off before its first streamed forward and
     # back on later: the stream record is made as wide as the load said.
     folder = checkpoints["tiny-deepseek-v2"]
-    lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, stream_fills=3)
+    lm = load_model(folder, device="cpu", dtype=torch.float64, slots_per_layer=4, stream_fills=3)
     lm.stream_fills = 0
     lm.miss_path = "stream"
     assert lm.runtime.stream_record.width == 3
@@ -299,8 +312,10 @@ def test_the_fill_width_is_loads_whatever_the_path_was_then(checkpoints):
 def test_bad_stream_fills_are_refused(checkpoints):
     folder = checkpoints["tiny-phimoe"]
     with pytest.raises(ValueError, match=r"stream_fills must be an int >= 0.*-1"):
-        load(folder, device="cpu", dtype=torch.float32, stream_fills=-1)
-    lm = load(folder, device="cpu", dtype=torch.float32, slots_per_layer=2, miss_path="stream")
+        load_model(folder, device="cpu", dtype=torch.float32, stream_fills=-1)
+    lm = load_model(
+        folder, device="cpu", dtype=torch.float32, slots_per_layer=2, miss_path="stream"
+    )
     with pytest.raises(
         ValueError, match=r"stream_fills=9 is above this model's 0 candidate slots.*stream_fills=9"
     ):
@@ -310,7 +325,9 @@ def test_bad_stream_fills_are_refused(checkpoints):
 
 
 def test_with_every_expert_resident_nothing_streams_or_is_recorded(checkpoints):
-    lm = load(checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, miss_path="stream")
+    lm = load_model(
+        checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, miss_path="stream"
+    )
     assert lm.cache.every_layer_resident()
     assert not lm.runtime.streams(1)  # the all-resident single wave, no record to read
     lm.target.forward(random_prompt(3, lm.config.vocab_size, seed=1), 0)
@@ -324,7 +341,7 @@ def test_staging_keeps_the_bits_and_the_bytes(checkpoints, arch_name):
     ids = random_prompt(7, 96, seed=5)
     runs = {}
     for staging in (0, 2):
-        lm = load(
+        lm = load_model(
             folder, device="cpu", dtype=torch.float16, slots_per_layer=2, batch_invariant=True,
             miss_path="stream", stream_staging=staging,
         )  # fmt: skip
@@ -368,7 +385,7 @@ def test_greedy_speculation_with_staging_keeps_the_tokens(checkpoints):
     folder = checkpoints["tiny-deepseek-v2"]
     tokens = {}
     for staging in (0, 3):
-        lm = load(
+        lm = load_model(
             folder, device="cpu", dtype=torch.float16, slots_per_layer=3, batch_invariant=True,
             miss_path="stream", stream_staging=staging,
         )  # fmt: skip
@@ -382,10 +399,10 @@ def test_greedy_speculation_with_staging_keeps_the_tokens(checkpoints):
 def test_bad_stream_staging_is_refused(checkpoints):
     folder = checkpoints["tiny-qwen2-moe"]
     with pytest.raises(ValueError, match=r"stream_staging must be an int >= 0.*-1"):
-        load(folder, device="cpu", dtype=torch.float16, stream_staging=-1)
+        load_model(folder, device="cpu", dtype=torch.float16, stream_staging=-1)
     with pytest.raises(ValueError, match=r"stream_staging=2 needs dtype=torch.float16.*float32"):
-        load(folder, device="cpu", dtype=torch.float32, stream_staging=2)
-    lm = load(
+        load_model(folder, device="cpu", dtype=torch.float32, stream_staging=2)
+    lm = load_model(
         folder, device="cpu", dtype=torch.float16, slots_per_layer=2, miss_path="stream",
         stream_staging=2,
     )  # fmt: skip
@@ -405,7 +422,7 @@ def _speculate_with_counts(folder, prompt, deferred: bool, sampled: bool = False
     queued at each draft's first token."""
     from specter_spec import SamplingConfig, SpecController
 
-    lm = load(
+    lm = load_model(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
         stream_fills=2,
     )  # fmt: skip
@@ -457,7 +474,7 @@ def test_back_to_back_forwards_settle_a_deferred_record_before_the_next_fills(ch
     ids = random_prompt(9, 96, seed=23)
     out = []
     for deferred in (False, True):
-        lm = load(
+        lm = load_model(
             folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
             stream_fills=2,
         )  # fmt: skip
@@ -492,7 +509,9 @@ def test_held_prefetch_copies_go_out_after_the_verification_launch(checkpoints, 
     prompt = random_prompt(6, 96, seed=29)[0].tolist()
     runs = {}
     for lead in (None, 0):
-        lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream")
+        lm = load_model(
+            folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream"
+        )
         lm.prefetcher.verify_lead = lead
         lm.prefetcher.pipelined = True  # as on CUDA: the last snapshot plans at the launch
         held: list[tuple[int, int]] = []
@@ -510,7 +529,7 @@ def test_held_prefetch_copies_go_out_after_the_verification_launch(checkpoints, 
         controller = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=1)
         tokens = controller.generate(prompt, max_new_tokens=16).tokens
         runs[lead] = (tokens, held, lm.cache.stats()["total"])
-    plain_lm = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3)
+    plain_lm = load_model(folder, device="cpu", dtype=torch.float64, slots_per_layer=3)
     plain = SpecController(None, plain_lm.target, depth=0).generate(prompt, max_new_tokens=16)
     assert runs[0][0] == runs[None][0] == plain.tokens
     assert max(before for before, _ in runs[0][1]) > 0  # held at the launch
@@ -546,7 +565,7 @@ def _plain_streamed_decode(folder, prompt, *, pipelined: bool):
     per layer, the cache's counters, and whether the device maps match the host's."""
     from specter_spec import SpecController
 
-    lm = load(
+    lm = load_model(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
         stream_fills=2, draft=None,
     )  # fmt: skip
@@ -554,7 +573,7 @@ def _plain_streamed_decode(folder, prompt, *, pipelined: bool):
     record.deferred = True
     record.pipelined = pipelined
     queued, offered = [], []
-    prepare = lm.cache.prepare_fills
+    prepare = lm.cache.streamed.prepare_fills
 
     def watched(*args, **kwargs):
         slots, experts, claimed = prepare(*args, **kwargs)
@@ -562,7 +581,7 @@ def _plain_streamed_decode(folder, prompt, *, pipelined: bool):
         offered.append([{s for s in row if s >= 0} for row in slots.tolist()])
         return slots, experts, claimed
 
-    lm.cache.prepare_fills = watched
+    lm.cache.streamed.prepare_fills = watched
     controller = SpecController(None, lm.target, cache=_QueuedPlainSteps(), depth=0)
     tokens = controller.generate(prompt[0].tolist(), max_new_tokens=24).tokens
     lm.cache.settle()
@@ -591,7 +610,7 @@ def test_pipelined_plain_streamed_steps_keep_tokens_without_waiting_for_the_last
     )
     from specter_spec import SpecController
 
-    acquired = load(folder, device="cpu", dtype=torch.float64, slots_per_layer=3, draft=None)
+    acquired = load_model(folder, device="cpu", dtype=torch.float64, slots_per_layer=3, draft=None)
     assert (
         piped
         == first
@@ -614,7 +633,7 @@ def test_a_pipelined_step_fills_no_expert_the_uncounted_step_before_it_filled(ch
     # the second, launched before the first is counted, must read them from their slots and
     # fill none of them again (they are claimed from the device map).
     folder = checkpoints["tiny-deepseek-v2"]
-    lm = load(
+    lm = load_model(
         folder, device="cpu", dtype=torch.float64, slots_per_layer=3, miss_path="stream",
         stream_fills=2, draft=None,
     )  # fmt: skip
@@ -635,4 +654,4 @@ def test_a_pipelined_step_fills_no_expert_the_uncounted_step_before_it_filled(ch
         device = lm.cache.expert_to_slot(layer).tolist()
         assert device == [-1 if s is None else s for s in host]
     with pytest.raises(ValueError, match="exclude needs one collection of slots per layer"):
-        lm.cache.prepare_fills(2, exclude=[()])
+        lm.cache.streamed.prepare_fills(2, exclude=[()])

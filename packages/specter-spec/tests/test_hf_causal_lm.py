@@ -1,5 +1,8 @@
 """HFCausalLM: a transformers causal LM behind the SpecModel protocol."""
 
+import inspect
+import types
+
 import pytest
 import torch
 
@@ -78,6 +81,16 @@ def test_device_is_the_models():
     assert HFCausalLM(tiny_causal_lm(seed=0)).device == torch.device("cpu")
 
 
+def _call_inner(inner, input_ids, position_ids, cache, use_cache):
+    """``inner``'s forward with the cache under the keyword this transformers names it."""
+    keyword = (
+        "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+    )
+    return inner(
+        input_ids=input_ids, position_ids=position_ids, use_cache=use_cache, **{keyword: cache}
+    )
+
+
 class _NoLogitsToKeep(torch.nn.Module):
     """A causal LM whose forward has no ``logits_to_keep`` keyword."""
 
@@ -86,12 +99,7 @@ class _NoLogitsToKeep(torch.nn.Module):
         self.inner = inner
 
     def forward(self, input_ids, position_ids, past_key_values, use_cache):
-        return self.inner(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-        )
+        return _call_inner(self.inner, input_ids, position_ids, past_key_values, use_cache)
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["logits_to_keep", "without-it"])
@@ -108,3 +116,79 @@ def test_prefill_writes_forwards_kv_and_skips_the_prompts_logits(model, wrapped)
     assert head_rows == [len(prompt) - 1 if wrapped else 1]
     last = lm.forward(torch.tensor([prompt[-1:]]), len(prompt) - 1)[0]
     torch.testing.assert_close(last, _full_logits(model, prompt)[-1:], rtol=1e-9, atol=1e-9)
+
+
+def _tiny_config(transformers, kind, **kwargs):
+    return getattr(transformers, kind)(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "model_class", "kwargs", "match"),
+    [
+        ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4}, r"sliding_window=4\b"),
+        (
+            "Qwen2Config",
+            "Qwen2ForCausalLM",
+            {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
+            r"sliding_window=4 and layer types \['sliding_attention'\]",
+        ),
+    ],
+    ids=["mistral", "qwen2-sliding-layers"],
+)
+def test_sliding_window_models_are_refused_up_front(kind, model_class, kwargs, match):
+    transformers = pytest.importorskip("transformers")
+    model = getattr(transformers, model_class)(_tiny_config(transformers, kind, **kwargs))
+    with pytest.raises(ValueError, match=match) as refused:
+        HFCausalLM(model)
+    assert "config.sliding_window=None" in str(refused.value)
+
+
+def test_a_sliding_window_model_loaded_with_full_attention_rolls_back():
+    transformers = pytest.importorskip("transformers")
+    config = _tiny_config(transformers, "MistralConfig", sliding_window=None)
+    torch.manual_seed(0)
+    model = transformers.MistralForCausalLM(config).to(torch.float64).eval()
+    lm = HFCausalLM(model)
+    lm.forward(torch.tensor([list(range(10))]), 0)
+    lm.truncate(3)
+    logits = lm.forward(torch.tensor([[7, 8]]), 3)[0]
+    expected = _full_logits(model, [0, 1, 2, 7, 8])[3:]
+    torch.testing.assert_close(logits, expected, rtol=1e-9, atol=1e-9)
+
+
+class _CacheKeyword(torch.nn.Module):
+    """A causal LM whose forward takes the cache as ``cache`` and returns it as ``.cache``."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def forward(self, input_ids, position_ids, use_cache, cache=None):
+        self.calls.append("cache")
+        out = _call_inner(self.inner, input_ids, position_ids, cache, use_cache)
+        returned = getattr(out, "cache", None)
+        if returned is None:
+            returned = out.past_key_values
+        return types.SimpleNamespace(logits=out.logits, cache=returned)
+
+
+@pytest.mark.parametrize("wrapper", [_CacheKeyword, _NoLogitsToKeep])
+def test_the_cache_goes_through_the_keyword_the_model_names(model, wrapper):
+    wrapped = wrapper(model)
+    lm = HFCausalLM(wrapped)
+    tokens = [5, 9, 2, 7]
+    lm.forward(torch.tensor([tokens[:3]]), 0)
+    logits = lm.forward(torch.tensor([tokens[3:]]), 3)[0]
+    assert lm.kv_length == 4
+    torch.testing.assert_close(logits, _full_logits(model, tokens)[3:], rtol=1e-9, atol=1e-9)
+    if isinstance(wrapped, _CacheKeyword):
+        assert wrapped.calls == ["cache", "cache"]

@@ -29,3 +29,8 @@ def test_import_pulls_in_no_higher_or_forbidden_package():
         check=True,
     ).stdout.split()
     assert out == [], f"importing specter_spec imported {out}"
+
+
+def test_every_public_name_is_importable_from_the_package():
+    missing = [name for name in specter_spec.__all__ if not hasattr(specter_spec, name)]
+    assert missing == []

@@ -1,8 +1,9 @@
 """specter-bench.
 
-The ``specter`` command line (generate, bench, profile-depth, kernel-bench, info, report),
-the baselines of BENCHMARK.md (``hf``, ``hf-offload``, ``lru``, ``spec-lru``, ``specter`` and
-its ablations), the experiments, and their records, tables and plots.
+The ``specter`` command line (generate, bench, profile-depth, kernel-bench, info, report;
+one module each under ``specter_bench.commands``), the baselines (``hf``, ``hf-offload``,
+``lru``, ``spec-lru``, ``specter`` and its ablations), the experiments, and their records,
+tables and plots.
 
 Names are imported on first use (PEP 562), so ``import specter_bench`` and the CLI's light
 commands do not pay for transformers and the models until they need them.
@@ -26,7 +27,7 @@ _EXPORTS = {
     "load_wikitext2": "prompt_sources",
     "load_gsm8k": "prompt_sources",
     "load_gpqa": "prompt_sources",
-    "ByteTokenizer": "prompt_encoding",
+    "ByteTokenizer": "specter_models.tokenizers",
     "encode_prompt": "prompt_encoding",
     "truncate_prompt": "prompt_encoding",
     # records
@@ -40,7 +41,7 @@ _EXPORTS = {
     "ENGINE_SYSTEMS": "engine_systems",
     "EngineSystem": "engine_systems",
     "EngineSystemRunner": "engine_systems",
-    "DecodeWindow": "engine_systems",
+    "DecodeWindow": "specter_models.engine.decode_window",
     "HFRunner": "hf_baseline",
     "SystemRun": "system_run",
     "BenchConfig": "experiments",
@@ -49,10 +50,10 @@ _EXPORTS = {
     "BenchRunner": "bench_runner",
     "BenchResult": "bench_runner",
     # routing, bounds, kernels
-    "RoutingRecorder": "routing_recorder",
-    "teacher_forced_routing": "routing_recorder",
-    "teacher_forced_pass": "routing_recorder",
-    "TeacherForcedPass": "routing_recorder",
+    "RoutingRecorder": "specter_models.routing_recorder",
+    "teacher_forced_routing": "specter_models.routing_recorder",
+    "teacher_forced_pass": "specter_models.routing_recorder",
+    "TeacherForcedPass": "specter_models.routing_recorder",
     "sampled_acceptance": "speculative_acceptance",
     "working_set": "routing_analysis",
     "working_set_curve": "routing_analysis",
@@ -86,7 +87,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'specter_bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"specter_bench.{module}"), name)
+    path = module if module.startswith("specter_models.") else f"specter_bench.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value
 

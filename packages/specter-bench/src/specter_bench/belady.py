@@ -1,6 +1,6 @@
 """The Belady bound on TPOT and the policy comparison, from a recorded target routing.
 
-BENCHMARK.md's bound: from the target's routing trace, the fewest expert loads any policy
+docs/benchmarking.md's bound: from the target's routing trace, the fewest expert loads any policy
 could make with the run's slots (Belady's rule, ``specter_cache.belady_loads``), times the
 measured per-expert transfer time, per generated token. A system's TPOT over this bound says
 how close it comes to moving only what it must.
@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specter_bench.routing_analysis import draft_plans, routing_trace
-from specter_cache import ExpertStore, belady_layer_loads, compare_policies, simulate_policy
+from specter_cache import ExpertStore, simulate_policy
+from specter_cache.belady import belady_layer_loads
+from specter_cache.trace_simulation import compare_policies
 
 __all__ = [
     "BeladyBound",

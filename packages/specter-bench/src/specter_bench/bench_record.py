@@ -1,4 +1,5 @@
-"""The JSON-lines records of a benchmark run (BENCHMARK.md, "What each measurement records").
+"""The JSON-lines records of a benchmark run (docs/benchmarking.md: what each measurement
+records).
 
 Every line is one JSON object with a ``kind``:
 
@@ -61,7 +62,7 @@ SYSTEM_NAMES = (
     "specter-plain-fill",
     "specter-plain-pipe",
 )
-"""Systems of BENCHMARK.md in table order: transformers (fastest configuration, default
+"""Systems of docs/benchmarking.md in table order: transformers (fastest configuration, default
 configuration, accelerate offload), the engine without speculation, speculation with LRU,
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft

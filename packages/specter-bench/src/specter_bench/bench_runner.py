@@ -25,25 +25,33 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import statistics
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from specter_bench.belady import belady_bound, measure_expert_transfer_s, policy_hit_rates
+from specter_bench.belady import belady_bound, measure_expert_transfer_s
+from specter_bench.bench_hf_stages import HFStages
+from specter_bench.bench_hot_sets import HotSetStages
 from specter_bench.bench_record import ExperimentRecord, TpotRecord, append_records
+from specter_bench.bench_routing import RoutingExperiments
+from specter_bench.bench_support import (
+    GB,
+    PROMPT_WARMUP_TOKENS,
+    BenchResult,
+    Deadline,
+    EncodedPrompt,
+    budget_text,
+    per_token_ms,
+)
 from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner, use_staging
 from specter_bench.experiments import BenchConfig, Stage, plan_stages, resolve_budgets
-from specter_bench.hf_baseline import HFGeneration, HFRunner, offload_model
 from specter_bench.model_loading import (
-    build_hf_model,
     load_engine,
     load_tokenizer,
     model_config,
@@ -53,57 +61,14 @@ from specter_bench.model_loading import (
     weights_description,
 )
 from specter_bench.prompt_encoding import encode_prompt
-from specter_bench.prompt_sources import Prompt, load_prompts
-from specter_bench.routing_analysis import routing_agreement, working_set_curve
-from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_pass
+from specter_bench.prompt_sources import load_prompts
 from specter_bench.run_identity import collect_identity
-from specter_bench.speculative_acceptance import acceptance_key, sampled_acceptance
 from specter_bench.system_run import SystemRun, first_mismatch
 
 __all__ = ["BenchResult", "BenchRunner", "EncodedPrompt"]
 
-GB = 1e9
-ACCEPTANCE_TEMPERATURES = (1.0, 0.7)
-"""Temperatures of the sampled-acceptance figures (1.0 first: ``sampled_acceptance``)."""
 
-
-PROMPT_WARMUP_TOKENS = 4
-"""Unrecorded tokens a compiled ``hf`` decodes of each prompt before its measured run."""
-
-
-@dataclass(frozen=True)
-class EncodedPrompt:
-    """A prompt and its token ids."""
-
-    prompt: Prompt
-    ids: list[int]
-
-
-@dataclass
-class BenchResult:
-    """What a run wrote.
-
-    Attributes:
-        path: the JSON-lines file.
-        records: every record written, as dicts.
-        skipped: what the time limit (or an error) left unmeasured.
-    """
-
-    path: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-
-
-class _Deadline:
-    def __init__(self, minutes: float | None) -> None:
-        self.end = None if minutes is None else time.monotonic() + 60.0 * minutes
-
-    def expired(self, reserve_minutes: float = 0.0) -> bool:
-        """Past the end, or less than ``reserve_minutes`` before it."""
-        return self.end is not None and time.monotonic() + 60.0 * reserve_minutes >= self.end
-
-
-class BenchRunner:
+class BenchRunner(RoutingExperiments, HotSetStages, HFStages):
     """Runs one :class:`~specter_bench.experiments.BenchConfig`.
 
     Args:
@@ -170,9 +135,8 @@ class BenchRunner:
         self._replay_routes: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self._calibration_routes: list[torch.Tensor] | None = None
         self.hot_choices: dict[float, Any] = {}  # budget -> specter_models.HotExpertChoice
-        self._deadline = _Deadline(config.max_minutes)
+        self._deadline = Deadline(config.max_minutes)
 
-    # ---------------------------------------------------------------------------- helpers
     def _default_budgets(self) -> tuple[float, float]:
         """The preset's low and high budgets; for other models (test presets, checkpoints),
         the budgets that leave a quarter and a half of each layer's experts a slot."""
@@ -234,7 +198,6 @@ class BenchRunner:
                 total += 5 * min(self.config.sweep_prompts, n)  # about: counts vary
         return total
 
-    # -------------------------------------------------------------------------------- run
     def run(self) -> BenchResult:
         """Run every stage; returns what was written (also appended to ``self.path``)."""
         result = BenchResult(self.path)
@@ -250,9 +213,8 @@ class BenchRunner:
         )  # fmt: skip
         try:
             for stage in self.stages:
-                label = (
-                    f"{stage.kind} stage at {_budget(stage.budget_gb)} ({', '.join(stage.systems)})"
-                )
+                systems = ", ".join(stage.systems)
+                label = f"{stage.kind} stage at {budget_text(stage.budget_gb)} ({systems})"
                 reserve = self.config.stage_reserve_minutes * (3 if stage.kind == "offload" else 1)
                 if self._deadline.expired(reserve):
                     reason = f"--max-minutes: less than {reserve:g} min left for this stage"
@@ -284,7 +246,6 @@ class BenchRunner:
             bar.close()
         return result
 
-    # ------------------------------------------------------------------------- hf stage
     def _decode_all(
         self,
         system: str,
@@ -302,7 +263,7 @@ class BenchRunner:
 
         ``warm_each_prompt``: also run ``PROMPT_WARMUP_TOKENS`` unrecorded tokens of each
         prompt right before its measured run (compiled ``hf``: a prompt of a new length can
-        recompile the decode step inside the measured decode, seen on the H200 as one prompt
+        recompile the decode step inside the measured decode, seen on one H200 as one prompt
         at 23.7 ms per token beside 7.5 ms).
         """
         runs = []
@@ -316,12 +277,12 @@ class BenchRunner:
         for prompt in prompts:
             if self._deadline.expired():
                 self._skip(
-                    result, f"{system} at {_budget(budget)} on {prompt.prompt.id}",
+                    result, f"{system} at {budget_text(budget)} on {prompt.prompt.id}",
                     "--max-minutes reached", budget,
                 )  # fmt: skip
                 bar.update(1)
                 continue
-            bar.set_postfix_str(f"{system} {_budget(budget)} {prompt.prompt.id}")
+            bar.set_postfix_str(f"{system} {budget_text(budget)} {prompt.prompt.id}")
             if warm_each_prompt:
                 generate(prompt.ids, min(max_new_tokens, PROMPT_WARMUP_TOKENS))
             run = generate(prompt.ids, max_new_tokens)
@@ -330,40 +291,6 @@ class BenchRunner:
             bar.update(1)
         return runs
 
-    def _hf_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
-        cfg = self.config
-        started = time.perf_counter()
-        model = build_hf_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
-        build_s = time.perf_counter() - started
-        records = []
-        try:
-            for system in stage.systems:
-                runner = HFRunner(
-                    model,
-                    system,
-                    pad_token_id=_pad_id(self.hf_config),
-                    compile=cfg.hf_compile,
-                    max_cache_len=self.max_seq_len,
-                    decode_experts=cfg.hf_decode_experts,
-                )
-
-                def generate(ids: list[int], n: int, runner: HFRunner = runner) -> SystemRun:
-                    return _hf_run(runner.system, runner.generate(ids, n), build_s=build_s)
-
-                if cfg.device.startswith("cuda"):
-                    torch.cuda.reset_peak_memory_stats()
-                runs = self._decode_all(
-                    system, generate, cfg.max_new_tokens, self.prompts, bar, result, None,
-                    warm_each_prompt=bool(runner.settings.get("compile")),
-                )  # fmt: skip
-                records += [self._tpot(run, prompt, None) for prompt, run in runs]
-        finally:
-            del model
-            # Compiled decode steps hold the model's weights; drop them with the model.
-            torch._dynamo.reset()
-            self._write(result, records)
-
-    # --------------------------------------------------------------------- engine stage
     def _stage_staging(self, stage: Stage) -> int:
         """The staging buffer a stage loads: as large as its systems stage, float16 only (in
         other dtypes a staging system runs unstaged, and this says so in the log)."""
@@ -494,407 +421,6 @@ class BenchRunner:
             del loaded
             self._write(result, [*records, *experiments])
 
-    # ----------------------------------------------------------------------- hot sets
-    def _hot_choice(self, budget: float, result: BenchResult) -> Any | None:
-        """The pinned hot set at ``budget`` (``specter_models.choose_hot_experts`` on the
-        calibration prompts' target routing), recorded once per budget; None when the run
-        has no calibration prompts."""
-        if budget in self.hot_choices:
-            return self.hot_choices[budget]
-        if not self.calibration:
-            self.log(
-                f"no hot set at {_budget(budget)}: no calibration prompts (the prompt source "
-                "has none after the measured ones, or --calibration-prompts 0)"
-            )
-            return None
-        from specter_models import choose_hot_experts
-
-        routes = self._calibration_routing(budget)
-        depth, forced = self.config.depth, self.config.hot_experts_per_layer
-        choice = choose_hot_experts(
-            self.hf_config, budget, routes, window=depth + 1 if isinstance(depth, int) else 5,
-            candidates=None if forced is None else [forced], dtype=self.config.dtype,
-            max_seq_len=self.max_seq_len, pruned_per_layer=self.config.draft_pruned_per_layer,
-        )  # fmt: skip
-        self.hot_choices[budget] = choice
-        self.log(
-            f"hot set at {_budget(budget)}: {choice.describe()} (replayed loads per candidate: "
-            f"{choice.loads})"
-        )
-        data = {
-            **choice.as_dict(),
-            "forced": forced is not None,
-            "calibration_prompts": [p.prompt.id for p in self.calibration],
-            "calibration_tokens": [int(r.shape[0]) for r in routes],
-        }
-        note = (
-            "chosen by replaying the calibration prompts' target routing (greedy decode, "
-            "teacher-forced) through LRU with each candidate's slots and hot set pinned, the "
-            "hot set counted on the other prompts; loads = that replay's expert loads"
-        )
-        self._write(result, [self._experiment("hot_experts", budget, data, note)])
-        return choice
-
-    def _hot_sweep_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
-        """specter at its high budget with each pinned hot count, one load per count."""
-        from specter_models import choose_hot_experts, hottest_experts, plan_memory, routing_counts
-
-        cfg, budget = self.config, stage.budget_gb
-        assert budget is not None
-        chosen = self._hot_choice(budget, result)
-        if chosen is None:
-            self._skip(result, "hot-count sweep", "no calibration prompts", budget)
-            return
-        routes = self._calibration_routing(budget)
-        counts = cfg.hot_sweep_counts
-        if counts is None:
-            # Every candidate the budget holds, at E // 16 steps (none: all resident): the
-            # chosen replay's own, unless its count was forced.
-            every = chosen
-            if cfg.hot_experts_per_layer is not None:
-                every = choose_hot_experts(
-                    self.hf_config, budget, routes, dtype=cfg.dtype,
-                    max_seq_len=self.max_seq_len, pruned_per_layer=cfg.draft_pruned_per_layer,
-                )  # fmt: skip
-            fits = sorted(every.loads)
-            spread = {fits[round(q * (len(fits) - 1))] for q in (0.25, 0.5, 0.75, 1.0) if fits}
-            counts = tuple(sorted({0, chosen.per_layer, *spread}))
-        experts = plan_memory(self.hf_config, dtype=cfg.dtype, max_seq_len=self.max_seq_len)
-        routed = routing_counts(routes, experts.num_experts)
-        prompts = self.prompts[: cfg.sweep_prompts]
-        points = []
-        for h in counts:
-            if self._deadline.expired():
-                self._skip(result, f"hot-count sweep at {h} pinned", "--max-minutes", budget)
-                continue
-            loaded = load_engine(
-                cfg.model, budget_gb=budget, with_draft=True, policy="predictive",
-                device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, max_seq_len=self.max_seq_len,
-                options=cfg.engine, hot_experts=hottest_experts(routed, h) if h else None,
-                draft_pruned_experts=chosen.pruned_experts or None,
-            )  # fmt: skip
-            try:
-                if getattr(loaded, "cuda_graphs", False):
-                    if hasattr(loaded, "miss_path"):
-                        loaded.miss_path = ENGINE_SYSTEMS["specter"].miss_path
-                    loaded.capture_step_graphs(self.max_seq_len)
-                runner = EngineSystemRunner(
-                    loaded, ENGINE_SYSTEMS["specter"], cfg.depth, max_depth=cfg.max_depth
-                )
-                runs = self._decode_all(
-                    f"specter hot={h}", runner.generate, cfg.max_new_tokens, prompts, bar,
-                    result, budget,
-                )  # fmt: skip
-                del runner
-            finally:
-                slots = loaded.memory.plan.slots_per_layer
-                del loaded
-                release_memory()
-            if not runs:
-                continue
-            gens = [r.generation or {} for _, r in runs]
-            caches = [r.cache or {} for _, r in runs]
-            reference = [self.engine_reference.get(p.prompt.id) for p, _ in runs]
-            points.append(
-                {
-                    "hot_experts_per_layer": h,
-                    "slots_per_layer": slots,
-                    "tpot_ms": statistics.median(1e3 * r.tpot_s for _, r in runs if r.tpot_s),
-                    "acceptance_rate": _mean(g.get("acceptance_rate") for g in gens),
-                    "accepted_per_iteration": _mean(
-                        g.get("mean_accepted_per_iteration") for g in gens
-                    ),
-                    "hit_rate": _mean(c.get("hit_rate") for c in caches),
-                    "h2d_mb_per_token": _mean(
-                        c.get("bytes_moved", 0) / 1e6 / r.decode_tokens
-                        for c, (_, r) in zip(caches, runs, strict=True)
-                    ),
-                    "replayed_loads": chosen.loads.get(h),
-                    "matches_engine": [
-                        None if ref is None else ref[1] == r.tokens
-                        for ref, (_, r) in zip(reference, runs, strict=True)
-                    ],
-                    "prompts": len(runs),
-                }
-            )
-        self._write(
-            result,
-            [
-                self._experiment(
-                    "hot_sweep",
-                    budget,
-                    {"points": points, "chosen": chosen.per_layer},
-                    "specter (adaptive depth) with each pinned count's hot set, counted on the "
-                    "calibration prompts; TPOT the median over the first prompts",
-                )
-            ],
-        )
-
-    def _calibration_routing(self, budget: float) -> list[torch.Tensor]:
-        """``[T, L, k]`` target routing of each calibration prompt's greedy continuation
-        (the same at every budget: greedy decoding is exact), from a target-only load."""
-        if self._calibration_routes is not None:
-            return self._calibration_routes
-        cfg = self.config
-        loaded = load_engine(
-            cfg.model, budget_gb=budget, with_draft=False, policy="lru", device=cfg.device,
-            dtype=cfg.dtype, seed=cfg.seed, max_seq_len=self.max_seq_len, options=cfg.engine,
-        )  # fmt: skip
-        recorder = RoutingRecorder(loaded.model)
-        routes = []
-        try:
-            for prompt in self.calibration:
-                decode = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"], 0).generate
-                tokens = decode(prompt.ids, cfg.max_new_tokens).tokens
-                sequence = prompt.ids + tokens[:-1]
-                start = len(prompt.ids) - 1
-                forced = teacher_forced_pass(recorder, loaded.target, sequence, start, loaded.reset)
-                routes.append(forced.routing)
-                del decode, forced
-        finally:
-            recorder.remove()
-            del loaded, recorder
-            release_memory()
-        self._calibration_routes = routes
-        return routes
-
-    def _safe_routing(
-        self,
-        loaded: Any,
-        runs: list[tuple[EncodedPrompt, SystemRun]],
-        result: BenchResult,
-        budget: float | None,
-    ) -> list[ExperimentRecord]:
-        """The routing experiments; a failure (memory, a model quirk) is recorded, not fatal."""
-        if self._deadline.expired():
-            self._skip(result, "routing experiments", "--max-minutes reached", budget)
-            return []
-        try:
-            return self._routing_experiments(loaded, runs)
-        except (RuntimeError, ValueError) as exc:
-            self.log(traceback.format_exc())
-            self._skip(result, "routing experiments", f"{type(exc).__name__}: {exc}", budget)
-            return []
-
-    def _reference_tokens(
-        self, loaded: Any, runs: list[tuple[EncodedPrompt, SystemRun]], prompt: EncodedPrompt
-    ) -> list[int]:
-        """The tokens to teacher-force: hf's, else this stage's first decode, else a new one."""
-        if prompt.prompt.id in self.reference:
-            return self.reference[prompt.prompt.id][1]
-        for p, run in runs:
-            if p is prompt:
-                return run.tokens
-        runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"], 0)
-        return runner.generate(prompt.ids, self.config.max_new_tokens).tokens
-
-    def _routing_experiments(
-        self, loaded: Any, runs: list[tuple[EncodedPrompt, SystemRun]]
-    ) -> list[ExperimentRecord]:
-        recorder = RoutingRecorder(loaded.model)
-        target_routes, draft_routes, greedy = [], [], []
-        per_request = []
-        sampled: dict[float, list[float]] = {t: [] for t in ACCEPTANCE_TEMPERATURES}
-        try:
-            for prompt in self.prompts:
-                if self._deadline.expired():
-                    break
-                tokens = self._reference_tokens(loaded, runs, prompt)
-                sequence = prompt.ids + tokens[:-1]
-                start = len(prompt.ids) - 1
-                target = teacher_forced_pass(recorder, loaded.target, sequence, start, loaded.reset)
-                self.routing[prompt.prompt.id] = {"target": target.routing}
-                target_routes.append(target.routing)
-                if loaded.draft is not None:
-                    draft = teacher_forced_pass(
-                        recorder, loaded.draft, sequence, start, loaded.reset
-                    )
-                    self.routing[prompt.prompt.id]["draft"] = draft.routing
-                    draft_routes.append(draft.routing)
-                    # Host syncs, once per prompt: scalars only leave the device.
-                    agree = draft.logits.argmax(-1) == target.logits.argmax(-1)
-                    greedy.append(agree.double().mean().item())
-                    for t in ACCEPTANCE_TEMPERATURES:
-                        rates = sampled_acceptance(target.logits, draft.logits, t)
-                        sampled[t].append(rates.double().mean().item())
-                    per_request.append(routing_agreement(draft.routing, target.routing).mean)
-                del target  # the [T, V] logits: one prompt's at a time
-        finally:
-            recorder.remove()
-        if not target_routes:
-            return []
-        out = []
-        depths = self.config.working_set_depths
-        for routing, which in ((target_routes, "target"), (draft_routes, "draft")):
-            if routing:
-                curve = working_set_curve(routing, depths)
-                data = {
-                    "routing": which,
-                    "prompts": len(routing),
-                    "tokens_per_prompt": min(r.shape[0] for r in routing),
-                    "curve": [p.as_dict() for p in curve],
-                }
-                out.append(self._experiment("working_set", None, data))
-        if draft_routes:
-            pooled = routing_agreement(torch.cat(draft_routes), torch.cat(target_routes))
-            data = {
-                **pooled.as_dict(),
-                "per_request": per_request,
-                "greedy_agreement": statistics.fmean(greedy),
-                "per_request_greedy_agreement": greedy,
-                "prompts": len(draft_routes),
-            }
-            for t, values in sampled.items():
-                key = acceptance_key(t)
-                data[key] = statistics.fmean(values)
-                data[f"per_request_{key}"] = values
-            del data["per_token"]  # per request and per layer are the published views
-            note = (
-                "teacher-forced on the reference tokens; sampled_acceptance = mean over positions "
-                "of sum_x min(p_target, q_draft) (1 - total variation), softmax at T=1 "
-                "(sampled_acceptance_t0.7: T=0.7) in float32"
-            )
-            out.append(self._experiment("routing_agreement", None, data, note))
-        # The policy replay is CPU work: it runs after every GPU stage (see run()).
-        self._replay_routes = (target_routes, draft_routes)
-        return out
-
-    def _policy_records(
-        self, target_routes: list[torch.Tensor], draft_routes: list[torch.Tensor]
-    ) -> list[ExperimentRecord]:
-        from specter_models import plan_memory
-
-        out = []
-        depth = self.config.depth if isinstance(self.config.depth, int) else 8
-        E = None
-        for budget in self.budgets:
-            if budget is None:
-                continue
-            try:
-                plan = plan_memory(
-                    self.hf_config, budget, dtype=self.config.dtype, max_seq_len=self.max_seq_len
-                )
-            except ValueError as exc:  # MemoryBudgetError: this budget cannot be replayed
-                self.log(f"policy replay at {_budget(budget)} skipped: {exc}")
-                continue
-            E = plan.num_experts
-            pinning = self.hot_choices.get(budget)
-            if pinning is not None and not pinning.per_layer:
-                pinning = None
-            for window in (1, depth + 1):
-                totals: dict[str, dict[str, float]] = {}
-                for i, target in enumerate(target_routes):
-                    draft = draft_routes[i] if draft_routes else None
-                    rates = policy_hit_rates(
-                        target, plan.slots_per_layer, draft_routing=draft, window=window,
-                        num_experts=E,
-                        pinned=pinning.hot_experts if pinning is not None else None,
-                        pinned_slots=pinning.slots_per_layer if pinning is not None else None,
-                    )  # fmt: skip
-                    for name, r in rates.items():
-                        acc = totals.setdefault(name, {"accesses": 0, "loads": 0})
-                        acc["accesses"] += r["accesses"]  # type: ignore[operator]
-                        acc["loads"] += r["loads"]  # type: ignore[operator]
-                        if "hits" in r:
-                            acc["hits"] = acc.get("hits", 0) + r["hits"]  # type: ignore[operator]
-                policies = {}
-                for name, acc in totals.items():
-                    hits = acc.get("hits", acc["accesses"] - acc["loads"])
-                    policies[name] = {**acc, "hit_rate": hits / acc["accesses"]}
-                data = {
-                    "window": window,
-                    "slots_per_layer": plan.slots_per_layer,
-                    "num_experts": E,
-                    "prompts": len(target_routes),
-                    "policies": policies,
-                }
-                if pinning is not None:
-                    data["pinned"] = {
-                        "experts_per_layer": pinning.per_layer,
-                        "slots_per_layer": pinning.slots_per_layer,
-                    }
-                note = (
-                    "replayed through specter-cache on the teacher-forced target routing; "
-                    "predictive = the draft's routing of the same step prefetched; pinned = "
-                    "specter's hot set at this budget (chosen on the calibration prompts) "
-                    "pinned, LRU over the other slots of its plan"
-                )
-                out.append(self._experiment("policy_hit_rate", budget, data, note))
-        return out
-
-    def _depth_sweep(
-        self, loaded: Any, stage: Stage, bar: tqdm, result: BenchResult
-    ) -> ExperimentRecord:
-        cfg = self.config
-        prompts = self.prompts[: cfg.sweep_prompts]
-        points = []
-        for depth in cfg.sweep_depths:
-            runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"], depth)
-            runner_runs = self._decode_all(
-                f"specter K={depth}", runner.generate, cfg.max_new_tokens, prompts, bar, result,
-                stage.budget_gb,
-            )  # fmt: skip
-            if not runner_runs:
-                continue
-            gens = [r.generation or {} for _, r in runner_runs]
-            points.append(
-                {
-                    "depth": depth,
-                    "tpot_ms": statistics.fmean(1e3 * r.tpot_s for _, r in runner_runs if r.tpot_s),
-                    "acceptance_rate": _mean(g.get("acceptance_rate") for g in gens),
-                    "accepted_per_iteration": _mean(
-                        g.get("mean_accepted_per_iteration") for g in gens
-                    ),
-                    "hit_rate": _mean((r.cache or {}).get("hit_rate") for _, r in runner_runs),
-                    "prompts": len(runner_runs),
-                    "prompt_tpot_ms": {
-                        p.prompt.id: 1e3 * r.tpot_s for p, r in runner_runs if r.tpot_s is not None
-                    },
-                }
-            )
-        best = min(points, key=lambda p: (p["tpot_ms"], p["depth"]))["depth"] if points else None
-        return self._experiment(
-            "depth_sweep", stage.budget_gb, {"points": points, "best_depth": best}
-        )
-
-    # -------------------------------------------------------------------- offload stage
-    def _offload_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
-        cfg = self.config
-        if not cfg.device.startswith("cuda"):
-            raise RuntimeError("hf-offload measures GPU offloading; this run is on the CPU")
-        release_memory(host=True)  # cached pinned blocks of the expert stores back to the system
-        model = build_hf_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
-        model = model.to("cpu")
-        release_memory()
-        device_map = offload_model(model, stage.budget_gb or 0.0)
-        runner = HFRunner(
-            model, "hf-offload", pad_token_id=_pad_id(self.hf_config), device=cfg.device
-        )
-        on_gpu = sum(1 for where in device_map.values() if where not in ("cpu", "disk"))
-        prompts = self.prompts[: cfg.offload_prompts]
-        n = min(cfg.offload_new_tokens, cfg.max_new_tokens)
-        note = (
-            f"very slow: measured on {len(prompts)} prompt(s) x {n} new tokens (others: "
-            f"{len(self.prompts)} x {cfg.max_new_tokens}); accelerate placed {on_gpu} of "
-            f"{len(device_map)} modules on the GPU"
-        )
-
-        def generate(ids: list[int], count: int) -> SystemRun:
-            gen = runner.generate(ids, count)
-            return _hf_run("hf-offload", gen, device_map_modules_on_gpu=on_gpu)
-
-        records = []
-        try:
-            torch.cuda.reset_peak_memory_stats()
-            runs = self._decode_all(
-                "hf-offload", generate, n, prompts, bar, result, stage.budget_gb, warmup=0
-            )
-            records = [self._tpot(run, prompt, stage.budget_gb, note=note) for prompt, run in runs]
-        finally:
-            del model
-            self._write(result, records)
-
-    # -------------------------------------------------------------------------- records
     def _tpot(
         self, run: SystemRun, prompt: EncodedPrompt, budget: float | None, note: str | None = None
     ) -> TpotRecord:
@@ -951,8 +477,8 @@ class BenchRunner:
             tokens_per_s=1e3 / tpot_ms if tpot_ms else None,
             prefill_ms=1e3 * run.prefill_s,
             decode_ms=1e3 * run.decode_s,
-            draft_ms_per_token=_per_token(run.draft_s, n),
-            verify_ms_per_token=_per_token(run.verify_s, n),
+            draft_ms_per_token=per_token_ms(run.draft_s, n),
+            verify_ms_per_token=per_token_ms(run.verify_s, n),
             accepted_per_iteration=gen.get("mean_accepted_per_iteration") if speculated else None,
             acceptance_rate=gen.get("acceptance_rate"),
             depth=gen.get("mean_depth"),
@@ -960,7 +486,7 @@ class BenchRunner:
             prefetch_precision=cache.get("prefetch_precision"),
             prefetch_recall=cache.get("prefetch_recall"),
             h2d_bytes_per_token=cache["bytes_moved"] / n if "bytes_moved" in cache and n else None,
-            stall_ms_per_token=_per_token(cache.get("stall_seconds"), n),
+            stall_ms_per_token=per_token_ms(cache.get("stall_seconds"), n),
             peak_gpu_memory_gb=run.peak_gpu_bytes / GB if run.peak_gpu_bytes else None,
             slots_per_layer=run.slots_per_layer,
             belady_tpot_ms=bound_ms,
@@ -975,41 +501,3 @@ class BenchRunner:
             identity=dict(self.identity),
             extra=extra,
         )  # fmt: skip
-
-
-def _budget(budget: float | None) -> str:
-    return "unlimited" if budget is None else f"{budget:g} GB"
-
-
-def _per_token(seconds: float | None, tokens: int) -> float | None:
-    """Milliseconds per token, None when not measured."""
-    return 1e3 * seconds / tokens if seconds is not None and tokens else None
-
-
-def _mean(values: Any) -> float | None:
-    kept = [v for v in values if v is not None]
-    return statistics.fmean(kept) if kept else None
-
-
-def _pad_id(config: Any) -> int:
-    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        value = getattr(config, name, None)
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if isinstance(value, int):
-            return value
-    return 0
-
-
-def _hf_run(system: str, gen: HFGeneration, **settings: Any) -> SystemRun:
-    """A transformers decode as a ``SystemRun``; the first generated
-    token comes from the prefill, so the decode times the others."""
-    return SystemRun(
-        system=system,
-        tokens=gen.tokens,
-        prefill_s=gen.prefill_s,
-        decode_s=gen.decode_s,
-        decode_tokens=max(0, len(gen.tokens) - 1),
-        peak_gpu_bytes=gen.peak_gpu_bytes,
-        settings={**gen.settings, **settings},
-    )

@@ -41,7 +41,7 @@ wide copy kernel moves the layer's first ``STAGING_SLOTS`` missing experts into 
 buffer, where the expert kernel reads them (specter-models' ``stream_staging``; float16 only:
 in other dtypes it runs unstaged, and its records say ``stream_staging`` 0). It stays a
 variant: with the 32-column per-pair tile it no longer pays (DeepSeek-V2-Lite at 24 GB on
-the H200: 12.81 ms against ``specter``'s 12.64 ms, one process; docs/benchmarks.md).
+one H200: 12.81 ms against ``specter``'s 12.64 ms, one process).
 
 ``specter-held`` and ``specter-held0`` are ``specter`` whose verification launches before
 most of its plan's data copies are issued: the first ``HELD_LEAD`` loads (or none) go out
@@ -53,17 +53,16 @@ layer runs is streamed.
 publishes its routing counts (specter-cache's ``SpeculativePrefetcher(layerwise=True)``;
 specter-models' loader makes the counter publish on CUDA under a budget), so its prefetches
 go out while the draft still runs; ``specter-snapshot`` is ``specter`` planning from one
-snapshot after the draft instead (``specter`` before the thirtieth session; measured as
-``specter`` against ``specter-layerwise`` then).
+snapshot after the draft instead (the arm layer-by-layer planning replaced).
 
 ``specter``'s verifications wait, layer by layer, for the prefetches of that layer still in
-flight and read them from their slots (specter-models' ``stream_waits``, the default since
-the thirty-first session, measured then as ``specter-wait``); ``specter-no-wait`` (stream^)
-streams them meanwhile, so each such expert crosses the link twice (``specter`` before).
+flight and read them from their slots (specter-models' ``stream_waits``, the default);
+``specter-no-wait`` (stream^) streams them meanwhile, so each such expert crosses the link
+twice (the arm waiting replaced).
 
 ``specter-plain-pipe`` is ``specter-plain-fill`` with pipelined records (specter-models'
 ``StreamRecord.pipelined``): a step's fill candidates are chosen before the step before it
-is counted, so its launch does not wait for that step (on the H200 8-28% less time a token
+is counted, so its launch does not wait for that step (on one H200 8-28% less time a token
 than ``specter-plain-fill``; ``specter generate --depth 0`` decodes that way).
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
@@ -98,7 +97,8 @@ from specter_bench.model_loading import FILL_CANDIDATES, STAGING_SLOTS
 from specter_bench.system_run import SystemRun
 from specter_bench.unfused_draft import unfused_draft_kernel
 from specter_models import RowTruncation
-from specter_spec import AdaptiveDepth, AdaptiveDepthConfig, SpecController
+from specter_models.engine.decode_window import DecodeWindow, make_depth_policy
+from specter_spec import SpecController
 
 __all__ = [
     "ENGINE_SYSTEMS",
@@ -267,78 +267,6 @@ def _graph_stats(loaded: Any) -> dict[str, Any] | None:
     """The model's CUDA-graph counters for this decode (``SpecterModel.graph_stats``)."""
     stats = getattr(loaded, "graph_stats", None)
     return stats() if callable(stats) else None
-
-
-def make_depth_policy(depth: int | str, max_depth: int = 16) -> Any:
-    """A fixed depth K, or ``"auto"``: specter-spec's online ``AdaptiveDepth`` up to ``max_depth``.
-
-    Raises:
-        ValueError: a negative depth or an unknown word.
-    """
-    if depth == "auto":
-        return AdaptiveDepth(AdaptiveDepthConfig(max_depth=max_depth))
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-        raise ValueError(f"depth must be an int >= 0 or 'auto', got {depth!r}.")
-    return depth
-
-
-class DecodeWindow:
-    """A speculation observer that zeroes cache statistics when decoding starts.
-
-    The controller prefills, then starts the first iteration with ``on_draft_start``; at that
-    first call this observer resets the cache's (and prefetcher's) counters, so what they
-    hold afterwards covers the decode alone. Every call is forwarded to ``inner`` (the
-    prefetcher) when there is one.
-
-    Args:
-        cache: the expert cache.
-        inner: the prefetcher to forward phases to, or None (no draft-guided prefetch).
-        on_decode_start: called once when decoding starts (after the counters are zeroed).
-    """
-
-    def __init__(
-        self,
-        cache: Any,
-        inner: Any | None,
-        on_decode_start: Callable[[], None] | None = None,
-        *,
-        streamed_plain: bool = False,
-    ) -> None:
-        self.cache = cache
-        self.inner = inner
-        self.streamed_plain = streamed_plain
-        self.on_decode_start = on_decode_start
-        self.started = False
-
-    def on_draft_start(self, depth: int) -> None:
-        if not self.started:
-            self.started = True
-            self.cache.reset_stats()
-            if self.inner is not None:
-                self.inner.reset_stats()
-            if self.on_decode_start is not None:
-                self.on_decode_start()
-        if self.inner is not None:
-            self.inner.on_draft_start(depth)
-
-    def on_draft_token(self, index: int) -> None:
-        if self.inner is not None:
-            self.inner.on_draft_token(index)
-
-    def plain_steps_may_overlap(self) -> bool:
-        """True when plain steps have no cache work to keep in order, so the controller
-        queues them one ahead: every expert is resident (an unlimited budget), or the
-        system decodes plainly on the streamed path without prefetches (``streamed_plain``:
-        its steps load nothing; what they stream and fill is counted in order)."""
-        return self.streamed_plain or self.cache.every_layer_resident()
-
-    def on_verify_start(self, num_tokens: int) -> None:
-        if self.inner is not None:
-            self.inner.on_verify_start(num_tokens)
-
-    def on_verify_end(self, num_accepted: int) -> None:
-        if self.inner is not None:
-            self.inner.on_verify_end(num_accepted)
 
 
 class EngineSystemRunner:

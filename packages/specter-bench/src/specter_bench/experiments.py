@@ -1,4 +1,4 @@
-"""Experiments of BENCHMARK.md: which systems run at which budgets, and in what order.
+"""Experiments of docs/benchmarking.md: which systems run at which budgets, and in what order.
 
 An experiment is a list of *stages*, each one model build: the transformers reference
 (``hf``, ``hf-default``), one Specter load per (budget, with or without the INT4 draft), and
@@ -103,7 +103,7 @@ class BenchConfig:
         calibration_prompts: prompts after the measured ones (same source) whose target
             routing chooses each budget's pinned hot set; 0: no hot sets. The default,
             :data:`DEFAULT_CALIBRATION_PROMPTS`, is 8: on DeepSeek-V2-Lite's recorded routing
-            (24 HumanEval sequences, ``scripts/policy_replay.py``) a hot set counted on 8
+            (24 HumanEval sequences, ``specter policy-replay``) a hot set counted on 8
             decodes moved 8.7% fewer experts at 24 GB than one counted on 2.
         hot_experts_per_layer: pin this many experts per layer at every budget instead of
             the count the calibration replay chooses (None); the set is still the

@@ -1,7 +1,7 @@
 """The transformers baselines: ``hf`` (fastest configuration), ``hf-default`` and ``hf-offload``.
 
 ``hf`` is transformers' own ``generate`` with every weight on the GPU, in the fastest
-configuration found on the H200 (static KV cache, compiled; ``batched_mm`` experts for models
+configuration found on one H200 (static KV cache, compiled; ``batched_mm`` experts for models
 with small experts, prompt included; ``grouped_mm`` for large ones, since ``batched_mm``
 gathers one copy of the expert weights per routed pair: 68 GiB for a HumanEval prompt on
 Phi-3.5-MoE; ``batched_mm`` decode steps with a ``grouped_mm`` prompt is a third choice,
@@ -40,13 +40,13 @@ of one token (a decode step), ``grouped_mm`` for more (the prompt)."""
 HF_DECODE_EXPERTS = ("auto", "batched_mm", "grouped_mm", "batched_mm_prompt_too")
 """The experts implementations ``hf`` may decode with (``HFRunner(decode_experts=)``):
 ``batched_mm`` decodes with it and prefills through ``grouped_mm``; ``batched_mm_prompt_too``
-is transformers' own ``batched_mm`` for both (the configuration BENCHMARK.md measured at
+is transformers' own ``batched_mm`` for both (the configuration docs/benchmarking.md measured at
 7.0 ms/token on DeepSeek-V2-Lite; its prompt gathers one expert copy per routed pair)."""
 
 BATCHED_MM_MAX_EXPERT_PARAMS = 32_000_000
 """``auto``'s rule: ``batched_mm`` decodes while one expert has at most this many weights.
-Measured on the H200 (static cache, compiled): DeepSeek-V2-Lite's 8.7 M-weight experts are
-fastest with ``batched_mm`` (BENCHMARK.md); Phi-3.5-MoE's 78.6 M-weight experts take
+Measured on one H200 (static cache, compiled): DeepSeek-V2-Lite's 8.7 M-weight experts are
+fastest with ``batched_mm`` (docs/benchmarking.md); Phi-3.5-MoE's 78.6 M-weight experts take
 40.6 ms/token with it against 14.4 ms with ``grouped_mm`` (it copies ``k`` experts per token)."""
 
 HF_CONFIGS = {
@@ -84,8 +84,8 @@ def batched_mm_decode_experts_forward(
     """transformers' ``batched_mm`` experts for ``hidden_states [1, H]``, ``grouped_mm`` for
     ``[T > 1, H]``.
 
-    ``batched_mm`` gathers ``T * k`` expert weight copies, cheap for one token and the fastest
-    decode step BENCHMARK.md measured, but ``T * k * expert bytes`` for a prompt. The branch is
+    ``batched_mm`` gathers ``T * k`` expert weight copies, cheap for one token and the
+    fastest decode step measured, but ``T * k * expert bytes`` for a prompt. The branch is
     on a shape, so a compiled decode step keeps ``batched_mm`` alone.
     """
     from transformers.integrations import moe
@@ -106,7 +106,7 @@ def _allow_one_compile_per_layer(model: torch.nn.Module) -> int:
 
     A graph break inside a decoder layer (PhiMoE's router) makes dynamo compile each layer's
     forward on its own, specialised on ``layer_idx``; with the default limit of 8 the layers
-    past the eighth ran eagerly (Phi-3.5-MoE's ``hf`` decode step: 49.9 ms on the H200).
+    past the eighth ran eagerly (Phi-3.5-MoE's ``hf`` decode step: 49.9 ms on one H200).
     Returns the limit now in force.
     """
     import torch._dynamo.config as dynamo_config
@@ -297,7 +297,7 @@ def offload_model(model: torch.nn.Module, gpu_memory_gb: float, device: int = 0)
         The device map (module name -> device), for the record.
 
     Raises:
-        ImportError: accelerate is not installed (it ships on the GPU machine's image).
+        ImportError: accelerate is not installed (``pip install accelerate``).
     """
     try:
         from accelerate import dispatch_model, infer_auto_device_map

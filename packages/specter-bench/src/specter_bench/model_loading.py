@@ -8,18 +8,20 @@ config, to the weights' description recorded in results, and to loaded models.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, PretrainedConfig
 
-from specter_bench.prompt_encoding import ByteTokenizer
+from specter_models.engine import PLAIN_STREAM_FILLS
+from specter_models.engine.model_source import is_checkpoint, load_tokenizer, model_config
+from specter_models.tokenizers import ByteTokenizer
 
 __all__ = [
+    "FILL_CANDIDATES",
+    "STAGING_SLOTS",
     "EngineOptions",
     "build_hf_model",
     "is_checkpoint",
@@ -31,34 +33,6 @@ __all__ = [
     "tokenizer_name",
     "weights_description",
 ]
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
-
-def is_checkpoint(model: str) -> bool:
-    """Whether ``model`` names a checkpoint folder (a directory holding ``config.json``)."""
-    return (Path(model) / "config.json").is_file()
-
-
-def model_config(model: str) -> PretrainedConfig:
-    """The transformers config of a preset, the demo model or a checkpoint folder.
-
-    Raises:
-        KeyError: not a preset and not a checkpoint folder (the message lists the presets).
-        FileNotFoundError: the demo checkpoint is missing from this installation.
-    """
-    from specter_models.presets import DEMO_MODEL, demo_model_path, preset_config
-
-    if is_checkpoint(model):
-        return AutoConfig.from_pretrained(model)
-    if model == DEMO_MODEL:
-        return AutoConfig.from_pretrained(demo_model_path())
-    if Path(model).exists():
-        raise FileNotFoundError(
-            f"{model} has no config.json; a checkpoint folder holds config.json and "
-            "*.safetensors (as save_pretrained writes them)."
-        )
-    return preset_config(model)
 
 
 def weights_description(model: str, seed: int) -> str:
@@ -77,28 +51,6 @@ def model_name(model: str) -> str:
     return Path(model).name if is_checkpoint(model) else model
 
 
-def load_tokenizer(model: str, vocab_size: int | None = None) -> Any:
-    """The checkpoint's tokenizer, or a :class:`ByteTokenizer` for random-weight presets.
-
-    Args:
-        model: the model argument.
-        vocab_size: the model's vocabulary (small test vocabularies fold bytes into it).
-
-    Raises:
-        FileNotFoundError: the demo checkpoint is missing from this installation.
-    """
-    from specter_models.presets import DEMO_MODEL, demo_model_path
-
-    folder = (
-        demo_model_path() if model == DEMO_MODEL else Path(model) if is_checkpoint(model) else None
-    )
-    if folder is not None and any((folder / name).is_file() for name in _TOKENIZER_FILES):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(folder)
-    return ByteTokenizer(vocab_size=vocab_size)
-
-
 def tokenizer_name(tokenizer: Any) -> str:
     """What a record says about the tokenizer."""
     if isinstance(tokenizer, ByteTokenizer):
@@ -106,9 +58,9 @@ def tokenizer_name(tokenizer: Any) -> str:
     return f"{type(tokenizer).__name__} (vocab {len(tokenizer)})"
 
 
-FILL_CANDIDATES = 8
+FILL_CANDIDATES = PLAIN_STREAM_FILLS
 """Candidate slots per layer of the bench's ``specter-fill`` (a stage that runs it loads a
-stream record this wide)."""
+stream record this wide), as plain streamed decoding fills by default."""
 
 STAGING_SLOTS = 8
 """FP16 experts of the staging buffer of the bench's ``specter-staged`` (a float16 stage that
@@ -118,7 +70,7 @@ under a budget is its own)."""
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """The ``specter_models.load`` switches every engine system of a run shares.
+    """The loader switches every engine system of a run shares.
 
     Attributes:
         batch_invariant: batch-invariant verification (None: the loader decides, on for
@@ -126,17 +78,17 @@ class EngineOptions:
         cuda_graphs: decode steps as CUDA graphs (None: the loader decides, on for CUDA).
         piecewise_graphs: graph the target under a budget too, piecewise (None: the
             loader decides, on with CUDA graphs).
-        miss_path: ``"load"`` or ``"stream"`` (``specter_models.load(miss_path=)``); the
+        miss_path: ``"load"`` or ``"stream"`` (``MemoryConfig.miss_path``); the
             bench's systems set their own before each decode.
-        stream_fills: ``specter_models.load(stream_fills=)``: candidate slots per layer a
+        stream_fills: ``MemoryConfig.stream_fills``: candidate slots per layer a
             streamed verification fills, at most (0: none, and no fill launches; a bench
             stage loads with the most its systems use, and each sets its own before a
             decode).
-        stream_staging: ``specter_models.load(stream_staging=)``: FP16 experts of the
+        stream_staging: ``MemoryConfig.stream_staging``: FP16 experts of the
             streamed path's staging buffer (0: none; float16 only; a bench stage loads with
             the most its systems use, and each sets its own before a decode).
-        shared_overlap: the shared experts on a side stream (``specter_models.load(
-            shared_overlap=)``; None: the loader decides, on).
+        shared_overlap: the shared experts on a side stream (``KernelConfig.shared_overlap``;
+            None: the loader decides, on).
     """
 
     batch_invariant: bool | None = None
@@ -163,9 +115,16 @@ class EngineOptions:
             getattr(args, "shared_overlap", None),
         )
 
-    def load_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``specter_models.load``."""
-        return dataclasses.asdict(self)
+    def kernel_config(self) -> Any:
+        """The ``specter_models.KernelConfig`` of these switches."""
+        from specter_models import KernelConfig
+
+        return KernelConfig(
+            batch_invariant=self.batch_invariant,
+            cuda_graphs=self.cuda_graphs,
+            piecewise_graphs=self.piecewise_graphs,
+            shared_overlap=self.shared_overlap,
+        )
 
 
 def load_engine(
@@ -194,20 +153,27 @@ def load_engine(
         ValueError, MemoryBudgetError, FileNotFoundError: from ``specter_models.load``.
     """
     import specter_models
+    from specter_models import EngineConfig, LoadConfig, MemoryConfig, SpeculationConfig
 
+    config = EngineConfig(
+        load=LoadConfig(model=model, device=device, dtype=str(dtype).removeprefix("torch."),
+                        weights_seed=seed),
+        memory=MemoryConfig(
+            gpu_memory_gb=budget_gb,
+            slots_per_layer=slots_per_layer,
+            miss_path=options.miss_path,
+            stream_fills=options.stream_fills,
+            stream_staging=options.stream_staging,
+            max_seq_len=max_seq_len,
+        ),
+        kernels=options.kernel_config(),
+        speculation=SpeculationConfig(depth="auto" if with_draft else 0),
+    )  # fmt: skip
     return specter_models.load(
-        model,
-        gpu_memory_gb=budget_gb,
-        slots_per_layer=slots_per_layer,
-        device=device,
-        dtype=dtype,
-        draft="rtn" if with_draft else None,
+        config,
         policy=policy,
-        seed=seed,
-        max_seq_len=max_seq_len,
         hot_experts=hot_experts,
         draft_pruned_experts=draft_pruned_experts if with_draft else None,
-        **options.load_kwargs(),
     )
 
 

@@ -18,7 +18,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from specter_bench.bench_record import budget_label
-from specter_bench.tables import summarize_tpot, system_order
+from specter_bench.table_format import system_order
+from specter_bench.tpot_tables import summarize_tpot
 
 __all__ = [
     "plot_depth_sweep",

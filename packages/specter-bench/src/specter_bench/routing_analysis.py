@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specter_cache import windowed_trace
+from specter_cache.trace_simulation import windowed_trace
 
 __all__ = [
     "DEFAULT_DEPTHS",
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
-"""Depths of the working-set experiment (issue 7, item 4)."""
+"""Depths of the working-set experiment."""
 
 
 def check_routing(routing: torch.Tensor, name: str = "routing") -> torch.Tensor:

@@ -5,7 +5,7 @@ Terms, counted per acquire (one layer's verification needs):
 * hit: a needed expert already resident or in flight (no load issued by the acquire).
 * miss: a needed expert the acquire had to load on demand (or, on the streamed miss path, that
   the verification read in place from host memory: a *streamed read*, whose bytes count in
-  ``bytes_moved`` and ``streamed_bytes``; see ``ExpertCache.record_streamed``). A streamed
+  ``bytes_moved`` and ``streamed_bytes``; see ``StreamedMisses.record_streamed``). A streamed
   read that also filled a spare slot is a *streamed fill*: no bytes beyond the read.
 * prefetch load: an expert loaded by ``prefetch``; it is *used* when an acquire needs it
   before it is evicted or its prefetch window ends (``expire_prefetches``), else *wasted*.

@@ -37,7 +37,7 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F8_E5M2": torch.float8_e5m2,
 }
 
-# A header larger than this is not a safetensors file we should trust (the reference
+# A header larger than this is not a safetensors file to trust (the reference
 # implementation uses the same 100 MB limit).
 _MAX_HEADER_BYTES = 100_000_000
 

@@ -30,19 +30,6 @@ Backend = Literal["triton", "torch"]
 _CHOICES = ("auto", "triton", "torch")
 
 
-def env_switch(name: str, default: bool = True) -> bool:
-    """An on/off switch from the environment: ``$name`` ``0`` or ``off`` is off, ``1`` or
-    ``on`` is on (any case, spaces ignored), unset or anything else is ``default``. The
-    fusion switches (``SPECTER_ROUTER_ONE_LAUNCH``, ``SPECTER_MLA_FUSED_UV``, ...) read it
-    once at import, for A/B runs."""
-    value = os.environ.get(name, "").strip().lower()
-    if value in ("0", "off"):
-        return False
-    if value in ("1", "on"):
-        return True
-    return default
-
-
 def triton_available() -> bool:
     """Whether the ``triton`` package can be imported in this environment."""
     return importlib.util.find_spec("triton") is not None

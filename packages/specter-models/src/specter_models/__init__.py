@@ -1,11 +1,25 @@
 """specter-models.
 
 DeepSeek-V2, Qwen1.5-MoE and Phi-3.5-MoE on transformers' own model classes with offloaded
-FP16 experts and a shared-weight INT4 draft: ``load`` a checkpoint or preset and hand its
-``draft``, ``target`` and ``prefetcher`` to specter-spec's ``SpecController``.
+FP16 experts and a shared-weight INT4 draft. ``Engine.from_config(EngineConfig(...))`` sets
+up the whole fast path and ``Engine.generate`` streams completions; ``load`` gives the
+``SpecterModel`` of a config alone, whose ``draft``, ``target`` and ``prefetcher`` go to
+specter-spec's ``SpecController``.
 """
 
 from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, architecture_for
+from specter_models.engine import (
+    DraftDoesNotFitError,
+    Engine,
+    EngineConfig,
+    Generation,
+    GenerationChunk,
+    KernelConfig,
+    LoadConfig,
+    MemoryConfig,
+    SpeculationConfig,
+    load,
+)
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.hot_experts import (
     HotExpertChoice,
@@ -19,7 +33,6 @@ from specter_models.hot_experts import (
     routing_counts,
 )
 from specter_models.kv_cache import StaticKVCache
-from specter_models.loader import load
 from specter_models.memory_meter import MemoryPeaks
 from specter_models.memory_plan import MemoryBudgetError, MemoryPlan, plan_memory
 from specter_models.presets import (
@@ -39,6 +52,7 @@ from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
 from specter_models.specter_experts import SpecterExperts
 from specter_models.specter_model import MemoryReport, SpecterModel
 from specter_models.streamed_misses import DEFAULT_STREAM_FILLS, MISS_PATHS
+from specter_models.tokenizers import ByteTokenizer
 
 __version__ = "0.1.0"
 
@@ -51,11 +65,20 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "TINY_PRESETS",
     "Architecture",
+    "ByteTokenizer",
+    "DraftDoesNotFitError",
     "DraftModel",
+    "Engine",
+    "EngineConfig",
     "ExpertsMode",
     "ExpertsRuntime",
+    "Generation",
+    "GenerationChunk",
     "HotExpertChoice",
+    "KernelConfig",
+    "LoadConfig",
     "MemoryBudgetError",
+    "MemoryConfig",
     "MemoryPeaks",
     "MemoryPlan",
     "MemoryReport",
@@ -66,6 +89,7 @@ __all__ = [
     "SharedKV",
     "SpecterExperts",
     "SpecterModel",
+    "SpeculationConfig",
     "StaticKVCache",
     "TargetModel",
     "__version__",

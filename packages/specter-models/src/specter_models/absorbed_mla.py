@@ -15,7 +15,7 @@ the cache::
 
 On CUDA the last line runs inside ``mla_attention``'s merge kernel (its ``w_uv``), which
 writes ``out`` as ``[T, H, v]``, the layout ``o_proj`` reads: one launch instead of the merge,
-the ``bmm`` and its round trip (``SPECTER_MLA_FUSED_UV=0`` keeps the ``bmm``).
+the ``bmm`` and its round trip.
 
 The projections, the kv norm, the rotary embedding and the cache writes are transformers'
 own calls in transformers' order, so the cache holds the same bits as before; only the
@@ -27,10 +27,10 @@ invariant by construction.
 With Specter's fused RMSNorm and rotary kernels installed, on CUDA, over a
 :class:`~specter_models.kv_cache.StaticKVCache`, the latent norm, both rotations and the two
 cache writes run as one launch (specter-kernels ``mla_prologue``), which writes the bits
-those kernels and copies write. ``SPECTER_MLA_PROLOGUE=0`` (read at import) keeps them apart.
-That launch computes ``q_lat`` too in decode and verification steps
-(``mla_prologue_absorb``), beside the prologue rather than after it;
-``SPECTER_MLA_FUSED_ABSORB=0`` (read at import) keeps the ``bmm`` after it.
+those kernels and copies write. That launch computes ``q_lat`` too in decode and verification
+steps (``mla_prologue_absorb``), beside the prologue rather than after it: on an H200
+DeepSeek-V2-Lite's all-resident plain step took 2.077 ms with it against 2.088 ms with the
+``bmm`` after the prologue.
 
 The replacement takes batch size one with ``sdpa`` or ``eager`` attention (what Specter
 runs); anything else falls back to transformers' forward.
@@ -52,41 +52,23 @@ from specter_kernels import (
     mla_prologue,
     mla_prologue_absorb,
 )
-from specter_kernels.backend import env_switch
 from specter_models.fused_rotary import rotary_applies
 from specter_models.kv_cache import StaticKVCache, StaticKVLayer
 from specter_models.module_patches import patch_forwards
 
 SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager")
 
-MLA_PROLOGUE = env_switch("SPECTER_MLA_PROLOGUE")
-"""Whether the latent norm, the rotations and the cache writes run as one launch where they
-can (``SPECTER_MLA_PROLOGUE=0`` at import keeps them apart; tests flip this constant)."""
-
-
-MLA_FUSED_UV = env_switch("SPECTER_MLA_FUSED_UV")
-"""Whether the value up-projection runs inside the attention's merge kernel on CUDA
-(``SPECTER_MLA_FUSED_UV=0`` at import keeps it a separate ``bmm``; tests flip this constant)."""
-
-
-MLA_FUSED_ABSORB = env_switch("SPECTER_MLA_FUSED_ABSORB")
-"""Whether the prologue's launch also absorbs the queries (``q_lat = q_nope @ W_UK``,
-specter-kernels ``mla_prologue_absorb``) in forwards of at most :data:`ABSORB_MAX_ROWS`
-rows, instead of a ``bmm`` after it (``SPECTER_MLA_FUSED_ABSORB=0`` at import keeps the
-``bmm``; tests flip this constant). On the H200 DeepSeek-V2-Lite's all-resident plain step
-took 2.077 ms with it against 2.088 without (fortieth session)."""
-
 ABSORB_MAX_ROWS = 32
-"""The widest forward whose queries the prologue absorbs: every decode and verification
+"""The widest forward whose queries the prologue's launch also absorbs (``q_lat = q_nope @
+W_UK``, specter-kernels ``mla_prologue_absorb``): every decode and verification
 step (the step graphs' widest row bucket). A prefill keeps the ``bmm``: its rows are no
 decode step's, so they need not share its arithmetic."""
 
 
 def fused_value_projection(q_lat: torch.Tensor) -> bool:
     """Whether the absorbed forward hands ``W_UV`` to ``mla_attention`` (its merge kernel
-    applies it) instead of running a ``bmm`` after it: CUDA half-precision queries, with
-    :data:`MLA_FUSED_UV` on."""
-    return MLA_FUSED_UV and q_lat.is_cuda and q_lat.dtype in (torch.float16, torch.bfloat16)
+    applies it) instead of running a ``bmm`` after it: CUDA half-precision queries."""
+    return q_lat.is_cuda and q_lat.dtype in (torch.float16, torch.bfloat16)
 
 
 FUSED_Q_KV_A = "_specter_q_kv_a"
@@ -157,7 +139,7 @@ def _absorbed_forward(module: nn.Module, plain: Callable[..., Any]) -> Callable[
                 q_pe[0].transpose(0, 1), kv_nope[0], key_pe, norm.weight, norm.variance_epsilon,
                 freqs, layer.keys[0, 0], layer.values[0, 0], rows,
             )  # fmt: skip
-            if MLA_FUSED_ABSORB and T <= ABSORB_MAX_ROWS:
+            if T <= ABSORB_MAX_ROWS:
                 q_pe, q_lat = mla_prologue_absorb(
                     *args, q_nope[0].transpose(0, 1), w_kv_b[:, :nope]
                 )
@@ -196,13 +178,12 @@ def _prologue_layer(
     freqs: torch.Tensor,
 ) -> StaticKVLayer | None:
     """The cache layer the one-launch prologue writes, or None where the parts run apart:
-    the switch is off, Specter's fused norm or rotary is not installed on this module (the
+    Specter's fused norm or rotary is not installed on this module (the
     prologue gives their bits, not transformers'), the inputs are not CUDA floats the fused
     kernels take, or the cache is not a :class:`StaticKVCache`."""
     norm = module.kv_a_layernorm
     if not (
-        MLA_PROLOGUE
-        and isinstance(past_key_values, StaticKVCache)
+        isinstance(past_key_values, StaticKVCache)
         and getattr(norm, "_specter_fused", False)
         and getattr(module, "_specter_fused_rotary", False)
         and norm.weight.dtype in FLOAT_DTYPES

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from specter_cache import SafetensorsFile, TensorSlice
+from specter_cache.expert_store import TensorSlice
+from specter_cache.safetensors_file import SafetensorsFile
 from specter_models.architecture import Architecture, MoeLayer
 
 INDEX_FILE = "model.safetensors.index.json"

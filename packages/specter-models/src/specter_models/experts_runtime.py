@@ -173,7 +173,7 @@ class ExpertsRuntime:
     @property
     def stream_waits(self) -> bool:
         """Whether a streamed verification waits at each layer for the layer's loads in
-        flight (``ExpertCache.wait_for_landing``) instead of streaming those experts
+        flight (``StreamedMisses.wait_for_landing``) instead of streaming those experts
         (``streamed_misses``). Set it between forwards; graphs are captured per value.
 
         Raises:

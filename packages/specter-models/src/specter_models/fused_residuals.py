@@ -17,16 +17,15 @@ forward that runs the same calls with two fewer launches:
   blocks), the block's ``routed + shared`` and the layer's residual add as one
   ``residual_add``; other MLPs (DeepSeek-V2's dense first layer) keep the layer's add;
 * in that launch also the next layer's ``input_layernorm`` (the last layer's: the model's
-  final norm) of the layer's output, handed to that norm (``link_next_norms`` names it;
-  ``shared_overlap``'s ``FUSED_NEXT_NORM``): one launch fewer again.
+  final norm) of the layer's output, handed to that norm (``link_next_norms`` names it):
+  one launch fewer again.
 
 Both kernels round as torch's adds round and normalise as Specter's fused RMSNorm does, so
 the layer's outputs, its cache writes and the model's logits keep their bits. The fused
 forward applies where Specter's fused RMSNorm does (``fused_norms``: CUDA, half or float
 tensors, the norm module patched by it) and the attention output has the residual's dtype;
 elsewhere (the CPU, float64, ``fused_norms=False``, extra positional arguments) the layer
-runs transformers' forward. ``SPECTER_FUSED_RESIDUALS=0`` (read at import) keeps the adds
-apart in every patched layer.
+runs transformers' forward.
 """
 
 from __future__ import annotations
@@ -38,22 +37,16 @@ import torch
 from torch import nn
 
 from specter_kernels import add_rms_norm
-from specter_kernels.backend import env_switch
 from specter_models.fused_norms import fused_applies, is_rms_norm
 from specter_models.module_patches import patch_forwards
 
 __all__ = [
-    "FUSED_RESIDUALS",
     "NEXT_NORM",
     "TAKES_RESIDUAL",
     "install_fused_residuals",
     "is_pre_norm_layer",
     "link_next_norms",
 ]
-
-FUSED_RESIDUALS = env_switch("SPECTER_FUSED_RESIDUALS")
-"""Whether patched layers fuse their adds (``SPECTER_FUSED_RESIDUALS=0`` at import keeps
-them apart, for A/B runs; tests flip this constant)."""
 
 TAKES_RESIDUAL = "_specter_takes_residual"
 """The attribute marking an MLP block whose forward takes ``residual=`` and returns
@@ -116,9 +109,7 @@ def _fused_forward(layer: nn.Module, plain: Callable[..., Any]) -> Callable[...,
     def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         post = layer.post_attention_layernorm
         if args or not (
-            FUSED_RESIDUALS
-            and getattr(post, "_specter_fused", False)
-            and fused_applies(hidden_states, post.weight)
+            getattr(post, "_specter_fused", False) and fused_applies(hidden_states, post.weight)
         ):
             return plain(hidden_states, *args, **kwargs)
         residual = hidden_states

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PretrainedConfig
 
-from specter_cache import simulate_policy, windowed_trace
+from specter_cache import simulate_policy
+from specter_cache.trace_simulation import windowed_trace
 from specter_models.memory_plan import (
     DEFAULT_MAX_SEQ_LEN,
     DEFAULT_MAX_VERIFY_ROWS,
@@ -97,7 +98,7 @@ def hottest_experts(counts: torch.Tensor, per_layer: int) -> list[list[int]]:
 
 def coldest_experts(counts: torch.Tensor, per_layer: int) -> list[list[int]]:
     """The ``per_layer`` least routed experts of each layer, sorted by id: a pruned draft's
-    experts (``load(draft_pruned_experts=)``).
+    experts (``load_model(draft_pruned_experts=)``).
 
     Ties go to the higher id, so that with ``h + p <= E`` the ``p`` coldest never meet
     :func:`hottest_experts`' ``h`` (whose ties go to the lower id).
@@ -163,14 +164,14 @@ class HotExpertChoice:
 
     Attributes:
         per_layer: pinned experts per layer ``h`` (0: pinning does not pay here).
-        hot_experts: ``hot_experts[layer]`` for ``load(hot_experts=)`` (empty lists when 0),
+        hot_experts: ``hot_experts[layer]`` for ``load_model(hot_experts=)`` (empty lists when 0),
             chosen on the whole calibration routing.
         slots_per_layer: the FP16 slots per layer the budget gives with ``h`` pinned.
         loads: candidate ``h`` -> expert loads of the cross-validated replay (the choice
             has the fewest; a candidate the budget cannot hold is absent; empty when every
             expert is resident and nothing was replayed).
         window: tokens per replayed step.
-        pruned_experts: ``pruned_experts[layer]`` for ``load(draft_pruned_experts=)``: the
+        pruned_experts: ``pruned_experts[layer]`` for ``load_model(draft_pruned_experts=)``: the
             ``pruned_per_layer`` least routed experts of the whole calibration routing
             (empty lists when none), which every candidate's plan counted.
     """
@@ -220,7 +221,7 @@ def choose_hot_experts(
     draft_group_size: int | None = None,
     pruned_per_layer: int | str = 0,
 ) -> HotExpertChoice:
-    """Pick ``h`` and the hot sets for ``load(..., hot_experts=)`` at a budget.
+    """Pick ``h`` and the hot sets for ``load_model(..., hot_experts=)`` at a budget.
 
     Each candidate ``h`` gets its memory plan (``plan_memory(hot_experts_per_layer=h)``);
     the calibration routing, in steps of ``window`` tokens (a verification of ``window - 1``

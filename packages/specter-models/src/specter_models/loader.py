@@ -1,4 +1,7 @@
-"""``specter_models.load``: a checkpoint or preset, ready for speculative decoding.
+"""``load_model``: a checkpoint or preset, ready for speculative decoding, every knob explicit.
+
+This is the low-level builder under ``specter_models.load`` and ``specter_models.Engine``
+(which take typed configs); tests and benchmarks that compare one switch use it directly.
 
 Loading builds transformers' own model with its routed experts swapped out, puts every
 non-expert weight on the device, streams the routed experts one at a time into
@@ -76,7 +79,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-def load(
+def load_model(
     path_or_preset: str | os.PathLike[str],
     *,
     gpu_memory_gb: float | None = None,
@@ -376,7 +379,7 @@ def load(
     if draft is not None and device.type == "cuda" and plan.slots_per_layer < E:
         # Each draft layer's counts reach the host as the draft runs (same launch as the
         # count), so the prefetcher plans each draft's final prefetch layer by layer while
-        # the draft computes (DeepSeek-V2-Lite at 24 GB on the H200: 8.97-9.25 ms a token
+        # the draft computes (DeepSeek-V2-Lite at 24 GB on one H200: 8.97-9.25 ms a token
         # against 10.76-10.93 with a final snapshot, one process each order).
         counter.publish(observe_and_publish)
     prefetcher = SpeculativePrefetcher(cache, counter, layerwise=counter.publishing)

@@ -26,9 +26,9 @@ from specter_models.model_builder import build_on_meta
 
 GB = 1e9
 # cuBLAS workspaces, allocator rounding and small tensors the estimate does not itemise.
-# 512 MiB: the bench's decodes on the H200 peaked up to 0.19 GB over plans made with 256
-# (DeepSeek-V2-Lite 24 GB: spec-lru's token-wise verification on piecewise graphs the most,
-# thirty-fourth and thirty-sixth sessions), so some ran 0.02-0.05 GB over their budget.
+# 512 MiB: the bench's decodes on one H200 peaked up to 0.19 GB over plans made with 256
+# (DeepSeek-V2-Lite 24 GB: spec-lru's token-wise verification on piecewise graphs the most),
+# so some ran 0.02-0.05 GB over their budget.
 WORKSPACE_RESERVE_BYTES = 512 * 2**20
 DEFAULT_MAX_SEQ_LEN = 2048
 DEFAULT_MAX_VERIFY_ROWS = 33  # a verification of depth 32
@@ -200,7 +200,7 @@ def plan_memory(
             slot per layer beyond them must stay evictable.
         staging_slots: FP16 experts of the streamed path's staging buffer (fixed state).
         pruned_experts_per_layer: experts per layer the draft skips: neither pinned nor
-            given an INT4 copy (``load(draft_pruned_experts=)``); with the hot ones, at most
+            given an INT4 copy (``load_model(draft_pruned_experts=)``); with the hot ones, at most
             ``E - 1`` (one expert stays INT4).
 
     Returns:

@@ -1,7 +1,7 @@
 """Named model configurations: the three full-size models, tiny test models and the demo.
 
 Full-size presets reproduce the real models' transformers configurations (shape for shape:
-the parameter counts match shared/BENCHMARK.md) so that Specter can be measured on them with
+the parameter counts match docs/benchmarking.md) so that Specter can be measured on them with
 seeded random weights, since no weights can be downloaded here. Two deliberate differences
 from the published configs, neither of which changes a shape or a FLOP:
 
@@ -277,7 +277,7 @@ def demo_model_path() -> Path:
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(
             f"the demo checkpoint {DEMO_MODEL!r} is not in this installation (looked for "
-            f"{folder}/config.json). It is produced by scripts/train_moe.py (see "
+            f"{folder}/config.json). It is produced by `specter train` (see "
             "docs/training.md) and shipped in specter_models/data/; train it or pass another "
             "checkpoint folder or a preset name."
         )

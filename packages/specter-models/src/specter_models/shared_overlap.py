@@ -46,7 +46,6 @@ from specter_kernels import (
     residual_add_routed_pairs,
     residual_add_routed_pairs_rms_norm,
 )
-from specter_kernels.backend import env_switch
 from specter_models import fused_norms
 from specter_models.experts_runtime import ExpertsRuntime
 from specter_models.fused_residuals import TAKES_RESIDUAL
@@ -54,23 +53,11 @@ from specter_models.module_patches import patch_forwards
 from specter_models.specter_experts import SpecterExperts
 
 __all__ = [
-    "FUSED_NEXT_NORM",
-    "FUSED_PAIR_JOIN",
     "RoutedPairs",
     "SharedExpertOverlap",
     "install_shared_expert_overlap",
     "shared_branches",
 ]
-
-FUSED_PAIR_JOIN = env_switch("SPECTER_FUSED_PAIR_JOIN")
-"""Whether a block's join sums the routed pairs too (``SPECTER_FUSED_PAIR_JOIN=0`` at import
-keeps the pair sum apart, for A/B runs; tests flip this constant)."""
-
-
-FUSED_NEXT_NORM = env_switch("SPECTER_FUSED_NEXT_NORM")
-"""Whether a block's join also normalises its output for the next layer's input norm (or the
-model's final norm) when the layer names it (``SPECTER_FUSED_NEXT_NORM=0`` at import keeps
-the norm apart, for A/B runs; tests flip this constant)."""
 
 
 class RoutedPairs(NamedTuple):
@@ -181,7 +168,7 @@ class SharedExpertOverlap:
             device = torch.device("cuda", torch.cuda.current_device())
         if device in self._streams:
             return
-        from specter_kernels.invariant_matmul_triton import split_counters  # Triton: CUDA only
+        from specter_kernels.invariant.matmul_triton import split_counters  # Triton: CUDA only
 
         self._counters[device] = split_counters(device)
         self._streams[device] = torch.cuda.Stream(device)
@@ -210,11 +197,11 @@ class SharedExpertOverlap:
         ``next_norm`` too (the fused RMSNorm the layer's output goes to next), the same
         launch normalises the output for it (``*_rms_norm``, its bits) and hands the result
         over (``fused_norms.hand_normed``), so that norm launches nothing."""
-        keep = residual is not None and FUSED_PAIR_JOIN
+        keep = residual is not None
         side = self.side_stream(x)
         if side is None:
             return _join(routed(x, keep), shared(x), residual, next_norm)
-        from specter_kernels.invariant_matmul_triton import counters_in  # Triton: CUDA only
+        from specter_kernels.invariant.matmul_triton import counters_in  # Triton: CUDA only
 
         main = torch.cuda.current_stream(x.device)
         side.wait_stream(main)  # x is ready
@@ -261,10 +248,9 @@ def _join(
 def _fusable_norm(
     norm: nn.Module | None, residual: torch.Tensor, *parts: torch.Tensor
 ) -> nn.Module | None:
-    """``norm`` when the join can normalise for it (the switch on, a norm that
-    ``fused_norms`` patched and whose fused kernel applies, every part of the residual's
-    shape and dtype), else None."""
-    if norm is None or not FUSED_NEXT_NORM or not getattr(norm, "_specter_fused", False):
+    """``norm`` when the join can normalise for it (a norm that ``fused_norms`` patched and
+    whose fused kernel applies, every part of the residual's shape and dtype), else None."""
+    if norm is None or not getattr(norm, "_specter_fused", False):
         return None
     if not fused_norms.fused_applies(residual, norm.weight):
         return None

@@ -362,7 +362,7 @@ class SpecterExperts(nn.Module):
         slots = cache.slot_tensors(layer)
         mapping = cache.expert_to_slot(layer)
         if self.runtime.stream_waits:  # this layer's prefetches land before the map is read
-            cache.wait_for_landing(layer)
+            cache.streamed.wait_for_landing(layer)
         if fills is not None:
             # Missing routed experts the host has no slot for (loads in flight keep theirs),
             # ranked onto this layer's candidate slots (their experts leave the map here).
@@ -410,8 +410,8 @@ class SpecterExperts(nn.Module):
         if self._streamed is None or self._streamed.w13_addresses.device != device:
             cache = self.runtime.cache
             self._streamed = StreamedExperts.from_tensors(
-                cache.host_tensors(self.layer, "gate_up"),
-                cache.host_tensors(self.layer, "down"),
+                cache.streamed.host_tensors(self.layer, "gate_up"),
+                cache.streamed.host_tensors(self.layer, "down"),
                 device,
             )
         return self._streamed

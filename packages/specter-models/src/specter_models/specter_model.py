@@ -72,7 +72,8 @@ class SpecterModel:
 
     Example:
         >>> from specter_spec import SpecController
-        >>> lm = specter_models.load("tiny-deepseek-v2", device="cpu")  # doctest: +SKIP
+        >>> from specter_models.loader import load_model
+        >>> lm = load_model("tiny-deepseek-v2", device="cpu")  # doctest: +SKIP
         >>> SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4)  # doctest: +SKIP
     """
 
@@ -128,13 +129,13 @@ class SpecterModel:
 
     @property
     def hot_experts(self) -> list[list[int]]:
-        """The pinned hot set per MoE layer (``load(hot_experts=)``), empty lists when none:
+        """The pinned hot set per MoE layer (``load_model(hot_experts=)``), empty lists when none:
         kept in FP16 slots for good; the draft computes them from those slots."""
         return [list(self.cache.pinned(layer)) for layer in range(self.cache.num_layers)]
 
     @property
     def draft_pruned_experts(self) -> list[list[int]]:
-        """The experts the draft skips per MoE layer (``load(draft_pruned_experts=)``), empty
+        """The experts the draft skips per MoE layer (``load_model(draft_pruned_experts=)``), empty
         lists when none."""
         return [list(module.pruned_experts) for module in self.experts]
 
@@ -164,7 +165,7 @@ class SpecterModel:
         """On the streamed miss path, candidate slots per layer a verification fills with
         the experts it streams, which are then resident for no extra transfer (0, the
         default: none; ``streamed_misses``). Set it between forwards, at most the value
-        ``load(stream_fills=)`` gave (the stream record's width)."""
+        ``load_model(stream_fills=)`` gave (the stream record's width)."""
         return self.runtime.stream_fills
 
     @stream_fills.setter
@@ -176,7 +177,7 @@ class SpecterModel:
         """On the streamed miss path, experts per layer a verification copies into the
         staging buffer with a wide kernel before its expert kernel reads them there (0, the
         default: none; ``streamed_misses``). Set it between forwards, at most the value
-        ``load(stream_staging=)`` gave (the buffer's slots)."""
+        ``load_model(stream_staging=)`` gave (the buffer's slots)."""
         return self.runtime.stream_staging
 
     @stream_staging.setter
@@ -186,7 +187,7 @@ class SpecterModel:
     @property
     def stream_waits(self) -> bool:
         """On the streamed miss path, whether a verification waits at each layer for that
-        layer's prefetches still crossing the link (``ExpertCache.wait_for_landing``) and
+        layer's prefetches still crossing the link (``StreamedMisses.wait_for_landing``) and
         reads them from their slots, instead of streaming them meanwhile, which moves each
         such expert twice (``streamed_misses``). Set it between forwards; graphs are captured
         per value.
@@ -202,7 +203,7 @@ class SpecterModel:
 
     @property
     def batch_invariant(self) -> bool:
-        """Whether target forwards are batch-invariant (see ``load(batch_invariant=)``)."""
+        """Whether target forwards are batch-invariant (see ``load_model(batch_invariant=)``)."""
         return self.runtime.batch_invariant
 
     @batch_invariant.setter

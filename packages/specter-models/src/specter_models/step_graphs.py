@@ -512,7 +512,7 @@ class StepGraphs:
         workspace per stream it runs on (32 MiB on the H200) for the process's life, and
         ``torch.cuda.Stream()`` hands out the pool's 32 streams in turn, so a stream a
         capture cost DeepSeek-V2-Lite's draftless 24 GB load 1.1 GB of workspaces (33 of
-        them, ``scripts/memory_peak_probe.py``), past its memory plan."""
+        them), past its memory plan."""
         if self._capture_stream is None:
             self._capture_stream = torch.cuda.Stream(device=self._device)
         return self._capture_stream

@@ -17,7 +17,7 @@ overwrites only after the last streamed verification (``mark_streamed_use``).
 
 What a streamed verification did is recorded on the device as it runs (``StreamRecord``:
 the routed ids of every layer, and which experts the kernel read from the host) and handed
-to the cache after the forward in one read (``ExpertCache.record_streamed``), so hit rate,
+to the cache after the forward in one read (``StreamedMisses.record_streamed``), so hit rate,
 bytes moved and the policy's recency stay as exact as on the acquire path.
 
 A streamed expert's bytes cross PCIe and are gone, so routing that repeats would read it
@@ -31,7 +31,7 @@ adopts them when it reads the record: they are resident, as if loaded, for no ex
 transfer. ``StreamRecord.spares_per_layer`` sets how many candidates a layer gets, up to the
 record's ``width``, fixed when it is made (``load(stream_fills=)``); a record of width 0 has
 no fill launches at all. Fills are off by default: on DeepSeek-V2-Lite at 24 GB and
-Qwen1.5-MoE at 14 GB (docs/benchmarks.md) they changed the bytes moved by 0-5% and the time
+Qwen1.5-MoE at 14 GB (docs/decisions.md) they changed the bytes moved by 0-5% and the time
 per token by less than the spread between two systems of one process, since the few slots a
 tight budget leaves beside the hot set hold the draft's prefetches.
 
@@ -43,10 +43,10 @@ own in-place reads give a missing expert only a few dozen programs, so few reads
 flight; the copy gives it about a thousand. The bytes, the record and the bits are those of
 plain streaming; the buffer is fixed state in the memory plan. Off by default: on the H200
 it saved 5% with the 64-column per-pair tile, and nothing once that tile became 32 columns
-wide (which spreads the in-place reads over twice the programs; docs/benchmarks.md).
+wide (which spreads the in-place reads over twice the programs; docs/decisions.md).
 
 *Waits* (``load(stream_waits=)``, on by default; specter-cache's
-``ExpertCache.wait_for_landing``) decide what a verification does with a prefetched expert
+``StreamedMisses.wait_for_landing``) decide what a verification does with a prefetched expert
 whose copy has not landed when its layer runs. Without them the map still says ``-1`` and
 the kernel streams it, so its bytes cross the link twice (once by the copy engine, once read
 in place, at about 30 GB/s against the copy engine's 50 on the H200). With them, each
@@ -54,7 +54,7 @@ layer's expert kernel first waits for the loads of that layer issued before the
 verification launched (one event wait per layer, inside the graph) and reads them from their
 slots; the other missing experts still stream. On DeepSeek-V2-Lite at 24 GB (H200, both
 orders in one process each) 9.23 and 9.00 ms a token against 9.41 and 9.75 without
-(docs/benchmarks.md).
+(docs/decisions.md).
 
 Forwards of more than ``STREAM_MAX_ROWS`` rows (a prefill) and token-wise verification
 keep the acquire path.
@@ -163,7 +163,7 @@ class StreamRecord:
     streamed steps, which load nothing between them, launch without counting the forward
     before (whose record needs that forward done): a step's fill candidates are chosen
     among the slots the forward still to count was not offered
-    (``ExpertCache.prepare_fills(exclude=, settle=False)``), whose holders the host knows,
+    (``StreamedMisses.prepare_fills(exclude=, settle=False)``), whose holders the host knows,
     and experts that forward filled are claimed from the device map, so none is filled
     twice. The count is made after the launch instead, while the device runs the step. The
     candidates choose from a host view one step old; the tokens are the same.
@@ -244,12 +244,12 @@ class StreamRecord:
                 # The slots offered to forwards not yet counted may hold other experts now.
                 busy = [set().union(*(o[layer] for o in self._offers)) for layer in
                         range(self.flags.shape[0])]  # fmt: skip
-                slots, experts, claimed = cache.prepare_fills(
+                slots, experts, claimed = cache.streamed.prepare_fills(
                     self.spares_per_layer, exclude=busy, settle=False
                 )
-                offer = cache.fill_candidates()
+                offer = cache.streamed.fill_candidates()
             else:
-                slots, experts, claimed = cache.prepare_fills(self.spares_per_layer)
+                slots, experts, claimed = cache.streamed.prepare_fills(self.spares_per_layer)
             self.spare_slots[:, : slots.shape[1]].copy_(slots, non_blocking=True)
             self.spare_experts[:, : experts.shape[1]].copy_(experts, non_blocking=True)
             self.claimed.copy_(claimed, non_blocking=True)
@@ -259,7 +259,7 @@ class StreamRecord:
                 # forward's commit), so it is not filled twice.
                 maps = cache.expert_to_slot_maps()
                 self.claimed.copy_(torch.where(maps >= 0, maps, self.claimed))
-        cache.stream_guard(settle=not pipelined)
+        cache.streamed.stream_guard(settle=not pipelined)
         self.active = True
         succeeded = False
         try:
@@ -271,8 +271,8 @@ class StreamRecord:
             # (SpeculativePrefetcher(verify_lead=)); their waits were issued before it.
             cache.release_copies()
             if succeeded and filling:
-                cache.commit_fills(self.fills)
-            cache.mark_streamed_use()
+                cache.streamed.commit_fills(self.fills)
+            cache.streamed.mark_streamed_use()
         if count:
             self._count(cache, rows, offer)
 
@@ -339,7 +339,7 @@ def _count_rows(
     for layer, row in enumerate(rows):
         streamed = [e for e, f in enumerate(row[width : width + E]) if f]
         filled = {e: s for e, s in enumerate(row[width + E :]) if s >= 0}
-        cache.record_streamed(
+        cache.streamed.record_streamed(
             layer,
             row[:width],
             streamed,

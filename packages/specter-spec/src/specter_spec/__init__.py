@@ -12,9 +12,14 @@ from specter_spec.acceptance import (
     rejection_sample,
     residual_distribution,
 )
-from specter_spec.adaptive_depth import AdaptiveDepth, AdaptiveDepthConfig, expected_committed
-from specter_spec.controller import SpecController, TokenStream
-from specter_spec.depth_policy import DepthPolicy, FixedDepth
+from specter_spec.controller import SpecController
+from specter_spec.depth import (
+    AdaptiveDepth,
+    AdaptiveDepthConfig,
+    DepthPolicy,
+    FixedDepth,
+    expected_committed,
+)
 from specter_spec.depth_profiler import DepthProfile, profile_depth
 from specter_spec.hf_causal_lm import HFCausalLM
 from specter_spec.phase_clock import PhaseClock
@@ -22,6 +27,7 @@ from specter_spec.sampling import SamplingConfig, sampling_probs
 from specter_spec.spec_model import SpecModel
 from specter_spec.speculation_observer import SpeculationObserver
 from specter_spec.statistics import GenerationResult, GenerationStats, IterationStats
+from specter_spec.token_stream import TokenStream
 
 __version__ = "0.1.0"
 

@@ -3,66 +3,27 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from specter_spec.acceptance import AcceptanceResult, greedy_accept, rejection_sample
-from specter_spec.depth_policy import DepthPolicy, FixedDepth, as_depth_policy, check_depth
+from specter_spec.depth.policy import DepthPolicy, FixedDepth, as_depth_policy, check_depth
 from specter_spec.phase_clock import PhaseClock
-from specter_spec.queued_steps import PIPELINE_DEPTH, QueuedPlainStep, TokenReadback
+from specter_spec.queued_steps import PIPELINE_DEPTH, PlainQueue, QueuedPlainStep, TokenReadback
 from specter_spec.sampling import SamplingConfig, sampling_probs
-from specter_spec.spec_model import SpecModel, check_spec_model
+from specter_spec.spec_model import (
+    SpecModel,
+    check_spec_model,
+    model_argmax,
+    model_device,
+    prefill,
+)
 from specter_spec.speculation_observer import check_observer
-from specter_spec.statistics import GenerationResult, GenerationStats, IterationStats
+from specter_spec.statistics import GenerationResult, IterationStats
+from specter_spec.token_stream import TokenStream, prompt_tensor
 
 __all__ = ["SpecController", "TokenStream"]
-
-
-def _model_device(model: object) -> torch.device | None:
-    device = getattr(model, "device", None)
-    return torch.device(device) if isinstance(device, torch.device | str) else None
-
-
-def _model_argmax(model: object) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``model``'s optional ``argmax`` (see ``SpecModel``), else ``torch.argmax`` over the
-    last dim."""
-    own = getattr(model, "argmax", None)
-    if own is None:
-        return lambda logits: logits.argmax(dim=-1)
-    if not callable(own):
-        raise TypeError(
-            f"{type(model).__name__}.argmax must be callable (logits -> tokens), got "
-            f"{type(own).__name__}; remove it to use torch.argmax"
-        )
-    return own
-
-
-def _prompt_tensor(prompt_ids: Any, device: torch.device | None) -> torch.Tensor:
-    """``[P]`` int64 prompt on ``device`` from a list, a ``[P]`` or a ``[1, P]`` tensor."""
-    if isinstance(prompt_ids, torch.Tensor):
-        ids = prompt_ids
-        if ids.dim() == 2 and ids.shape[0] == 1:
-            ids = ids[0]
-        if ids.dim() != 1:
-            raise ValueError(
-                f"prompt_ids must have shape [P] or [1, P] (batch size one), "
-                f"got {tuple(prompt_ids.shape)}."
-            )
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise TypeError(f"prompt_ids must hold integer token ids, got dtype {ids.dtype}.")
-        ids = ids.to(dtype=torch.long, device=device if device is not None else ids.device)
-    else:
-        tokens = list(prompt_ids)
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise TypeError("prompt_ids must be a sequence of int token ids or a LongTensor.")
-        ids = torch.tensor(tokens, dtype=torch.long, device=device)
-    if ids.numel() == 0:
-        raise ValueError("prompt_ids is empty; give at least one token (e.g. a BOS token).")
-    return ids
 
 
 class SpecController:
@@ -169,8 +130,8 @@ class SpecController:
             )
         self.draft = draft
         self.target = target
-        self._draft_argmax = _model_argmax(draft)
-        self._target_argmax = _model_argmax(target)
+        self._draft_argmax = model_argmax(draft)
+        self._target_argmax = model_argmax(target)
         self.cache = cache
         self.sampling = sampling
         self.clock = clock
@@ -230,7 +191,7 @@ class SpecController:
         stop = frozenset(stop_token_ids)
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop):
             raise TypeError(f"stop_token_ids must be int token ids, got {sorted(stop, key=str)}.")
-        prompt = _prompt_tensor(prompt_ids, _model_device(self.target))
+        prompt = prompt_tensor(prompt_ids, model_device(self.target))
         return TokenStream(self, prompt, max_new_tokens, stop, generator)
 
     # -- one generation --------------------------------------------------------------
@@ -245,7 +206,7 @@ class SpecController:
     ) -> Iterator[int]:
         draft, target, observer = self.draft, self.target, self.cache
         device = prompt.device
-        draft_device = (_model_device(draft) or device) if draft is not None else device
+        draft_device = (model_device(draft) or device) if draft is not None else device
         clock = self.clock or PhaseClock(device)
         if generator is None:
             generator = self.sampling.make_generator(device)
@@ -264,7 +225,7 @@ class SpecController:
         if draft is not None:
             draft.truncate(0)
         if prompt_len > 1:
-            _prefill(target, committed[: prompt_len - 1].unsqueeze(0), 0)
+            prefill(target, committed[: prompt_len - 1].unsqueeze(0), 0)
             # Prefilling the draft here keeps the prompt out of the first
             # iteration's draft time (which the adaptive depth learns from).
             speculates = not (
@@ -273,14 +234,14 @@ class SpecController:
             if draft is not None and speculates and draft.kv_length < prompt_len - 1:
                 cached = draft.kv_length
                 uncached = committed[cached : prompt_len - 1].unsqueeze(0).to(draft_device)
-                _prefill(draft, uncached, cached)
+                prefill(draft, uncached, cached)
         n = prompt_len
         self._check_contract(n, where="after prefill")
         stream.stats.prefill_time_s = clock() - start
 
         generated = 0
         pipelined = self._pipelines_plain_steps(device)
-        plain = _PlainQueue(
+        plain = PlainQueue(
             readback=TokenReadback(device) if pipelined else None,
             host_clock=time.perf_counter if isinstance(clock, PhaseClock) else clock,
             stop=stop,
@@ -399,7 +360,7 @@ class SpecController:
         committed: torch.Tensor,
         n: int,
         generator: torch.Generator | None,
-        plain: _PlainQueue,
+        plain: PlainQueue,
         queued_at: float,
     ) -> QueuedPlainStep:
         """Queue one plain step: the target's forward over ``committed[n - 1]`` and the
@@ -426,7 +387,7 @@ class SpecController:
     def _retire_plain(
         self,
         stream: TokenStream,
-        plain: _PlainQueue,
+        plain: PlainQueue,
         *,
         keep: int,
     ) -> Generator[int, None, int]:
@@ -439,7 +400,7 @@ class SpecController:
             yield self._retire_one(stream, plain)
         return committed
 
-    def _retire_one(self, stream: TokenStream, plain: _PlainQueue) -> int:
+    def _retire_one(self, stream: TokenStream, plain: PlainQueue) -> int:
         """Read the oldest queued step's token back and record it (see ``_retire_plain``)."""
         queue = plain.steps
         step = queue.popleft()
@@ -589,78 +550,3 @@ class SpecController:
                 f"more than the {n - 1} committed-and-cached ones; its scratch or a rejected "
                 "suffix survived truncate()."
             )
-
-
-@dataclass
-class _PlainQueue:
-    """One generation's queued plain steps (see ``pipeline_plain``).
-
-    Attributes:
-        readback: host slots their tokens are copied to (None: plain steps are not queued).
-        host_clock: a clock that does not wait for the device (``time.perf_counter`` in
-            place of a :class:`PhaseClock`).
-        stop: the generation's stop tokens.
-        steps: the queued steps, oldest first.
-        last_read: when the last token was read back (None before a run's first read, or
-            after a speculative iteration).
-    """
-
-    readback: TokenReadback | None
-    host_clock: Callable[[], float]
-    stop: frozenset[int]
-    steps: deque[QueuedPlainStep] = field(default_factory=deque)
-    last_read: float | None = None
-
-
-class TokenStream:
-    """Iterator over tokens as :class:`SpecController` commits them.
-
-    Attributes:
-        tokens: every committed token so far, prompt first (a Python list).
-        stats: statistics so far.
-        stop_reason: None while running, then ``"stop_token"`` or ``"max_new_tokens"``.
-    """
-
-    def __init__(
-        self,
-        controller: SpecController,
-        prompt: torch.Tensor,
-        max_new_tokens: int,
-        stop: frozenset[int],
-        generator: torch.Generator | None,
-    ) -> None:
-        self.prompt_length = prompt.numel()
-        self.tokens: list[int] = []
-        self.stats = GenerationStats(prompt_length=self.prompt_length)
-        self.stop_reason: str | None = None
-        self._tokens = controller._decode(self, prompt, max_new_tokens, stop, generator)
-
-    def __iter__(self) -> Iterator[int]:
-        return self
-
-    def __next__(self) -> int:
-        return next(self._tokens)
-
-    @property
-    def new_tokens(self) -> list[int]:
-        """Tokens generated so far (prompt excluded)."""
-        return self.tokens[self.prompt_length :]
-
-    def result(self) -> GenerationResult:
-        """Run to the end and return the tokens and statistics."""
-        for _ in self._tokens:
-            pass
-        return GenerationResult(
-            tokens=self.new_tokens, stop_reason=self.stop_reason or "", stats=self.stats
-        )
-
-
-def _prefill(model: SpecModel, input_ids: torch.Tensor, start_pos: int) -> None:
-    """Run prompt tokens whose logits nobody reads: the model's optional ``prefill`` (which
-    may skip the rows' logits, a ``[T, V]`` tensor as large as the prompt), else
-    ``forward``."""
-    prefill = getattr(model, "prefill", None)
-    if callable(prefill):
-        prefill(input_ids, start_pos)
-    else:
-        model.forward(input_ids, start_pos)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from specter_spec.controller import SpecController
-from specter_spec.depth_policy import check_depth
+from specter_spec.depth.policy import check_depth
 from specter_spec.sampling import SamplingConfig
 from specter_spec.spec_model import SpecModel
 

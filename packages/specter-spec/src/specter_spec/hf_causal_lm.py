@@ -13,18 +13,26 @@ class HFCausalLM:
     """A transformers causal LM with its own ``DynamicCache``, following :class:`SpecModel`.
 
     The model builds its ``DynamicCache`` on the first forward; rollback uses
-    ``DynamicCache.crop`` with a negative count (remove that many tokens), which
-    means the same on transformers 4.x and 5.x (5.17 deprecates positive counts).
-    Positions are passed explicitly as ``position_ids``, so the model never
-    guesses them from the cache. This module never imports transformers.
+    ``DynamicCache.crop`` with a negative count (remove that many tokens). Positions are
+    passed explicitly as ``position_ids``, so the model never guesses them from the
+    cache. The cache goes in through the keyword the model's forward names (``cache``,
+    or ``past_key_values`` in transformers releases before the rename) and comes back as
+    the output's ``cache`` (else ``past_key_values``). This module never imports
+    transformers.
 
-    Only caches whose every layer keeps all positions can be rolled back:
-    sliding-window or linear-attention layers cannot restore what they dropped.
+    Only caches whose every layer keeps all positions can be rolled back: a model whose
+    config declares sliding-window, chunked or linear-attention layers is refused.
 
     Args:
         model: a transformers ``PreTrainedModel`` for causal LM (anything whose
-            ``__call__(input_ids=..., position_ids=..., past_key_values=...,
-            use_cache=True)`` returns ``.logits`` and ``.past_key_values``).
+            ``__call__(input_ids=..., position_ids=..., cache=..., use_cache=True)``,
+            or ``past_key_values=...`` in place of ``cache=...``, returns ``.logits``
+            and ``.cache`` or ``.past_key_values``).
+
+    Raises:
+        TypeError: ``model`` is not callable.
+        ValueError: the model's config has a ``sliding_window`` or layers other than
+            full attention.
 
     Example:
         >>> import torch
@@ -50,9 +58,11 @@ class HFCausalLM:
             raise TypeError(
                 f"HFCausalLM wraps a transformers causal LM module, got {type(model).__name__}."
             )
+        _check_full_attention(model)
         self.model = model
         self._cache = None
         self._takes_logits_to_keep = _accepts(model, "logits_to_keep")
+        self._cache_keyword = "cache" if _accepts(model, "cache") else "past_key_values"
 
     @property
     def device(self) -> torch.device:
@@ -110,11 +120,11 @@ class HFCausalLM:
             output = self.model(
                 input_ids=input_ids,
                 position_ids=positions,
-                past_key_values=self._cache,
                 use_cache=True,
+                **{self._cache_keyword: self._cache},
                 **extra,
             )
-        self._cache = output.past_key_values
+        self._cache = _returned_cache(output)
         return output.logits
 
     def truncate(self, length: int) -> None:
@@ -142,3 +152,36 @@ def _accepts(model: torch.nn.Module, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in parameters
+
+
+def _returned_cache(output: object) -> object:
+    """The cache a forward returned: ``output.cache``, else ``output.past_key_values``
+    (its name in transformers releases before the rename)."""
+    cache = getattr(output, "cache", None)
+    return output.past_key_values if cache is None else cache
+
+
+_FULL_ATTENTION = "full_attention"
+
+
+def _check_full_attention(model: object) -> None:
+    """Refuse a model whose config declares layers that drop positions (a sliding window,
+    chunked or linear attention): their cache cannot be rolled back past what it dropped."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return
+    window = getattr(config, "sliding_window", None)
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    partial = sorted({kind for kind in layer_types if kind != _FULL_ATTENTION})
+    if partial or (window is not None and not layer_types):
+        name = type(model).__name__
+        kinds = f" and layer types {partial}" if partial else ""
+        raise ValueError(
+            f"{name} has sliding_window={window!r}{kinds}: HFCausalLM rolls its cache back "
+            "after every rejected proposal, and a layer that drops positions (a sliding "
+            "window once full, chunked or linear attention) cannot restore them. Use a model "
+            "whose layers all use full attention, or load this one with full attention on "
+            "every layer (config.sliding_window=None and every config.layer_types entry "
+            f"{_FULL_ATTENTION!r}), which gives the same logits while a sequence stays "
+            "within the window."
+        )

@@ -14,11 +14,13 @@ it, so reading a token waits for that step alone, not for the work queued after 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["PIPELINE_DEPTH", "QueuedPlainStep", "TokenReadback"]
+__all__ = ["PIPELINE_DEPTH", "PlainQueue", "QueuedPlainStep", "TokenReadback"]
 
 PIPELINE_DEPTH = 2
 """Plain steps in flight at most: one being read back, one queued behind it."""
@@ -77,3 +79,24 @@ class TokenReadback:
         if step.ready is not None:
             step.ready.synchronize()
         return int(self._host[step.slot])
+
+
+@dataclass
+class PlainQueue:
+    """One generation's queued plain steps (see ``pipeline_plain``).
+
+    Attributes:
+        readback: host slots their tokens are copied to (None: plain steps are not queued).
+        host_clock: a clock that does not wait for the device (``time.perf_counter`` in
+            place of a :class:`PhaseClock`).
+        stop: the generation's stop tokens.
+        steps: the queued steps, oldest first.
+        last_read: when the last token was read back (None before a run's first read, or
+            after a speculative iteration).
+    """
+
+    readback: TokenReadback | None
+    host_clock: Callable[[], float]
+    stop: frozenset[int]
+    steps: deque[QueuedPlainStep] = field(default_factory=deque)
+    last_read: float | None = None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["SpecModel", "check_spec_model"]
+__all__ = ["SpecModel", "check_spec_model", "model_argmax", "model_device", "prefill"]
 
 
 @runtime_checkable
@@ -105,3 +106,33 @@ def check_spec_model(model: object, role: str) -> None:
             "specter_spec.HFCausalLM(model), or implement forward(input_ids, start_pos), "
             "truncate(length) and a kv_length property."
         )
+
+
+def model_device(model: object) -> torch.device | None:
+    device = getattr(model, "device", None)
+    return torch.device(device) if isinstance(device, torch.device | str) else None
+
+
+def model_argmax(model: object) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``model``'s optional ``argmax`` (see ``SpecModel``), else ``torch.argmax`` over the
+    last dim."""
+    own = getattr(model, "argmax", None)
+    if own is None:
+        return lambda logits: logits.argmax(dim=-1)
+    if not callable(own):
+        raise TypeError(
+            f"{type(model).__name__}.argmax must be callable (logits -> tokens), got "
+            f"{type(own).__name__}; remove it to use torch.argmax"
+        )
+    return own
+
+
+def prefill(model: SpecModel, input_ids: torch.Tensor, start_pos: int) -> None:
+    """Run prompt tokens whose logits nobody reads: the model's optional ``prefill`` (which
+    may skip the rows' logits, a ``[T, V]`` tensor as large as the prompt), else
+    ``forward``."""
+    prefill = getattr(model, "prefill", None)
+    if callable(prefill):
+        prefill(input_ids, start_pos)
+    else:
+        model.forward(input_ids, start_pos)

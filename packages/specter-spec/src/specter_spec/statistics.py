@@ -39,8 +39,8 @@ class IterationStats:
             steps. False for every other iteration, including the first step of a run.
         first: the generation's first iteration, right after its prefill. Its times are not
             a step's: they carry the prefill's device work still queued and the first use of
-            what the decode reuses (on an H200 at DeepSeek-V2-Lite's 24 GB, drafting 2, 3
-            and 4 proposals took 12.6, 20 and 25 ms there against 6.1, 10 and 13 later).
+            what the decode reuses (drafting can take about twice as long there as in
+            later iterations).
     """
 
     depth: int

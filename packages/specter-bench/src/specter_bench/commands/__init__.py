@@ -1,1 +1,1 @@
-"""The ``specter`` subcommands, one module each (``register(subparsers)`` adds one)."""
+"""``specter`` subcommands: each module's ``register(subparsers)`` adds one command."""

@@ -14,7 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["register", "run"]
+__all__ = ["load_engine", "register", "run"]
+
+DEFAULT_MAX_SEQ_LEN = 2048
+"""The KV cache's positions when neither --max-seq-len nor the model says fewer (the
+engine's default)."""
 
 
 def _positive_float(text: str) -> float | None:
@@ -41,13 +45,13 @@ def _count(text: str) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``serve`` and its options to the ``specter`` parser."""
-    from specter_bench.cli import (
+    from specter_bench.commands.args import (
         DEFAULT_MODEL,
-        _add_model_args,
-        _add_prompt_source_args,
-        _positive_int,
+        add_model_args,
+        add_prompt_source_args,
         parse_budget,
         parse_depth,
+        positive_int,
     )
 
     p = subparsers.add_parser(
@@ -58,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "/health and /metrics (Prometheus). Requests queue first in, first out; the "
         "server listens on 127.0.0.1 unless --host says otherwise.",
     )
-    _add_model_args(p, default=DEFAULT_MODEL, weights_seed_flag="--weights-seed")
+    add_model_args(p, default=DEFAULT_MODEL, weights_seed_flag="--weights-seed")
     p.add_argument(
         "--gpu-memory-gb",
         type=parse_budget,
@@ -66,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="GPU memory budget in GB (default unlimited: every expert resident)",
     )
     p.add_argument(
-        "--slots-per-layer", type=_positive_int, help="expert slots per layer (instead of a budget)"
+        "--slots-per-layer", type=positive_int, help="expert slots per layer (instead of a budget)"
     )
     p.add_argument(
         "--depth",
@@ -74,6 +78,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="depth K or auto, as for generate; a request may ask for its own with the extra "
         "field 'depth'",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        help="positions the KV cache holds: the longest prompt plus max_tokens a request may "
+        "have (default: the model's positions, at most 2048; with --measure: what the "
+        "longest measured prompt and --max-new-tokens need, as generate sizes it)",
+    )
+    p.add_argument(
+        "--hot-experts",
+        metavar="FILE|auto|none",
+        default=None,
+        help="the hot set pinned under --gpu-memory-gb, as for generate; auto chooses it on "
+        "the routing of --calibration-prompt (default: auto when speculating under a budget)",
+    )
+    p.add_argument(
+        "--calibration-prompt",
+        default=None,
+        metavar="TEXT",
+        help="the prompt whose routing chooses the hot set and from which an adaptive depth "
+        "warms up (default: a code prompt; with --measure: the first measured prompt)",
     )
     p.add_argument(
         "--host",
@@ -123,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-body-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=1 << 20,
         help="the largest request body accepted (default 1048576; 413 beyond)",
     )
@@ -133,15 +159,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="do not serve: decode the prompts of --prompts directly and through the server "
         "on 127.0.0.1, alternately, and print what the server adds to TTFT and TPOT",
     )
-    _add_prompt_source_args(p)
+    add_prompt_source_args(p)
     p.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=128,
         help="with --measure: tokens per generation (default 128)",
     )
     p.add_argument("--out", default=None, help="with --measure: write the figures as JSON here")
-    p.set_defaults(run=run)
+    # generate's engine options that serve leaves at their defaults
+    p.set_defaults(
+        run=run,
+        keep_draft=False,
+        depth_warmup=None,
+        no_depth_memory=False,
+        hot_set_tokens=32,
+        draft_pruned="auto",
+        stream_fills=None,
+        stream_staging=0,
+    )
 
 
 def _serve_config(args: argparse.Namespace) -> object:
@@ -180,9 +216,57 @@ def _serve_config(args: argparse.Namespace) -> object:
     )
 
 
+def load_engine(
+    args: argparse.Namespace, *, calibration_prompt: str, max_seq_len: int | None, log
+) -> object:
+    """``Engine.from_config`` of ``specter serve``'s options (generate's demo defaults
+    applied; the KV cache holds ``max_seq_len`` positions).
+
+    Raises:
+        CommandError: the model's KV cache cannot hold ``max_seq_len`` positions, or the
+            budget cannot hold the INT4 draft.
+    """
+    from specter_bench.commands.args import CommandError, resolve_device
+    from specter_bench.commands.generate import (
+        MAX_AUTO_DEPTH,
+        apply_demo_defaults,
+        engine_config_from_args,
+    )
+    from specter_models import DraftDoesNotFitError, Engine
+    from specter_models.engine.model_source import model_config, num_experts_of
+
+    device = resolve_device(args.device)
+    config = model_config(args.model)
+    num_experts = num_experts_of(config)
+    if apply_demo_defaults(args, num_experts):
+        log(
+            f"demo settings: depth {args.depth}, {args.slots_per_layer} of {num_experts} expert "
+            "slots per layer (choose --depth, --slots-per-layer or --gpu-memory-gb to change)"
+        )
+    limit = getattr(config, "max_position_embeddings", None)
+    positions = max_seq_len or min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
+    if limit is not None and positions > limit:
+        raise CommandError(f"--max-seq-len {positions}: {args.model} has {limit} positions.")
+    reserve = (MAX_AUTO_DEPTH if args.depth == "auto" else args.depth) + 2
+    if positions <= reserve:
+        raise CommandError(f"--max-seq-len {positions} leaves no room past one verification.")
+    # generate sizes the KV cache to its request: one of positions - reserve new tokens.
+    sized = argparse.Namespace(**vars(args))
+    sized.max_positions = positions
+    sized.max_new_tokens = positions - reserve
+    engine_config = engine_config_from_args(sized, device=device, prompt_tokens=0)
+    try:
+        return Engine.from_config(engine_config, calibration_prompt=calibration_prompt, log=log)
+    except DraftDoesNotFitError as exc:
+        raise CommandError(
+            f"{exc.__cause__} Without the INT4 draft it fits: --depth 0 decodes plainly with "
+            f"{exc.plain.slots_per_layer} FP16 expert slots per layer."
+        ) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (or, with ``--measure``, measure and exit)."""
-    from specter_bench.serve.engine_adapter import AdapterEngine
+    from specter_bench.commands.args import DEFAULT_PROMPT, CommandError
     from specter_bench.serve.server import run_server
 
     def log(message: str) -> None:
@@ -191,15 +275,16 @@ def run(args: argparse.Namespace) -> int:
     config = _serve_config(args)
     if args.slots_per_layer is not None and args.gpu_memory_gb is not None:
         raise ValueError("give --gpu-memory-gb or --slots-per-layer, not both.")
-
-    def load() -> AdapterEngine:
-        return AdapterEngine(args, log=log)
-
-    from specter_bench.cli import CommandError
-
     try:
         if args.measure:
-            return _measure(args, config, load, log)
+            return _measure(args, config, log)
+        calibration = args.calibration_prompt or DEFAULT_PROMPT
+
+        def load() -> object:
+            return load_engine(
+                args, calibration_prompt=calibration, max_seq_len=args.max_seq_len, log=log
+            )
+
         return run_server(config, load, log)
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
@@ -207,17 +292,32 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"{exc}; choose another --port or --host.") from None
 
 
-def _measure(args: argparse.Namespace, config, load, log) -> int:
+def _measure(args: argparse.Namespace, config, log) -> int:
     import dataclasses
 
-    from specter_bench.bench_command import _prompt_config
+    from specter_bench.commands.args import prompt_source_config
+    from specter_bench.commands.generate import MAX_AUTO_DEPTH
     from specter_bench.prompt_sources import load_prompts
     from specter_bench.serve.measure import measure_overhead
     from specter_bench.serve.server import start_background
+    from specter_models.engine.model_source import load_tokenizer, model_config
 
-    prompts = [p.text for p in load_prompts(_prompt_config(args, default_limit=8))]
+    prompts = [p.text for p in load_prompts(prompt_source_config(args, default_limit=8))]
     if not prompts:
         raise ValueError("--measure found no prompts in the prompt source.")
+    max_seq_len = args.max_seq_len
+    if max_seq_len is None:  # as generate sizes its cache for the longest prompt
+        hf = model_config(args.model)
+        tokenizer = load_tokenizer(args.model, int(hf.vocab_size))
+        longest = max(len(tokenizer.encode(p)) for p in prompts)
+        need = longest + args.max_new_tokens + MAX_AUTO_DEPTH + 2
+        limit = getattr(hf, "max_position_embeddings", None) or need
+        max_seq_len = min(limit, -(-need // 64) * 64)
+    calibration = args.calibration_prompt or prompts[0]
+
+    def load() -> object:
+        return load_engine(args, calibration_prompt=calibration, max_seq_len=max_seq_len, log=log)
+
     config = dataclasses.replace(config, host="127.0.0.1", port=0)
     server = start_background(config, load)
     try:

@@ -19,8 +19,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from specter_bench.serve.config import DEFAULT_RESERVED_POSITIONS, ServeConfig
-from specter_bench.serve.engine import ServingEngine, accepts_depth, eos_ids
+from specter_bench.serve.config import ServeConfig
+from specter_bench.serve.engine import ServingEngine, accepts_depth, context_limits, eos_ids
 from specter_bench.serve.errors import APIError, error_body, install_error_handlers
 from specter_bench.serve.metrics import CONTENT_TYPE, ServerMetrics
 from specter_bench.serve.middleware import Gatekeeper
@@ -148,8 +148,7 @@ class _Service:
         Raises:
             APIError: 400 naming the limit when the prompt and ``max_tokens`` exceed it.
         """
-        reserved = int(getattr(engine, "reserved_positions", DEFAULT_RESERVED_POSITIONS))
-        limit = int(engine.max_positions)
+        limit, reserved = context_limits(engine)
         room = limit - reserved - prompt_tokens
         if max_tokens is None and room >= 1:
             return room
@@ -458,7 +457,7 @@ def create_app(config: ServeConfig, scheduler: Scheduler, metrics: ServerMetrics
     def model_card() -> dict[str, Any]:
         card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "specter"}
         if scheduler.engine is not None:
-            card["max_model_len"] = int(scheduler.engine.max_positions)
+            card["max_model_len"] = context_limits(scheduler.engine)[0]
         return card
 
     @app.get("/v1/models")

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_RESERVED_POSITIONS", "ServeConfig"]
-
-DEFAULT_RESERVED_POSITIONS = 18
-"""Positions kept free past a request's last token for one verification at the deepest
-adaptive depth (16 proposals, the corrected token and its successor), as ``specter
-generate`` keeps them; an engine may say fewer (``reserved_positions``)."""
+__all__ = ["ServeConfig"]
 
 
 @dataclass(frozen=True)

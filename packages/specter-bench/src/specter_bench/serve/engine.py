@@ -14,7 +14,20 @@ from typing import Any, Protocol, runtime_checkable
 
 from specter_spec import SamplingConfig
 
-__all__ = ["GenerationChunk", "GenerationHandle", "ServingEngine", "accepts_depth", "eos_ids"]
+__all__ = [
+    "DEFAULT_RESERVED_POSITIONS",
+    "GenerationChunk",
+    "GenerationHandle",
+    "ServingEngine",
+    "accepts_depth",
+    "context_limits",
+    "eos_ids",
+]
+
+DEFAULT_RESERVED_POSITIONS = 18
+"""Positions kept free past a request's last token for one verification at the deepest
+adaptive depth (16 proposals, the corrected token and its successor), as ``specter
+generate`` keeps them, where the engine says nothing of its depth."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,27 @@ class ServingEngine(Protocol):
         sampling: SamplingConfig | None = None,
         stop_token_ids: Sequence[int] | None = None,
     ) -> GenerationHandle: ...
+
+
+def context_limits(engine: ServingEngine) -> tuple[int, int]:
+    """``(positions, reserved)``: the positions a request's prompt and new tokens share
+    (the model's, at most what the engine's KV cache holds), and those of them kept for one
+    verification at the engine's deepest depth (the engine's ``reserved_positions`` where
+    it says, else from its speculation config, else 18: depth 16 and two)."""
+    limits = [
+        int(v)
+        for v in (getattr(engine, "max_positions", None), getattr(engine, "max_seq_len", None))
+        if v is not None
+    ]
+    positions = min(limits) if limits else 1 << 30
+    reserved = getattr(engine, "reserved_positions", None)
+    if reserved is None:
+        speculation = getattr(getattr(engine, "config", None), "speculation", None)
+        largest = getattr(speculation, "largest_depth", None)
+        if getattr(engine, "depth", None) == 0:
+            largest = 0
+        reserved = DEFAULT_RESERVED_POSITIONS if largest is None else int(largest) + 2
+    return positions, int(reserved)
 
 
 def accepts_depth(engine: ServingEngine) -> bool:

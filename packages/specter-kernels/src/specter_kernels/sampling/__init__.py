@@ -1,0 +1,1 @@
+"""Greedy token choice: the argmax over the vocabulary."""
