@@ -76,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--depth",
         type=parse_depth,
         default=None,
-        help="depth K or auto, as for generate; a request may ask for its own with the extra "
-        "field 'depth'",
+        help="depth K or auto, as for generate (default: auto; the built-in demo model without "
+        "memory options: 4)",
     )
     p.add_argument(
         "--max-seq-len",

@@ -44,7 +44,8 @@ class GenerationRequest(BaseModel):
         n: completions per prompt; only 1 until batching exists.
         stream: answer with server-sent events, one chunk per engine step.
         depth: Specter's speculation depth K for this request (0: plain decoding; default:
-            the server's setting).
+            the server's setting), for an engine whose ``generate`` takes one (others
+            answer 400).
         ignore_eos: keep generating past the EOS token, to ``max_tokens`` (for load tests and
             measurements that need a fixed length; vLLM's field of the same name).
     """
