@@ -10,6 +10,7 @@ token and the time per output token.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -272,6 +273,17 @@ def run(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    missing = [
+        name
+        for name in ("fastapi", "uvicorn", "prometheus_client")
+        if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        raise CommandError(
+            f"specter serve needs {', '.join(missing)} (specter-bench's dependencies): "
+            "pip install fastapi uvicorn prometheus-client, or on a machine without internet "
+            "access carry the wheels of scripts/fetch-wheels.sh."
+        )
     config = _serve_config(args)
     if args.slots_per_layer is not None and args.gpu_memory_gb is not None:
         raise ValueError("give --gpu-memory-gb or --slots-per-layer, not both.")
