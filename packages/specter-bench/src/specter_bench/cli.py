@@ -27,6 +27,7 @@ from specter_bench.commands import (
     serve,
     step_trace,
     train,
+    tune,
 )
 from specter_bench.commands.args import (
     CommandError,
@@ -58,6 +59,7 @@ COMMAND_MODULES = (
     step_trace,
     record_routing,
     policy_replay,
+    tune,
 )
 """The modules whose ``register`` adds a subcommand, in the order ``--help`` lists them."""
 

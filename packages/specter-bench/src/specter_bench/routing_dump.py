@@ -4,7 +4,7 @@ For offline cache-policy studies on the CPU (`specter_bench.policy_replay`):
 `record_routing_dump` loads a model with every expert resident and the INT4 draft,
 greedy-decodes each of the first ``num_prompts`` HumanEval prompts for ``max_new_tokens``
 tokens, then records the target's and the draft's routing of the whole sequence (prompt and
-continuation) by teacher forcing (`specter_bench.routing_recorder.teacher_forced_pass`).
+continuation) by teacher forcing (`specter_models.routing_recorder.teacher_forced_pass`).
 Greedy decoding is exact, so the target's routing is the one any budget's run of these
 prompts sees.
 
@@ -112,20 +112,21 @@ def record_routing_dump(
     config: RoutingDumpConfig, log: Callable[[str], None] = print
 ) -> dict[str, object]:
     """Decodes and teacher-forces each prompt (module docstring); returns the dump."""
-    import specter_models
     from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
     from specter_bench.model_loading import load_tokenizer
     from specter_bench.prompt_encoding import encode_prompt
     from specter_bench.prompt_sources import load_humaneval
-    from specter_bench.routing_recorder import RoutingRecorder, teacher_forced_pass
+    from specter_models import EngineConfig, LoadConfig, MemoryConfig, SpeculationConfig, load
+    from specter_models.routing_recorder import RoutingRecorder, teacher_forced_pass
 
     t0 = time.perf_counter()
-    lm = specter_models.load(
-        config.model,
-        device=config.device,
-        max_seq_len=4096,
-        gpu_memory_gb=None,
-        draft="rtn" if config.draft else None,
+    lm = load(
+        EngineConfig(
+            load=LoadConfig(model=config.model, device=config.device),
+            memory=MemoryConfig(max_seq_len=4096),
+            speculation=SpeculationConfig(depth="auto" if config.draft else 0),
+        ),
+        policy="lru",
     )
     log(f"loaded in {time.perf_counter() - t0:.1f} s")
     vocab = lm.model.config.vocab_size

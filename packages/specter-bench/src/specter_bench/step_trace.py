@@ -263,22 +263,25 @@ def trace_plain_step(config: StepTraceConfig) -> dict[str, Any]:
             f"the step trace profiles CUDA kernels; device {config.device!r} "
             f"(CUDA available: {torch.cuda.is_available()}) cannot run it. Use a CUDA machine."
         )
-    import specter_models
-    from specter_bench.engine_systems import DecodeWindow
     from specter_bench.model_loading import load_tokenizer
     from specter_bench.prompt_encoding import encode_prompt
     from specter_bench.prompt_sources import load_humaneval
+    from specter_models import EngineConfig, LoadConfig, MemoryConfig, SpeculationConfig, load
+    from specter_models.engine.decode_window import DecodeWindow
     from specter_spec import SpecController
 
     budget = config.gpu_memory_gb
-    lm = specter_models.load(
-        config.model,
-        device=config.device,
-        max_seq_len=1024,
-        gpu_memory_gb=budget,
-        draft=None,
-        miss_path="stream" if budget else "load",
-        stream_fills=config.fills if budget else 0,
+    lm = load(
+        EngineConfig(
+            load=LoadConfig(model=config.model, device=config.device),
+            memory=MemoryConfig(
+                gpu_memory_gb=budget or None,
+                max_seq_len=1024,
+                miss_path="stream" if budget else "load",
+                stream_fills=config.fills if budget else 0,
+            ),
+            speculation=SpeculationConfig(depth=0),
+        )
     )
     vocab = lm.model.config.vocab_size
     prompt = encode_prompt(

@@ -164,3 +164,19 @@ def test_a_bias_of_the_wrong_length_is_refused_before_the_gemv(triton_backend):
     x, weight = torch.randn(2, 48).half(), torch.randn(20, 48).half()
     with pytest.raises(ValueError, match=r"bias must be \[N=20\]"):
         sk.invariant_linear(x, weight, torch.randn(19).half())
+
+
+@pytest.mark.parametrize(
+    ("N", "K", "dtype"),
+    [(2048, 2048, torch.float16), (64, 2048, torch.float32), (24, 64, torch.float16)],
+)
+def test_tuning_candidates_are_valid_distinct_and_start_with_the_heuristic(N, K, dtype):
+    found = gc.gemv_candidates(N, K, dtype)
+    assert found[0] == gc.heuristic_gemv_config(N, K, dtype)
+    assert len(found) == len(set(found)) > 1
+    for config in found[1:]:
+        per_thread = config.block_n * 2 ** (K - 1).bit_length() / (32 * config.num_warps)
+        assert 8 <= per_thread <= 256 // dtype.itemsize
+        assert config.block_n <= 2 ** (N - 1).bit_length()
+    shipped = gemv_config(3072, 2048, torch.float16, "NVIDIA H200")
+    assert shipped in gc.gemv_candidates(3072, 2048, torch.float16, "NVIDIA H200")

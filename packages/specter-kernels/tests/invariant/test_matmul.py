@@ -247,3 +247,20 @@ def test_a_counters_in_block_uses_its_own_buffer(seed, poisoned):
     assert torch.equal(got, expected)
     assert int(own.count_nonzero()) == 0
     assert int(shared.count_nonzero()) == 0
+
+
+@pytest.mark.parametrize(
+    ("N", "K", "dtype"),
+    [(2048, 2048, torch.float16), (64, 2048, torch.float32), (24, 64, torch.float16)],
+)
+def test_tuning_candidates_keep_the_row_tile_and_start_with_the_heuristic(N, K, dtype):
+    from specter_kernels.invariant import matmul_config as cfg
+
+    found = cfg.matmul_candidates(N, K, dtype, "NVIDIA H200")
+    assert found[0] == cfg.matmul_config(N, K, dtype)
+    assert cfg.matmul_config(N, K, dtype, "NVIDIA H200") in found
+    assert len(found) == len(set(found)) > 1
+    for config in found:
+        assert config.block_m == cfg.BLOCK_M
+        assert config.block_k <= max(2 * K, 128)
+        assert config.split_k == 1 or K // config.split_k >= config.block_k

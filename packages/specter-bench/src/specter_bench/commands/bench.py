@@ -4,7 +4,6 @@ printed."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     bench.add_argument(
         "--out",
-        default=os.environ.get("OUT") or "benchmarks/results",
-        help="output folder (default: $OUT when set, else benchmarks/results)",
+        default="benchmarks/results",
+        help="output folder (default benchmarks/results)",
     )
     bench.add_argument("--tag", default=None, help="file name tag (default model and date)")
     bench.add_argument(

@@ -6,22 +6,25 @@ kernel of :mod:`specter_kernels.invariant.matmul_triton` runs instead. The answe
 at the row count, so one shape always runs one kernel and the result stays batch-invariant.
 
 Per GPU model, ``tuned/invariant_gemv_<gpu>.json`` beside this module (written by
-``scripts/sweep_invariant_gemv.py``) keys (N, K, dtype) to the GEMV tile measured best, or
-to ``"kernel": "mma"`` where the tensor-core kernel was faster (a weighted sum of the 1- and
-5-row times, :data:`ROW_WEIGHTS`). Shapes not in the file get the heuristic below.
+``specter tune gemv --model M --write-config``, which times :func:`gemv_candidates`) keys
+(N, K, dtype) to the GEMV tile measured best, or to ``"kernel": "mma"`` where the tensor-core
+kernel was faster (a weighted sum of the 1- and 5-row times, :data:`ROW_WEIGHTS`). Shapes not
+in the file get the heuristic below.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
 
-from specter_kernels.invariant.matmul_config import TUNED_DIR, device_slug
+from specter_kernels.invariant.matmul_config import TUNED_DIR, device_slug, dtype_name
 
 ROW_ALIGNMENT = 8
 """K must be a multiple of this: every row then starts 16 bytes apart (fp16) for the
@@ -81,6 +84,51 @@ def heuristic_gemv_config(N: int, K: int, dtype: torch.dtype) -> InvariantGemvCo
     return InvariantGemvConfig(min(block_n, triton.next_power_of_2(N)), warps, HEURISTIC_ROWS)
 
 
+def gemv_candidates(
+    N: int, K: int, dtype: torch.dtype, device_name: str | None = None
+) -> list[InvariantGemvConfig]:
+    """The tiles a tuning times for an eligible ``[*, K] x [K, N]`` linear: the heuristic's
+    tile and the GPU model's tuned one first, then every (BLOCK_N, warps, rows a pass) of 1-8
+    each that gives a thread 8 to 128 weight elements (64 in fp32) and no more columns a
+    program than N needs.
+
+    One- and two-warp tiles are in: with one warp a row's sum needs no cross-warp step (no
+    shared memory, no barrier).
+    """
+    width = triton.next_power_of_2(K)
+    found = [heuristic_gemv_config(N, K, dtype)]
+    tuned = gemv_config(N, K, dtype, device_name) if device_name is not None else None
+    if tuned is not None:
+        found.append(tuned)
+    for block_n, warps, rows in itertools.product((1, 2, 4, 8), repeat=3):
+        per_thread = block_n * width / (32 * warps)
+        fits = 8 <= per_thread <= 128 * 2 // dtype.itemsize
+        if fits and block_n <= triton.next_power_of_2(N):
+            found.append(InvariantGemvConfig(block_n, warps, rows))
+    return list(dict.fromkeys(found))
+
+
+def gemv_tuned_entry(
+    N: int,
+    K: int,
+    dtype: torch.dtype,
+    config: InvariantGemvConfig | None,
+    times: dict[str, float],
+) -> dict[str, Any]:
+    """The tuned-file entry of a shape: the GEMV tile, or ``"kernel": "mma"`` (``config``
+    None) where the tensor-core kernel was measured faster; the measured ``times``
+    (microseconds, rounded to 0.01) beside it."""
+    entry: dict[str, Any] = {"N": N, "K": K, "dtype": dtype_name(dtype)}
+    if config is None:
+        entry["kernel"] = "mma"
+    else:
+        entry.update(
+            kernel="gemv", block_n=config.block_n, num_warps=config.num_warps, rows=config.rows
+        )
+    entry.update({name: round(us, 2) for name, us in times.items()})
+    return entry
+
+
 def tuned_gemv_path(device_name: str) -> Path:
     """The tuned GEMV file of a GPU model: ``tuned/invariant_gemv_<gpu>.json``."""
     return TUNED_DIR / f"invariant_gemv_{device_slug(device_name)}.json"
@@ -111,7 +159,7 @@ def _tuned_table(path: Path) -> dict[tuple[int, int, str], InvariantGemvConfig |
             f"{path} is not a tuned invariant-GEMV file ({type(error).__name__}: {error}); "
             "expected {'configs': [{'N', 'K', 'dtype', 'kernel': 'gemv', 'block_n', 'num_warps'"
             "[, 'rows']} or {'N', 'K', 'dtype', 'kernel': 'mma'}, ...]}; fix it or "
-            "write it again with scripts/sweep_invariant_gemv.py --write-config"
+            "write it again with specter tune gemv --model M --write-config on that GPU"
         ) from error
 
 
@@ -130,7 +178,7 @@ def gemv_config(
         return None
     if device_name is not None:
         table = _tuned_table(tuned_gemv_path(device_name))
-        key = (N, K, str(dtype).removeprefix("torch."))
+        key = (N, K, dtype_name(dtype))
         if key in table:
             return table[key]
     return heuristic_gemv_config(N, K, dtype)

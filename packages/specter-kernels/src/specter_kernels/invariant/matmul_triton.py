@@ -181,6 +181,8 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
         RuntimeError: the buffer must be made or grown while a CUDA graph is captured;
             run the same launch once eagerly before capturing it.
     """
+    if device.type == "cuda" and device.index is None:  # "cuda" names the current device
+        device = torch.device("cuda", torch.cuda.current_device())
     own = getattr(_override, "buffer", None)
     if own is not None and own.device == device:
         if own.numel() < tiles:
