@@ -1,0 +1,1 @@
+"""``specter serve``: an OpenAI-compatible HTTP server over one loaded engine."""

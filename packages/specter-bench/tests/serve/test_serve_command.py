@@ -1,0 +1,44 @@
+"""``specter serve``'s command line: options checked before anything loads."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from specter_bench.cli import main
+
+
+def test_help_lists_the_endpoints(capsys):
+    assert main(["serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    for words in ("/v1/completions", "--api-key", "--max-queue", "--measure", "127.0.0.1"):
+        assert words in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--port", "-1"], "expected an int >= 0"),
+        (["--max-queue", "x"], "expected an int >= 0"),
+        (["--request-timeout", "-3"], "seconds > 0"),
+        (["--api-key", ""], "--api-key is empty"),
+        (["--api-key-file", "/no/such/key"], "/no/such/key: no such file"),
+        (["--chat-template", "/no/such/template.jinja"], "no such file"),
+        (["--api-key", "a", "--api-key-file", "b"], "not both"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_value(capsys, argv, words):
+    assert main(["serve", *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_taken_port_is_a_clear_error(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert "choose another --port" in err
