@@ -59,7 +59,7 @@ def test_history_rule_fires_on_development_history(line):
         "An HTTP session keeps its connection open.",
         "Report bugs on the project's GitHub issues.",
         "Known issues: none.",
-        "issue 16-byte loads; issue a copy on the side stream",
+        "the kernel issues wide loads; issue a copy on the side stream",
         "round to the nearest even; rounds half up; the ring comes round again",
         "round 0.5 up to 1",
         "Run it on a CUDA machine, or on a machine without internet access.",
