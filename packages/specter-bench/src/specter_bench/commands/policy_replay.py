@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from specter_bench.commands.args import non_negative_int
+
 __all__ = ["config_from_args", "register", "run"]
 
 
@@ -27,16 +29,6 @@ def _index_list(text: str) -> tuple[int, ...]:
 
 def _calibration(text: str) -> tuple[int, ...] | None:
     return None if text == "loo" else _index_list(text)
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
-    return value
 
 
 def _unit_float(text: str) -> float:
@@ -72,8 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(the fewest loads).",
     )
     p.add_argument("dump", help="a routing dump from `specter record-routing`")
-    p.add_argument("--slots", type=_non_negative_int, default=39, help="slots a layer (39)")
-    p.add_argument("--hot", type=_non_negative_int, default=36, help="pinned a layer (36)")
+    p.add_argument("--slots", type=non_negative_int, default=39, help="slots a layer (39)")
+    p.add_argument("--hot", type=non_negative_int, default=36, help="pinned a layer (36)")
     p.add_argument(
         "--calibration",
         type=_calibration,
@@ -89,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--prior", type=_non_negative_float, nargs="*", default=[0.0, 0.5, 1.0, 2.0])
     p.add_argument("--decay", type=_unit_float, nargs="*", default=[1.0, 0.99, 0.95])
-    p.add_argument("--horizons", type=_non_negative_int, nargs="*", default=[1, 2, 4, 8])
+    p.add_argument("--horizons", type=non_negative_int, nargs="*", default=[1, 2, 4, 8])
     p.set_defaults(run=run)
 
 
