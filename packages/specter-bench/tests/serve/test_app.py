@@ -69,6 +69,20 @@ def test_streamed_chunks_join_to_the_non_streamed_text(start_server):
     assert events[-2]["usage"]["completion_tokens"] == 11
 
 
+def test_every_decode_step_reaches_a_streaming_client_even_without_text(start_server):
+    # "one t" is held back while it may still become the stop string "one tx": those steps'
+    # chunks go out without text, so a client times every step as it happens.
+    engine = FakeEngine("one two", tokens_per_step=1)
+    server = start_server(engine)
+    body = {"model": MODEL, "prompt": "p", "max_tokens": 7, "stop": ["one tx"], "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+        events = _events(r)
+    steps = [e for e in events[:-1] if e["choices"][0]["finish_reason"] is None]
+    # Seven steps (the last "o" held back as a possible start of the stop string), then the
+    # held-back tail flushed when the generation ends.
+    assert [e["choices"][0]["text"] for e in steps] == ["", "", "", "", "", "one tw", "", "o"]
+
+
 def test_eos_ends_the_answer_without_its_text(start_server):
     server = start_server(FakeEngine("abcdef", eos_at=3))
     r = _post(server, "/v1/completions", {"model": MODEL, "prompt": "p", "max_tokens": 10})

@@ -286,8 +286,11 @@ class _Service:
                 released = matcher.feed(chunk.text) if not matcher.stopped else ""
                 if matcher.needs_cancel and not job.cancelled:
                     job.cancel("stop_string")
-                if released:
-                    outcome.text += released
+                outcome.text += released
+                if released or chunk.token_ids:
+                    # A chunk of tokens whose text is held back (a possible stop string) or
+                    # empty (bytes of an unfinished character) still goes out, without text,
+                    # so a streaming client sees every decode step as it happens.
                     yield released
                 event = None
         finally:

@@ -25,8 +25,8 @@ class StreamTiming:
     """One streamed completion as its client saw it.
 
     Attributes:
-        ttft_s: from sending the request to the first text chunk.
-        tpot_s: from the first to the last text chunk per further token (None below two
+        ttft_s: from sending the request to the first decode step's chunk (with or without text).
+        tpot_s: from the first to the last decode step's chunk per further token (None below two
             tokens).
         total_s: from sending the request to ``[DONE]``.
         tokens: completion tokens (``usage``).
@@ -91,11 +91,11 @@ def stream_completion(
             if chunk.get("usage"):
                 tokens = int(chunk["usage"]["completion_tokens"])
             for choice in chunk.get("choices", ()):
-                if choice.get("text"):
+                if choice.get("finish_reason") is None:  # a decode step's chunk, text or not
                     now = time.perf_counter()
                     first = first if first is not None else now
                     last = now
-                    text += choice["text"]
+                text += choice.get("text") or ""
             if chunk.get("specter"):
                 stats = chunk["specter"]
     finally:
