@@ -180,3 +180,59 @@ def test_a_trace_round_trips_and_old_dumps_are_named(trace, tmp_path):
         RoutingTrace.load(tmp_path / "none.pt")
     with pytest.raises(ValueError, match=r"RoutingReplayConfig\.sequence=-1"):
         RoutingReplayConfig("t.pt", -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("miss_path", ["stream", "load"])  # one graph / piecewise graphs
+def test_cuda_graphs_replay_the_recorded_experts(trace, miss_path):
+    lm = load_model(
+        ARCH, device="cuda", dtype=torch.float16, seed=1, max_seq_len=64, slots_per_layer=3,
+        policy="predictive", miss_path=miss_path, cuda_graphs=True, piecewise_graphs=True,
+    )  # fmt: skip
+    replay = replay_routing(lm, trace)
+    lm.capture_step_graphs(64)
+    for index, sequence in enumerate(trace.sequences):
+        acceptance = replay.start(replay.prompt(index), NEW_TOKENS)
+        controller = SpecController(
+            lm.draft, lm.target, cache=lm.prefetcher, depth=3, acceptance=acceptance
+        )
+        lm.reset()
+        result = controller.generate(replay.prompt(index), NEW_TOKENS)
+        P = sequence.prompt_len
+        assert result.tokens == sequence.tokens[P : P + NEW_TOKENS].tolist()
+        n = P
+        for it in result.stats.iterations:
+            assert it.accepted == _expected_accepted(sequence.agree, n, it.depth)
+            n += it.committed
+    stats = lm.graph_stats()
+    assert stats["draft"]["replays"] > 0
+    assert stats["target"]["replays"] > 0
+    # The ids inside the replayed graphs, step by step: the draft's through its routing
+    # counter, the target's through the streamed record (one graph) or the routing trace
+    # its eager expert calls keep between the pieces.
+    sequence = trace.sequences[0]
+    replay.select(0, NEW_TOKENS)
+    lm.reset()
+    tokens = sequence.tokens.cuda()
+    P = sequence.prompt_len
+    lm.target.forward(tokens[: P - 1].view(1, -1), 0)
+    lm.runtime.record_routing(miss_path == "load")
+    replays = lm.graph_stats()["draft"]["replays"]
+    for p in range(P - 1, P + 6):
+        lm.counter.clear()
+        lm.draft.forward(tokens[p : p + 1].view(1, 1), p)
+        counts = lm.counter.counts.cpu().long()
+        for layer in range(trace.moe_layers):
+            expected = torch.bincount(sequence.draft[p, layer].long(), minlength=8)
+            assert torch.equal(counts[layer], expected), (p, layer)
+        lm.target.forward(tokens[p : p + 1].view(1, 1), p)
+        for layer in range(trace.moe_layers):
+            expected = sequence.target[p, layer].long()
+            if miss_path == "stream":
+                got = lm.runtime.stream_record.ids[layer, 0].cpu()
+                assert torch.equal(got, expected), (p, layer)
+            else:
+                got = lm.runtime.routing_trace[layer][-1]
+                assert got == sorted(set(expected.tolist())), (p, layer)
+    assert lm.graph_stats()["draft"]["replays"] == replays + 7
