@@ -53,8 +53,9 @@ class RoutingReplayConfig:
 
     Attributes:
         trace: the trace file (``specter record-routing --out``).
-        sequence: the sequence a single generation replays (its prompt is the generation's
-            prompt); ``specter bench`` replays sequence ``i`` for prompt ``i``.
+        sequence: the sequence the tables hold once attached, until a generation selects
+            its own (``RoutingReplay.start``, by its prompt); ``specter bench`` replays
+            sequence ``i`` for prompt ``i``.
     """
 
     trace: Path
@@ -226,7 +227,8 @@ def replay_routing(
 
     Args:
         lm: the loaded model.
-        trace: a trace, or its file (a config's ``trace``).
+        trace: a trace, or its file; or a config: its trace, whose ``sequence`` the tables
+            hold until the first :meth:`RoutingReplay.start` (else sequence 0).
 
     Returns:
         The replay; :meth:`RoutingReplay.start` before each generation.
@@ -237,8 +239,9 @@ def replay_routing(
         FileNotFoundError: no such file.
         RuntimeError: the model replays already, or has captured CUDA graphs.
     """
+    first = 0
     if isinstance(trace, RoutingReplayConfig):
-        trace = trace.trace
+        trace, first = trace.trace, trace.sequence
     if not isinstance(trace, RoutingTrace):
         trace = RoutingTrace.load(trace)
     runtime = lm.runtime
@@ -261,6 +264,7 @@ def replay_routing(
         device=lm.device,
         with_draft=lm.draft is not None,
     )
+    replay.select(first, 0)  # the tables never hold anything but a recorded sequence
     lm.model.register_forward_pre_hook(replay._observe_positions, with_kwargs=True)
     runtime.routing_replay = replay
     return replay
