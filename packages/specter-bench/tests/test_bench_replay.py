@@ -132,3 +132,11 @@ def test_a_trace_that_does_not_fit_the_run_is_refused(trace_path, tmp_path):
 def test_routing_flags_are_checked(capsys, flags, message):
     assert main(["bench", "--model", "tiny-deepseek-v2", "--device", "cpu", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_replay_order_takes_the_sources_in_turn():
+    from specter_bench.bench_replay import replay_order
+
+    assert replay_order(["h", "h", "h", "p", "p"]) == [0, 3, 1, 4, 2]
+    assert replay_order(["p", "h", "p", "h"]) == [0, 1, 2, 3]
+    assert replay_order(["h"] * 3) == [0, 1, 2]

@@ -3,9 +3,10 @@
 Every engine system of the run computes the experts and accepts the proposals a trace
 recorded on a trained model of the same topology (`specter_models.routing_replay`):
 
-* prompt ``i`` is the trace's sequence ``i`` (its token ids, as recorded); the calibration
-  prompts that choose each budget's hot set are the sequences after the measured ones, and
-  their routing is the trace's (no calibration decode runs);
+* the prompts are the trace's sequences (their token ids, as recorded), taken source by
+  source in turn (:func:`replay_order`; with one source prompt ``i`` is sequence ``i``); the
+  calibration prompts that choose each budget's hot set are the next ones in that order,
+  and their routing is the trace's (no calibration decode runs);
 * the replay is attached to every engine load before its CUDA graphs are captured, and
   each generation selects its sequence by its prompt (``EngineSystemRunner``);
 * the routing experiments teacher-force the replayed model, so their routing is the
@@ -17,6 +18,7 @@ recorded on a trained model of the same topology (`specter_models.routing_replay
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -24,7 +26,23 @@ import torch
 from specter_bench.bench_support import EncodedPrompt
 from specter_bench.prompt_sources import Prompt
 
-__all__ = ["ReplayedRouting", "routing_label"]
+__all__ = ["ReplayedRouting", "replay_order", "routing_label"]
+
+
+def replay_order(sources: list[str]) -> list[int]:
+    """The order a replay takes a trace's sequences in, given each one's prompt source:
+    one of each source in turn (sources in order of first appearance, sequences in trace
+    order within a source), so the first ``n`` mix the sources evenly.
+
+    Example:
+        >>> replay_order(["humaneval", "humaneval", "humaneval", "prose", "prose"])
+        [0, 3, 1, 4, 2]
+    """
+    groups: dict[str, list[int]] = {}
+    for index, source in enumerate(sources):
+        groups.setdefault(source, []).append(index)
+    turns = itertools.zip_longest(*groups.values())
+    return [index for turn in turns for index in turn if index is not None]
 
 
 def routing_label(trace: Any | None) -> str:
@@ -62,7 +80,8 @@ class ReplayedRouting:
                 "sequences; record more (`specter record-routing --num-prompts`, --append) "
                 "or measure fewer."
             )
-        chosen = list(range(min(count, measured + cfg.calibration_prompts)))
+        order = replay_order([s.source for s in trace.sequences])
+        chosen = order[: measured + cfg.calibration_prompts]
         prompts = []
         for index in chosen:
             sequence = trace.check_length(index, cfg.max_new_tokens)
