@@ -81,6 +81,7 @@ def test_every_engine_system_decodes_the_traces_sequences(replay_run):
         assert r["extra"]["tokens"] == sequence.tokens[P : P + NEW_TOKENS].tolist()
         assert r["prompt_source"] == "jsonl"
     assert all(r["identity"]["routing"] == "replay:trace.pt" for r in result.records)
+    assert all(r["identity"]["prompt_source"] == "jsonl" for r in result.records)
     assert "tiny-deepseek-v2 (replay:trace.pt)" in tpot_table(tpot)
 
 

@@ -103,6 +103,13 @@ class ReplayedRouting:
                 "asked for)"
             )
 
+    def _prompt_source_label(self) -> str:
+        """The run's prompt source: the configured one, or under a replay the measured
+        sequences' sources (``humaneval,wikitext2``)."""
+        if self.trace is None:
+            return self.config.prompts.source
+        return ",".join(dict.fromkeys(p.prompt.source for p in self.prompts))
+
     def _attach_replay(self, loaded: Any) -> None:
         """Attach the run's replay to an engine load (before its graphs are captured)."""
         if self.trace is None:

@@ -128,7 +128,7 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
             experiment=config.experiment,
             tokenizer=tokenizer_name(self.tokenizer),
             max_new_tokens=config.max_new_tokens,
-            prompt_source=config.prompts.source,
+            prompt_source=self._prompt_source_label(),
             routing=routing_label(self.trace),
         )
         # Filled as the run goes.
