@@ -105,6 +105,7 @@ class HotSetStages:
                 options=cfg.engine, hot_experts=hottest_experts(routed, h) if h else None,
                 draft_pruned_experts=chosen.pruned_experts or None,
             )  # fmt: skip
+            self._attach_replay(loaded)
             try:
                 if getattr(loaded, "cuda_graphs", False):
                     if hasattr(loaded, "miss_path"):

@@ -41,6 +41,9 @@ class RoutingExperiments:
         (the same at every budget: greedy decoding is exact), from a target-only load."""
         if self._calibration_routes is not None:
             return self._calibration_routes
+        if self.trace is not None:  # the trace's routing of the calibration sequences
+            self._calibration_routes = self._replayed_calibration_routing()
+            return self._calibration_routes
         cfg = self.config
         loaded = load_engine(
             cfg.model, budget_gb=budget, with_draft=False, policy="lru", device=cfg.device,
@@ -106,6 +109,7 @@ class RoutingExperiments:
                 if self._deadline.expired():
                     break
                 tokens = self._reference_tokens(loaded, runs, prompt)
+                traced = self._select_replay(loaded, prompt)  # None without a replay
                 sequence = prompt.ids + tokens[:-1]
                 start = len(prompt.ids) - 1
                 target = teacher_forced_pass(recorder, loaded.target, sequence, start, loaded.reset)
@@ -117,12 +121,15 @@ class RoutingExperiments:
                     )
                     self.routing[prompt.prompt.id]["draft"] = draft.routing
                     draft_routes.append(draft.routing)
-                    # Host syncs, once per prompt: scalars only leave the device.
-                    agree = draft.logits.argmax(-1) == target.logits.argmax(-1)
-                    greedy.append(agree.double().mean().item())
-                    for t in ACCEPTANCE_TEMPERATURES:
-                        rates = sampled_acceptance(target.logits, draft.logits, t)
-                        sampled[t].append(rates.double().mean().item())
+                    if traced is not None:  # the recorded model's; these logits mean nothing
+                        greedy.append(self._replayed_agreement(traced, start, len(sequence)))
+                    else:
+                        # Host syncs, once per prompt: scalars only leave the device.
+                        agree = draft.logits.argmax(-1) == target.logits.argmax(-1)
+                        greedy.append(agree.double().mean().item())
+                        for t in ACCEPTANCE_TEMPERATURES:
+                            rates = sampled_acceptance(target.logits, draft.logits, t)
+                            sampled[t].append(rates.double().mean().item())
                     per_request.append(routing_agreement(draft.routing, target.routing).mean)
                 del target  # the [T, V] logits: one prompt's at a time
         finally:
@@ -151,6 +158,8 @@ class RoutingExperiments:
                 "prompts": len(draft_routes),
             }
             for t, values in sampled.items():
+                if not values:  # a replay: no recorded distributions
+                    continue
                 key = acceptance_key(t)
                 data[key] = statistics.fmean(values)
                 data[f"per_request_{key}"] = values
@@ -160,6 +169,11 @@ class RoutingExperiments:
                 "of sum_x min(p_target, q_draft) (1 - total variation), softmax at T=1 "
                 "(sampled_acceptance_t0.7: T=0.7) in float32"
             )
+            if self.trace is not None:
+                note = (
+                    f"replayed routing trace {self.trace.name}: the routing is the trace's, "
+                    "greedy_agreement its draft agreement flags; no sampled acceptance"
+                )
             out.append(self._experiment("routing_agreement", None, data, note))
         # The policy replay is CPU work: it runs after every GPU stage (see run()).
         self._replay_routes = (target_routes, draft_routes)

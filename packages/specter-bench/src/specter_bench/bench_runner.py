@@ -39,6 +39,7 @@ from specter_bench.belady import belady_bound, measure_expert_transfer_s
 from specter_bench.bench_hf_stages import HFStages
 from specter_bench.bench_hot_sets import HotSetStages
 from specter_bench.bench_record import ExperimentRecord, TpotRecord, append_records
+from specter_bench.bench_replay import ReplayedRouting, routing_label
 from specter_bench.bench_routing import RoutingExperiments
 from specter_bench.bench_support import (
     GB,
@@ -68,7 +69,7 @@ from specter_bench.system_run import SystemRun, first_mismatch
 __all__ = ["BenchResult", "BenchRunner", "EncodedPrompt"]
 
 
-class BenchRunner(RoutingExperiments, HotSetStages, HFStages):
+class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
     """Runs one :class:`~specter_bench.experiments.BenchConfig`.
 
     Args:
@@ -106,7 +107,9 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages):
         measured = config.prompts.limit if config.prompts.limit is not None else len(encoded)
         self.prompts = encoded[:measured]
         self.calibration = encoded[measured : measured + extra]
-        longest = max(len(p.ids) for p in encoded)
+        if config.routing_trace is not None:  # prompt i is the trace's sequence i
+            self._replay_prompts(vocab)
+        longest = max(len(p.ids) for p in [*self.prompts, *self.calibration])
         # KV positions: the longest prompt, the new tokens and one verification of max depth.
         need = longest + config.max_new_tokens + config.max_depth + 2
         self.max_seq_len = -(-need // 64) * 64
@@ -125,7 +128,8 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages):
             experiment=config.experiment,
             tokenizer=tokenizer_name(self.tokenizer),
             max_new_tokens=config.max_new_tokens,
-            prompt_source=config.prompts.source,
+            prompt_source=self._prompt_source_label(),
+            routing=routing_label(self.trace),
         )
         # Filled as the run goes.
         self.reference: dict[str, tuple[str, list[int]]] = {}
@@ -335,6 +339,7 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages):
         )
         load_s = time.perf_counter() - started
         self.log(f"loaded {loaded!r} in {load_s:.1f} s")
+        self._attach_replay(loaded)  # before the graphs are captured
         if getattr(loaded, "cuda_graphs", False):
             # Every decode step's graph is captured here, before any measurement: for each
             # miss path of the stage's systems (a streamed verification is one graph, an

@@ -362,6 +362,11 @@ class EngineSystemRunner:
             ValueError: as ``SpecController.generate``.
         """
         self._prepare()
+        # A routing replay (specter_models.routing_replay): the prompt's recorded sequence
+        # routes the experts and decides each iteration's acceptance.
+        replay = getattr(getattr(self.loaded, "runtime", None), "routing_replay", None)
+        if replay is not None:
+            self.controller.acceptance = replay.start(prompt_ids, max_new_tokens)
         device = self.loaded.device
         cuda = device.type == "cuda"
         if cuda:

@@ -119,6 +119,9 @@ class BenchConfig:
         engine: the ``specter_models.load`` switches of the engine systems (batch
             invariance, CUDA graphs).
         command: the command line, recorded with the results.
+        routing_trace: a routing trace (``specter record-routing``) every engine system
+            replays (prompt ``i`` is its sequence ``i``, calibration prompts the ones after
+            the measured ones); None: the model's own (random-weight) routing.
     """
 
     model: str
@@ -152,6 +155,7 @@ class BenchConfig:
     hot_sweep_counts: tuple[int, ...] | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
     command: str | None = None
+    routing_trace: Path | None = None
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
@@ -168,6 +172,12 @@ class BenchConfig:
             raise ValueError(
                 f"depth of the speculating systems must be an int >= 1 or 'auto', got "
                 f"{self.depth!r} (use --systems lru for decoding without speculation)."
+            )
+        replayed = [s for s in self.systems or () if s in HF_SYSTEMS or s == "hf-offload"]
+        if self.routing_trace is not None and replayed:
+            raise ValueError(
+                f"--routing replay replays a trace on Specter's engine; {', '.join(replayed)} "
+                "run transformers' own routing: leave them out of --systems."
             )
         pruned = self.draft_pruned_per_layer
         if pruned != "auto" and (isinstance(pruned, bool) or not isinstance(pruned, int)
@@ -280,7 +290,8 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
     """The stages of ``config.experiment`` at ``budgets``, in running order.
 
     The high budget is the largest finite one (where ablations and the depth sweep run);
-    the low budget the smallest (where ``hf-offload`` runs).
+    the low budget the smallest (where ``hf-offload`` runs). A routing replay plans the
+    engine's stages only (transformers cannot replay a trace).
     """
     exp = config.experiment
     finite = [b for b in budgets if b is not None]
@@ -302,6 +313,8 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
     hot_sweep = exp in ("default", "all", "hot-sweep") and high is not None
     routing = exp in ("default", "all", "routing")
     offload = exp in ("all", "offload") or "hf-offload" in (config.systems or ())
+    if config.routing_trace is not None:  # a replay runs on the engine alone
+        tpot, offload = tuple(s for s in tpot if s in ENGINE_SYSTEMS), False
 
     stages: list[Stage] = []
     hf = tuple(s for s in HF_SYSTEMS if s in tpot)

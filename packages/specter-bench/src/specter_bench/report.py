@@ -179,15 +179,25 @@ def _identity_lines(records: Sequence[dict[str, Any]]) -> list[str]:
             versions.get("transformers"),
             ident.get("weights"),
             r.get("model"),
+            ident.get("routing"),
         )
         seen.setdefault(key, ident)
     lines = []
-    for (commit, gpu, torch_v, tf_v, weights, model), ident in seen.items():
+    for (commit, gpu, torch_v, tf_v, weights, model, _), ident in seen.items():
         lines.append(
             f"- `{model}`: weights {weights}; GPU {gpu or 'none (CPU)'}; torch {torch_v}, "
             f"transformers {tf_v}; commit `{commit}`; {ident.get('started_at', '')}"
+            + _routing_note(ident)
         )
     return lines
+
+
+def _routing_note(identity: dict[str, Any]) -> str:
+    """``"; routing replayed from trace X"`` for a replayed run, else nothing."""
+    routing = identity.get("routing") or "random"
+    if routing == "random":
+        return ""
+    return f"; routing replayed from trace `{routing.removeprefix('replay:')}`"
 
 
 def _commands(records: Sequence[dict[str, Any]]) -> list[str]:

@@ -1,26 +1,31 @@
-"""Record the target's (and the INT4 draft's) expert routing of whole prompt sequences.
+"""Record a routing trace: the target's and the INT4 draft's routing of whole sequences.
 
-For offline cache-policy studies on the CPU (`specter_bench.policy_replay`):
-`record_routing_dump` loads a model with every expert resident and the INT4 draft,
-greedy-decodes each of the first ``num_prompts`` HumanEval prompts for ``max_new_tokens``
-tokens, then records the target's and the draft's routing of the whole sequence (prompt and
-continuation) by teacher forcing (`specter_models.routing_recorder.teacher_forced_pass`).
-Greedy decoding is exact, so the target's routing is the one any budget's run of these
-prompts sees.
+`record_routing_dump` loads a model with every expert resident and the INT4 draft, and for
+each prompt of a prompt source greedy-decodes ``max_new_tokens + lookahead`` tokens, then
+teacher-forces the whole sequence (prompt and continuation) through the target and the
+draft (`specter_models.routing_recorder.record_sequence`). Greedy decoding is exact, so the
+target's routing is the one any budget's run of these prompts sees.
 
-A dump (saved with ``torch.save``) is a dict: ``model``, ``prompt_ids`` (str), ``prompt_lens``
-(int), and per prompt ``target`` and ``draft`` (empty without a draft) ``[T, L, k]`` expert
-ids, uint8 (int16 past 256 experts); position ``prompt_len - 1`` onwards is the decode (the
-input of each decode step).
+The result is a `specter_models.RoutingTrace` (its module docstring describes the file):
+`specter policy-replay` studies cache policies on it, and `specter bench --routing replay`
+makes the full-size model move and compute its experts (`specter_models.routing_replay`).
+The lookahead covers a verification's proposals past the last generated token.
+
+`check_dump` and `split_dump` read the dict of a trace file and of version-1 dumps alike
+(``prompt_ids``, ``prompt_lens``, per prompt ``target`` and ``draft`` ``[T, L, k]``; position
+``prompt_len - 1`` onwards is the decode).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from specter_bench.prompt_sources import PromptSourceConfig
+from specter_models.routing_trace import RoutingTrace
 
 __all__ = ["RoutingDumpConfig", "check_dump", "compact", "record_routing_dump", "split_dump"]
 
@@ -31,17 +36,26 @@ class RoutingDumpConfig:
 
     Attributes:
         model: preset name or checkpoint folder.
-        num_prompts: the first HumanEval prompts.
-        max_new_tokens: greedy tokens decoded after each prompt.
-        draft: also record the INT4 draft's routing.
+        prompts: the prompt source (its ``limit``: how many prompts, the first ones).
+        max_new_tokens: the new tokens a replay decodes (``specter bench --max-new-tokens``).
+        lookahead: tokens recorded past them (the largest depth a replay verifies).
+        max_prompt_tokens: prompts are cut to this many tokens (None: whole).
+        draft: also record the INT4 draft's routing and agreement.
         device: ``cpu``, ``cuda`` or ``cuda:N``.
     """
 
     model: str = "deepseek-v2-lite"
-    num_prompts: int = 24
-    max_new_tokens: int = 64
+    prompts: PromptSourceConfig = field(default_factory=lambda: PromptSourceConfig(limit=24))
+    max_new_tokens: int = 128
+    lookahead: int = 16
+    max_prompt_tokens: int | None = 512
     draft: bool = True
     device: str = "cuda"
+
+    @property
+    def continuation(self) -> int:
+        """Tokens recorded after each prompt."""
+        return self.max_new_tokens + self.lookahead
 
 
 def compact(routing: torch.Tensor) -> torch.Tensor:
@@ -110,14 +124,13 @@ def split_dump(
 
 def record_routing_dump(
     config: RoutingDumpConfig, log: Callable[[str], None] = print
-) -> dict[str, object]:
-    """Decodes and teacher-forces each prompt (module docstring); returns the dump."""
-    from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner
+) -> RoutingTrace:
+    """Decodes and teacher-forces each prompt (module docstring); returns the trace."""
     from specter_bench.model_loading import load_tokenizer
     from specter_bench.prompt_encoding import encode_prompt
-    from specter_bench.prompt_sources import load_humaneval
+    from specter_bench.prompt_sources import load_prompts
     from specter_models import EngineConfig, LoadConfig, MemoryConfig, SpeculationConfig, load
-    from specter_models.routing_recorder import RoutingRecorder, teacher_forced_pass
+    from specter_models.routing_recorder import RoutingRecorder, record_sequence
 
     t0 = time.perf_counter()
     lm = load(
@@ -132,26 +145,30 @@ def record_routing_dump(
     vocab = lm.model.config.vocab_size
     tokenizer = load_tokenizer(config.model, vocab)
     recorder = RoutingRecorder(lm.model)
-    out: dict[str, object] = {"model": config.model, "prompt_ids": [], "prompt_lens": []}
-    targets, drafts = [], []
+    sequences = []
     try:
-        for prompt in load_humaneval(config.num_prompts):
-            ids = encode_prompt(prompt.text, tokenizer, vocab_size=vocab)
-            runner = EngineSystemRunner(lm, ENGINE_SYSTEMS["lru"], 0)
-            tokens = runner.generate(ids, config.max_new_tokens).tokens
-            sequence = ids + tokens[:-1]
-            target = teacher_forced_pass(recorder, lm.target, sequence, 0, lm.reset)
-            targets.append(compact(target.routing))
-            if lm.draft is not None:
-                draft = teacher_forced_pass(recorder, lm.draft, sequence, 0, lm.reset)
-                drafts.append(compact(draft.routing))
-                del draft
-            del target
-            out["prompt_ids"].append(prompt.id)  # type: ignore[union-attr]
-            out["prompt_lens"].append(len(ids))  # type: ignore[union-attr]
-            log(f"{prompt.id} {len(ids)} {len(tokens)} {time.perf_counter() - t0:.1f} s")
+        for prompt in load_prompts(config.prompts):
+            ids = encode_prompt(prompt.text, tokenizer, config.max_prompt_tokens, vocab_size=vocab)
+            sequence = record_sequence(
+                recorder, lm, ids, config.continuation, prompt_id=prompt.id, source=prompt.source
+            )
+            sequences.append(sequence)
+            agree = "" if sequence.agree is None else f", draft agrees {_agreement(sequence):.2f}"
+            log(
+                f"{prompt.id}: {len(ids)} + {config.continuation} tokens{agree} "
+                f"({time.perf_counter() - t0:.1f} s)"
+            )
     finally:
         recorder.remove()
-    out["target"] = targets
-    out["draft"] = drafts
-    return out
+    return RoutingTrace(
+        model=config.model,
+        moe_layers=lm.cache.num_layers,
+        num_experts=lm.cache.num_experts,
+        top_k=int(lm.config.num_experts_per_tok),
+        sequences=tuple(sequences),
+    )
+
+
+def _agreement(sequence) -> float:
+    """The draft's greedy agreement over the decode's positions."""
+    return float(sequence.agree[sequence.prompt_len - 1 : -1].double().mean())

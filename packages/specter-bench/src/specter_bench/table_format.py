@@ -20,6 +20,7 @@ __all__ = [
     "markdown_table",
     "mean_or_none",
     "median_or_none",
+    "model_label",
     "run_label",
     "source_label",
     "system_order",
@@ -82,6 +83,15 @@ def mean_or_none(values: Iterable[Any]) -> float | None:
 def median_or_none(values: Iterable[Any]) -> float | None:
     kept = [float(v) for v in values if v is not None]
     return statistics.median(kept) if kept else None
+
+
+def model_label(record: dict[str, Any]) -> str:
+    """The record's model, with the routing it decoded with when that was a replayed trace
+    (``specter bench --routing replay``): ``"deepseek-v2-lite (replay:dsv2.pt)"``, so
+    random and replayed routing never share a row."""
+    routing = (record.get("identity") or {}).get("routing") or "random"
+    model = str(record.get("model"))
+    return model if routing == "random" else f"{model} ({routing})"
 
 
 def run_label(record: dict[str, Any]) -> str:

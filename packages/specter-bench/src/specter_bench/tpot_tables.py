@@ -18,6 +18,7 @@ from specter_bench.table_format import (
     markdown_table,
     mean_or_none,
     median_or_none,
+    model_label,
     run_label,
     source_label,
     system_order,
@@ -63,7 +64,8 @@ class SystemSummary:
 
 def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
     """Group ``tpot`` records by (model, budget, system, run) and summarise over prompts:
-    the median TPOT, means of the rest.
+    the median TPOT, means of the rest. A replayed routing is part of the model's label
+    (``table_format.model_label``).
 
     Rows come sorted by model, budget (unlimited last), the order of
     :data:`~specter_bench.bench_record.SYSTEM_NAMES` and run.
@@ -71,7 +73,7 @@ def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
     groups: dict[tuple[str, float | None, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         if r.get("kind") == "tpot":
-            groups[(r["model"], r["budget_gb"], r["system"], run_label(r))].append(r)
+            groups[(model_label(r), r["budget_gb"], r["system"], run_label(r))].append(r)
     out = []
     for (model, budget, system, run), rs in sorted(
         groups.items(),

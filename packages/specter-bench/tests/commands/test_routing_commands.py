@@ -9,23 +9,31 @@ from specter_bench.cli import main
 @pytest.fixture(scope="module")
 def dump_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("routing") / "routing.pt"
-    argv = ["record-routing", "--model", "tiny-deepseek-v2", "--num-prompts", "3"]
-    argv += ["--max-new-tokens", "4", "--device", "cpu", "--out", str(path)]
-    assert main(argv) == 0
+    base = ["record-routing", "--model", "tiny-deepseek-v2", "--max-new-tokens", "4"]
+    base += ["--lookahead", "2", "--device", "cpu", "--out", str(path)]
+    assert main([*base, "--num-prompts", "2"]) == 0
+    assert main([*base, "--num-prompts", "1", "--append"]) == 0
     return path
 
 
-def test_record_routing_dumps_target_and_draft_routing_of_whole_sequences(dump_path):
+def test_record_routing_dumps_a_trace_of_whole_sequences(dump_path):
     dump = torch.load(dump_path, weights_only=True)
     assert dump["model"] == "tiny-deepseek-v2"
-    assert dump["prompt_ids"] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
-    for target, draft, length in zip(
-        dump["target"], dump["draft"], dump["prompt_lens"], strict=True
-    ):
-        # The prompt and the 4 generated tokens but the last (never an input).
-        assert target.shape[0] == length + 3
+    assert dump["format"] == "specter-routing-trace"
+    # Two prompts, then the first one again from --append.
+    assert dump["prompt_ids"] == ["HumanEval/0", "HumanEval/1", "HumanEval/0"]
+    assert dump["prompt_sources"] == ["humaneval"] * 3
+    assert torch.equal(dump["tokens"][0], dump["tokens"][2])
+    for tokens, target, draft, agree, length in zip(
+        dump["tokens"], dump["target"], dump["draft"], dump["agree"], dump["prompt_lens"],
+        strict=True,
+    ):  # fmt: skip
+        # The prompt, the 4 new tokens and the 2 of the lookahead, each routed.
+        assert tokens.shape == (length + 6,)
+        assert target.shape == (length + 6, 2, 2)
         assert target.shape == draft.shape
         assert target.dtype == torch.uint8
+        assert agree.shape == tokens.shape
 
 
 def test_policy_replay_prints_every_policy_with_belady_lowest(capsys, dump_path):
@@ -65,3 +73,12 @@ def test_missing_dump_and_output_folder_are_named(capsys, tmp_path):
     argv = ["record-routing", "--device", "cpu", "--out", str(tmp_path / "no" / "r.pt")]
     assert main(argv) == 2
     assert "does not exist; create it first" in capsys.readouterr().err
+
+
+def test_append_refuses_another_model_and_a_missing_trace(capsys, dump_path, tmp_path):
+    argv = ["record-routing", "--num-prompts", "1", "--max-new-tokens", "2", "--device", "cpu"]
+    assert main([*argv, "--model", "tiny-qwen2-moe", "--out", str(dump_path), "--append"]) == 2
+    assert "holds tiny-deepseek-v2's routing (2 MoE layers" in capsys.readouterr().err
+    missing = str(tmp_path / "none.pt")
+    assert main([*argv, "--model", "tiny-qwen2-moe", "--out", missing, "--append"]) == 2
+    assert "record it first without --append" in capsys.readouterr().err

@@ -46,6 +46,8 @@ from specter_models.presets import (
     preset_config,
 )
 from specter_models.reference_model import build_reference_model, reference_model_from
+from specter_models.routing_replay import RoutingReplay, RoutingReplayConfig, replay_routing
+from specter_models.routing_trace import RoutingTrace, TracedSequence
 from specter_models.row_truncation import RowTruncation, choose_cutoff
 from specter_models.shared_overlap import SharedExpertOverlap
 from specter_models.spec_adapters import DraftModel, SharedKV, TargetModel
@@ -84,6 +86,9 @@ __all__ = [
     "MemoryReport",
     "PlainReplay",
     "Preset",
+    "RoutingReplay",
+    "RoutingReplayConfig",
+    "RoutingTrace",
     "RowTruncation",
     "SharedExpertOverlap",
     "SharedKV",
@@ -92,6 +97,7 @@ __all__ = [
     "SpeculationConfig",
     "StaticKVCache",
     "TargetModel",
+    "TracedSequence",
     "__version__",
     "architecture_for",
     "auto_pruned_per_layer",
@@ -107,6 +113,7 @@ __all__ = [
     "preset_config",
     "reference_model_from",
     "replay_plain_decoding",
+    "replay_routing",
     "resolve_pruned_per_layer",
     "routing_counts",
 ]

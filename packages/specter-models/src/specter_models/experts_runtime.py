@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specter_cache import ExpertCache, RoutingCounter
 from specter_kernels import StagingBuffer
@@ -27,6 +27,9 @@ from specter_models.streamed_misses import (
     check_stream_staging,
     check_stream_waits,
 )
+
+if TYPE_CHECKING:
+    from specter_models.routing_replay import RoutingReplay
 
 VERIFICATION_KINDS = ("expert", "token")
 
@@ -79,6 +82,8 @@ class ExpertsRuntime:
         self.verification = verification
         self.routing_trace: list[list[list[int]]] | None = None
         self.expert_split: Callable[..., Any] | None = None
+        # A routing replay (routing_replay.py): recorded expert ids in place of the router's.
+        self.routing_replay: RoutingReplay | None = None
         # Miss-aware row truncation (row_truncation.py): the policy (None: off), the rows
         # still verified in the running target forward (None: this forward may not be cut)
         # and where the host-to-device bandwidth estimate comes from.

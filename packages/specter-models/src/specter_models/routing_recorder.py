@@ -4,7 +4,8 @@ transformers 5.17's DeepSeek-V2, Qwen2-MoE and PhiMoE blocks all call
 ``self.experts(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])`` on a module at
 ``model.layers.<i>.mlp.experts``; specter-models' swapped experts keep that call. A forward
 pre-hook on each such module sees the router's decision without touching the router, for
-the unmodified transformers model and Specter's target and draft alike.
+the unmodified transformers model and Specter's target and draft alike (for Specter's
+experts, the ids they compute: a routing replay's where one is attached).
 
 Recording copies each layer's ``top_k_index`` to the host (a sync per layer), so it runs in
 separate diagnostic passes (teacher forcing), never inside a timed decode.
@@ -14,16 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from specter_models.routing_trace import TracedSequence, compact_ids
 
 __all__ = [
     "RoutingRecorder",
     "TeacherForcedPass",
     "experts_modules",
+    "record_sequence",
     "teacher_forced_pass",
     "teacher_forced_routing",
 ]
@@ -84,6 +89,9 @@ class RoutingRecorder:
                     f"the experts module of MoE layer {self.layers[position]} was called "
                     "without top_k_index; this transformers version's MoE call is not supported."
                 )
+            routed = getattr(module, "routed_ids", None)
+            if callable(routed):  # Specter's experts: a routing replay's ids where one runs
+                ids = routed(ids)
             # Host copy on purpose: diagnostic passes only (see the module docstring).
             self._rows[position].append(
                 ids.detach().to("cpu", torch.long).reshape(-1, ids.shape[-1])
@@ -202,3 +210,48 @@ def teacher_forced_routing(
     """
     forced = teacher_forced_pass(recorder, spec_model, token_ids, start, reset)
     return forced.routing, forced.greedy()
+
+
+def record_sequence(
+    recorder: RoutingRecorder,
+    lm: Any,
+    prompt_ids: Sequence[int],
+    new_tokens: int,
+    *,
+    prompt_id: str = "",
+    source: str = "",
+) -> TracedSequence:
+    """One sequence of a routing trace (``routing_trace``): greedy-decode ``new_tokens``
+    after the prompt with the target alone (no stop token), then teacher-force the whole
+    sequence through the target and, where ``lm`` has one, the draft.
+
+    Args:
+        recorder: hooks on ``lm.model``.
+        lm: a ``SpecterModel`` (load it with every expert resident: nothing is timed).
+        prompt_ids: the prompt's ids (at least one).
+        new_tokens: the continuation's length.
+        prompt_id: the prompt's id in its source; source: the prompt source.
+
+    Returns:
+        Its tokens, prompt length, target and draft routing (uint8, int16 past 256 experts)
+        and the draft's greedy agreement with the target at every position.
+    """
+    prompt = [int(t) for t in prompt_ids]
+    generated = lm.generate(prompt, new_tokens, depth=0).tokens
+    tokens = prompt + list(generated)
+    target = teacher_forced_pass(recorder, lm.target, tokens, 0, lm.reset)
+    draft_ids = agree = None
+    if lm.draft is not None:
+        draft = teacher_forced_pass(recorder, lm.draft, tokens, 0, lm.reset)
+        agree = draft.greedy() == target.greedy()
+        draft_ids = compact_ids(draft.routing)
+        del draft
+    return TracedSequence(
+        prompt_id=prompt_id,
+        source=source,
+        tokens=torch.tensor(tokens, dtype=torch.long),
+        prompt_len=len(prompt),
+        target=compact_ids(target.routing),
+        draft=draft_ids,
+        agree=agree,
+    )

@@ -211,6 +211,7 @@ class SpecterExperts(nn.Module):
             RuntimeError: called outside a draft or target forward (no mode set), or in draft
                 mode before INT4 weights were installed.
         """
+        top_k_index = self.routed_ids(top_k_index)
         mode = self.runtime.mode
         if mode is ExpertsMode.DRAFT:
             return self._draft(hidden_states, top_k_index, top_k_weights)
@@ -223,6 +224,15 @@ class SpecterExperts(nn.Module):
             "SpecterExperts ran outside a draft or target forward: call the model through "
             "TargetModel / DraftModel (or inside ExpertsRuntime.running(mode))"
         )
+
+    def routed_ids(self, top_k_index: torch.Tensor) -> torch.Tensor:
+        """The ``[T, k]`` experts this layer computes for the router's ``top_k_index``:
+        those ids, or under a routing replay (``runtime.routing_replay``) the recorded ones
+        at the rows' positions, gathered on the device (``routing_replay``)."""
+        replay = self.runtime.routing_replay
+        if replay is None:
+            return top_k_index
+        return replay.expert_ids(self.layer, self.runtime.mode, top_k_index)
 
     def target_forward(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, keep_pairs: bool = False

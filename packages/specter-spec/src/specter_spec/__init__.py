@@ -23,6 +23,7 @@ from specter_spec.depth import (
 from specter_spec.depth_profiler import DepthProfile, profile_depth
 from specter_spec.hf_causal_lm import HFCausalLM
 from specter_spec.phase_clock import PhaseClock
+from specter_spec.recorded_acceptance import AcceptanceOverride, RecordedAcceptance
 from specter_spec.sampling import (
     NonFiniteLogitsError,
     SamplingConfig,
@@ -37,6 +38,7 @@ from specter_spec.token_stream import TokenStream
 __version__ = "0.1.0"
 
 __all__ = [
+    "AcceptanceOverride",
     "AcceptanceResult",
     "AdaptiveDepth",
     "AdaptiveDepthConfig",
@@ -49,6 +51,7 @@ __all__ = [
     "IterationStats",
     "NonFiniteLogitsError",
     "PhaseClock",
+    "RecordedAcceptance",
     "SamplingConfig",
     "SpecController",
     "SpecModel",

@@ -11,6 +11,7 @@ from specter_spec.acceptance import AcceptanceResult, greedy_accept, rejection_s
 from specter_spec.depth.policy import DepthPolicy, FixedDepth, as_depth_policy, check_depth
 from specter_spec.phase_clock import PhaseClock
 from specter_spec.queued_steps import PIPELINE_DEPTH, PlainQueue, QueuedPlainStep, TokenReadback
+from specter_spec.recorded_acceptance import AcceptanceOverride, check_acceptance_override
 from specter_spec.sampling import SamplingConfig, check_finite_logits, sampling_probs
 from specter_spec.spec_model import (
     SpecModel,
@@ -77,6 +78,10 @@ class SpecController:
             (its KV is truncated). A plain step's ``total_time_s`` runs from the
             previous step's token read (or its own queueing, if later) to its own,
             so iteration times still sum to the decode's wall time.
+        acceptance: an :class:`AcceptanceOverride` that decides each iteration's accepted
+            count and committed tokens in place of the acceptance rule (a routing replay's
+            recorded outcomes, :class:`RecordedAcceptance`); the rule still runs, so each
+            iteration does the same work. None (the default): the rule decides.
 
     Raises:
         TypeError: a model or the observer does not follow its protocol, or
@@ -100,8 +105,11 @@ class SpecController:
         clock: Callable[[], float] | None = None,
         check_kv: bool = True,
         pipeline_plain: bool | None = None,
+        acceptance: AcceptanceOverride | None = None,
     ) -> None:
         check_spec_model(target, "target")
+        if acceptance is not None:
+            check_acceptance_override(acceptance)
         if pipeline_plain is not None and not isinstance(pipeline_plain, bool):
             raise TypeError(f"pipeline_plain must be True, False or None, got {pipeline_plain!r}")
         self.depth_policy = as_depth_policy(depth)
@@ -137,6 +145,7 @@ class SpecController:
         self.clock = clock
         self.check_kv = check_kv
         self.pipeline_plain = pipeline_plain
+        self.acceptance = acceptance
 
     # -- public API ------------------------------------------------------------------
 
@@ -300,6 +309,8 @@ class SpecController:
                 proposals = proposals[:verified]
                 target_logits = target_logits[:, : verified + 1]
             outcome = self._accept(proposals, draft_probs, target_logits[0], generator)
+            if self.acceptance is not None:  # recorded outcomes (a routing replay)
+                proposals, outcome = self.acceptance.decide(n, proposals)
             # The one host synchronisation of the iteration: the accepted count,
             # the correction/bonus token and the proposals, in a single copy.
             host = torch.cat(
@@ -381,6 +392,8 @@ class SpecController:
         self._check_logits(logits, 1, "target")
         no_proposals = committed[:0]
         outcome = self._accept(no_proposals, None, logits[0], generator)
+        if self.acceptance is not None:
+            _, outcome = self.acceptance.decide(n, no_proposals)
         committed[n : n + 1] = outcome.next_token.view(1)
         self._check_contract(n + 1, where="after a queued plain step")
         slot, ready = plain.readback.push(outcome.next_token)

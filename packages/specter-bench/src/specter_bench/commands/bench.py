@@ -22,7 +22,7 @@ from specter_bench.commands.args import (
     resolve_device,
 )
 
-__all__ = ["bench_config_from_args", "register", "run"]
+__all__ = ["bench_config_from_args", "register", "routing_trace_of", "run"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -137,7 +137,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--dtype", default=None, help="default: float16 on a GPU, float32 on a CPU (float64 too)"
     )
+    _add_routing_args(bench)
     bench.set_defaults(run=run)
+
+
+def _add_routing_args(bench: argparse.ArgumentParser) -> None:
+    """``--routing`` and ``--routing-trace``: the model's own routing or a replayed trace."""
+    bench.add_argument(
+        "--routing",
+        choices=("random", "replay"),
+        default="random",
+        help="random: the model's own routing (random weights); replay: every engine system "
+        "computes the experts and accepts what --routing-trace recorded on a trained model of "
+        "the same topology (prompt i is the trace's sequence i)",
+    )
+    bench.add_argument(
+        "--routing-trace",
+        default=None,
+        help="the trace --routing replay replays (written by `specter record-routing`)",
+    )
+
+
+def routing_trace_of(args: argparse.Namespace) -> Path | None:
+    """The trace file of ``--routing``/``--routing-trace``, or None for random routing.
+
+    Raises:
+        ValueError: one of the two flags without the other, or a missing file.
+    """
+    trace = getattr(args, "routing_trace", None)
+    if getattr(args, "routing", "random") == "random":
+        if trace is not None:
+            raise ValueError(f"--routing-trace {trace} needs --routing replay to be replayed.")
+        return None
+    if trace is None:
+        raise ValueError(
+            "--routing replay needs --routing-trace PATH (a trace written by `specter "
+            "record-routing` on a trained model of the same topology)."
+        )
+    path = Path(trace)
+    if not path.is_file():
+        raise ValueError(
+            f"--routing-trace {path} does not exist; write it with `specter record-routing`."
+        )
+    return path
 
 
 def bench_config_from_args(args: argparse.Namespace, device: str) -> Any:
@@ -201,6 +243,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> Any:
         draft_pruned_per_layer=args.draft_pruned,
         engine=EngineOptions.from_args(args),
         command=getattr(args, "invocation", None),
+        routing_trace=routing_trace_of(args),
         **kwargs,  # type: ignore[arg-type]
     )
 

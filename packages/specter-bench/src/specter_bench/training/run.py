@@ -280,7 +280,10 @@ def _run(settings: RunSettings, out: Path, start: float, argv: list[str]) -> int
     initial_eval = evaluate(model, eval_windows, settings.batch_size, device, monitor)
     eval_seconds = time.perf_counter() - eval_start
     log.write("eval", step=0, **initial_eval, eval_seconds=round(eval_seconds, 3))
-    say(f"step 0: held-out loss {initial_eval['heldout_loss']:.4f}")
+    say(
+        f"step 0: held-out loss {initial_eval['heldout_loss']:.4f}, perplexity "
+        f"{initial_eval['heldout_ppl']:.2f}"
+    )
     train_deadline = start + settings.max_minutes * 60.0 - FINALIZE_RESERVE_S - 2 * eval_seconds
 
     best_loss, best_step, best_state = initial_eval["heldout_loss"], 0, None
@@ -382,7 +385,8 @@ def _run(settings: RunSettings, out: Path, start: float, argv: list[str]) -> int
             log.write("eval", step=step, **last_eval)
             entropies = [u["entropy"] for u in last_eval["expert_usage"]]
             say(
-                f"step {step}: held-out loss {last_eval['heldout_loss']:.4f}, expert-usage "
+                f"step {step}: held-out loss {last_eval['heldout_loss']:.4f}, perplexity "
+                f"{last_eval['heldout_ppl']:.2f}, expert-usage "
                 f"entropy per layer {entropies}"
             )
             if last_eval["heldout_loss"] < best_loss:
@@ -447,7 +451,10 @@ def _run(settings: RunSettings, out: Path, start: float, argv: list[str]) -> int
         experts_implementation=saved_experts,
         **saved_eval,
     )
-    say(f"saved checkpoint (step {saved_step}): held-out loss {saved_eval['heldout_loss']:.4f}")
+    say(
+        f"saved checkpoint (step {saved_step}): held-out loss {saved_eval['heldout_loss']:.4f}, "
+        f"perplexity {saved_eval['heldout_ppl']:.2f}"
+    )
     generations = generation_check(reloaded, reloaded_tokenizer, device, settings.max_new_tokens)
     log.write("generation", samples=generations)
 
