@@ -34,8 +34,9 @@ class DecodeLoop:
 
         def decode(ids: list[int], count: int) -> SystemRun:
             run = generate(ids, count)
-            if self.first_token_s is None and run.started_s is not None and run.ttft_s:
-                self.first_token_s = run.started_s + run.ttft_s
+            started, ttft = getattr(run, "started_s", None), getattr(run, "ttft_s", None)
+            if self.first_token_s is None and started is not None and ttft:
+                self.first_token_s = started + ttft
             return run
 
         return decode
