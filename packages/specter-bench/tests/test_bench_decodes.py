@@ -4,6 +4,7 @@ chooses K = 0 (tiny models on the CPU)."""
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from specter_bench.bench_runner import BenchRunner
@@ -92,18 +93,20 @@ def test_specter_falls_back_to_offload_where_its_depth_chose_zero(tmp_path, monk
     assert ["specter"] in loads  # the fallback load, beside specter's own and lru's
 
 
-def test_a_fixed_depth_never_falls_back(tmp_path, monkeypatch):
+@pytest.mark.parametrize("setting", [{"depth": 2}, {"fallback": False}])
+def test_a_fixed_depth_or_no_fallback_keeps_speculating(tmp_path, monkeypatch, setting):
     from specter_models.engine import speculation_verdict as verdicts
 
     losing = verdicts.SpeculationVerdict(False, 0.4, 100.0, 2, 60.0)
     monkeypatch.setattr(verdicts, "speculation_verdict", lambda policy: losing)
     result = _run(
         tmp_path, prompts=_prompts(tmp_path, limit=1), systems=("specter",), budgets=(_budget(),),
-        depth=2,
+        **setting,
     )  # fmt: skip
     (specter,) = [r for r in result.records if r["kind"] == "tpot"]
-    assert specter["extra"]["settings"]["speculation"] == "on (depth 2)"
-    assert specter["depth"] > 0
+    depth = setting.get("depth", "auto")
+    assert specter["extra"]["settings"]["speculation"] == f"on (depth {depth})"
+    assert specter["extra"]["settings"]["draft"] == "int4"
     assert len([r for r in result.records if r["kind"] == "memory"]) == 1
 
 

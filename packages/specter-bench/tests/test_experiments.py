@@ -59,6 +59,7 @@ def test_a_fixed_depth_or_no_specter_plans_no_fallback_load():
         (False, True, True, ()),
     ]
     assert not any(s.fallback for s in _stages(experiment="tpot", systems=("lru",)))
+    assert not any(s.fallback for s in _stages(experiment="tpot", fallback=False))
 
 
 def test_the_ttft_experiment_runs_engine_systems_only():

@@ -315,7 +315,8 @@ class BenchRunner(DecodeLoop, TpotRecords, TtftStages, RoutingExperiments, HotSe
         its warm-up, whether its depth policy chose K = 0; if so the budget's fallback load
         decodes it as ``offload``, and the reason is returned (its decodes here stop)."""
         system = runner.system
-        if not (system.falls_back and self.config.depth == "auto" and stage.budget_gb):
+        cfg = self.config
+        if not (system.falls_back and cfg.fallback and cfg.depth == "auto" and stage.budget_gb):
             return None
         from specter_models.engine.speculation_verdict import speculation_verdict
 

@@ -130,6 +130,9 @@ class BenchConfig:
             run (the headline protocol uses 3).
         prompt_lengths: prompt lengths in tokens of the ``ttft`` experiment (the measured
             prompts' text repeated to exactly each length).
+        fallback: with an adaptive depth, ``specter`` decodes as ``offload`` at a budget
+            where its warm-up chose K = 0 (False: it speculates there anyway, to measure
+            what the draft costs).
     """
 
     model: str
@@ -165,6 +168,7 @@ class BenchConfig:
     command: str | None = None
     runs: int = 1
     prompt_lengths: tuple[int, ...] = DEFAULT_PROMPT_LENGTHS
+    fallback: bool = True
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
@@ -373,7 +377,11 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
     # The engine without a draft (``offload``, ``lru``, streamed plain decoding): at a budget,
     # loads of its own, whose slots take the draft's memory.
     draftless = tuple(s for s in tpot if s in ENGINE_SYSTEMS and not ENGINE_SYSTEMS[s].needs_draft)
-    falls_back = config.depth == "auto" and any(ENGINE_SYSTEMS[s].falls_back for s in engine_spec)
+    falls_back = (
+        config.fallback
+        and config.depth == "auto"
+        and any(ENGINE_SYSTEMS[s].falls_back for s in engine_spec)
+    )
     # Ablations and the sweep run at the high budget (unlimited when no finite budget), in a
     # stage of their own after every budget's target systems: under a time limit the cells
     # the targets compare are measured first.

@@ -231,7 +231,8 @@ def test_bench_headline_options_reach_the_config():
         "--num-prompts", "10", "--max-new-tokens", "128", "--runs", "3",
     ]  # fmt: skip
     config = bench_config_from_args(parser.parse_args(argv), "cpu")
-    assert (config.runs, config.max_new_tokens) == (3, 128)
+    assert (config.runs, config.max_new_tokens, config.fallback) == (3, 128, True)
+    assert not bench_config_from_args(parser.parse_args([*argv, "--no-fallback"]), "cpu").fallback
     assert (config.prompts.source, config.prompts.limit) == ("humaneval,prose", 10)
     assert config.systems == ("specter", "offload", "lru")
     ttft = ["bench", "--model", "m", "--experiment", "ttft", "--prompt-lengths", "512,2048"]

@@ -73,6 +73,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--depth", type=parse_depth, default=None, help="K for speculating systems")
     bench.add_argument(
+        "--no-fallback",
+        action="store_true",
+        help="with --depth auto, keep specter speculating at a budget where its warm-up chose "
+        "K = 0 (by default it then decodes as offload, and its records say so)",
+    )
+    bench.add_argument(
         "--depths",
         type=parse_int_list,
         default=None,
@@ -224,6 +230,7 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> Any:
         engine=EngineOptions.from_args(args),
         command=getattr(args, "invocation", None),
         runs=args.runs,
+        fallback=not args.no_fallback,
         **kwargs,  # type: ignore[arg-type]
     )
 
