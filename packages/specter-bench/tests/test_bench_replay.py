@@ -128,6 +128,10 @@ def test_a_trace_that_does_not_fit_the_run_is_refused(trace_path, tmp_path):
         (["--routing", "replay"], "--routing replay needs --routing-trace PATH"),
         (["--routing-trace", "t.pt"], "--routing-trace t.pt needs --routing replay"),
         (["--routing", "replay", "--routing-trace", "none.pt"], "none.pt does not exist"),
+        (
+            ["--experiment", "ttft", "--routing", "replay", "--routing-trace", "t.pt"],
+            "--experiment ttft measures synthetic prompts",
+        ),
     ],
 )
 def test_routing_flags_are_checked(capsys, flags, message):

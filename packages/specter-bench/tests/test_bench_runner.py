@@ -72,7 +72,7 @@ def test_every_record_kind_is_written_and_readable(default_run):
     cells = {(r["system"], r["budget_gb"]) for r in result.records if r["kind"] == "tpot"}
     expected = {("hf", None), ("hf-default", None)}
     for budget in (None, low, high):
-        expected |= {("lru", budget), ("spec-lru", budget), ("specter", budget)}
+        expected |= {(s, budget) for s in ("offload", "lru", "spec-lru", "specter")}
     expected |= {(system, high) for system in ABLATIONS}
     assert cells == expected
 
@@ -80,7 +80,7 @@ def test_every_record_kind_is_written_and_readable(default_run):
 def test_every_system_decodes_what_hf_decodes(default_run):
     _, result = default_run
     tpot = [r for r in result.records if r["kind"] == "tpot"]
-    assert len(tpot) == 2 * (2 + 3 * 3 + len(ABLATIONS))  # hf twice, 3 budgets, ablations
+    assert len(tpot) == 2 * (2 + 4 * 3 + len(ABLATIONS))  # hf twice, 3 budgets, ablations
     for r in tpot:
         assert r["new_tokens"] == NEW_TOKENS
         assert r["tpot_ms"] > 0
@@ -120,7 +120,7 @@ def test_engine_records_hold_cache_acceptance_and_the_belady_bound(default_run):
         if r["kind"] != "tpot" or r["system"].startswith("hf"):
             continue
         layers = len(r["slots_per_layer"])
-        if r["system"] != "lru":
+        if ENGINE_SYSTEMS[r["system"]].speculate:
             assert 0 < r["depth"] <= 3  # K = 3, shortened only where the token budget ends
             assert 0 <= r["acceptance_rate"] <= 1
             assert r["draft_ms_per_token"] > 0
@@ -221,19 +221,21 @@ def test_routing_experiments(default_run):
         assert p["tpot_ms"] == pytest.approx(sum(p["prompt_tpot_ms"].values()) / p["prompts"])
     memory = by_kind["memory"]
     # One per engine load: at each budget the hot-set draft (specter), the plain draft
-    # (spec-lru) and lru, less unlimited's two (every system shares the all-resident load),
-    # plus the ablations with and without a hot set (and the sweep) at the high budget, and
-    # specter-staged's own load there.
-    assert len(memory) == 10
+    # (spec-lru), offload's draftless load and lru's, less unlimited's three (every system
+    # shares the all-resident load), plus the ablations with and without a hot set (and the
+    # sweep) at the high budget, and specter-staged's own load there.
+    assert len(memory) == 12
     for r in memory:
         assert r["data"]["expected_peak_gb"] > r["data"]["slots_gb"] > 0
 
 
 def test_each_budget_pins_the_hot_set_its_calibration_chose(default_run):
     runner, result = default_run
-    hot = {r["budget_gb"]: r["data"] for r in result.records if r["kind"] == "hot_experts"}
-    assert set(hot) == set(runner.budgets[:2])  # the finite budgets
-    for data in hot.values():
+    chosen = [r for r in result.records if r["kind"] == "hot_experts"]
+    hot = {r["budget_gb"]: r["data"] for r in chosen if r["data"].get("with_draft", True)}
+    plain = {r["budget_gb"]: r["data"] for r in chosen if not r["data"].get("with_draft", True)}
+    assert set(hot) == set(plain) == set(runner.budgets[:2])  # the finite budgets
+    for data in [*hot.values(), *plain.values()]:
         assert data["calibration_prompts"] == ["c", "d"]  # after the measured prompts
         assert data["calibration_tokens"] == [NEW_TOKENS, NEW_TOKENS]
         assert data["loads"][str(data["per_layer"])] == min(data["loads"].values())
@@ -243,7 +245,11 @@ def test_each_budget_pins_the_hot_set_its_calibration_chose(default_run):
         if r["kind"] != "tpot" or r["system"].startswith("hf") or r["budget_gb"] is None:
             continue
         pinned = r["extra"]["settings"]["hot_experts_per_layer"]
-        if ENGINE_SYSTEMS[r["system"]].hot_experts:
+        if r["system"] == "offload":  # its own choice, among the draftless slots
+            assert plain[r["budget_gb"]]["window"] == 1
+            assert pinned == plain[r["budget_gb"]]["per_layer"]
+            assert r["slots_per_layer"][0] == plain[r["budget_gb"]]["slots_per_layer"]
+        elif ENGINE_SYSTEMS[r["system"]].hot_experts:
             assert pinned == hot[r["budget_gb"]]["per_layer"]
             assert r["slots_per_layer"][0] == hot[r["budget_gb"]]["slots_per_layer"]
         else:
@@ -263,11 +269,12 @@ def test_only_specter_fill_fills(default_run):
             continue
         seen.add(r["system"])
         assert settings["stream_staging"] == 0  # float64: specter-staged runs unstaged
-        assert settings["stream_fills"] == (8 if r["system"] == "specter-fill" else 0)
-        if r["system"] != "specter-fill":
+        fills = r["system"] in ("specter-fill", "offload")
+        assert settings["stream_fills"] == (8 if fills else 0)
+        if not fills:
             assert cache["streamed_fills"] == 0
         assert cache["streamed_fills"] <= cache["streamed_reads"]
-    assert {"specter", "specter-fill", "specter-staged"} <= seen
+    assert {"specter", "specter-fill", "specter-staged", "offload"} <= seen
     fills = [
         r["extra"]["cache"]["streamed_fills"]
         for r in result.records
@@ -300,7 +307,7 @@ def test_the_hot_count_sweep_loads_each_count_and_keeps_greedy_tokens(default_ru
     slots = [p["slots_per_layer"] for p in points]
     assert slots == sorted(slots)
     memory_loads = [r for r in result.records if r["kind"] == "memory"]
-    assert len(memory_loads) == 10  # the sweep's loads record no memory accounting
+    assert len(memory_loads) == 12  # the sweep's loads record no memory accounting
 
 
 def test_report_from_the_records(default_run, tmp_path):
@@ -345,7 +352,7 @@ def test_time_limit_stops_cleanly(tmp_path):
     assert len(result.skipped) == len(result.records) == 2  # the hf and engine stages
     assert [r["data"]["systems"] for r in result.records] == [
         ["hf", "hf-default"],
-        ["specter", "spec-lru", "lru"],
+        ["specter", "spec-lru", "offload", "lru"],
     ]
 
 

@@ -267,7 +267,7 @@ def test_plain_steps_overlap_only_with_every_expert_resident():
     for name, streamed in (
         ("specter-plain", True),
         ("specter-plain-fill", True),
-        ("specter-plain-pipe", True),
+        ("offload", True),
         ("lru", False),
     ):
         runner = EngineSystemRunner(budgeted, ENGINE_SYSTEMS[name])
@@ -293,9 +293,9 @@ def test_plain_steps_overlap_only_with_every_expert_resident():
 
 
 def test_pipelined_records_keep_plain_fill_tokens_and_say_so():
-    # specter-plain-pipe is specter-plain-fill whose steps choose fill candidates before the
-    # step before them is counted (deferred records, as on CUDA): the same tokens, fills
-    # made, and the setting in its records; switching back turns it off.
+    # offload is specter-plain-fill whose steps choose fill candidates before the step before
+    # them is counted (deferred records, as on CUDA): the same tokens, fills made, and the
+    # setting in its records; switching back turns it off.
     kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
     loaded = load_model(
         "tiny-deepseek-v2", slots_per_layer=3, draft=None, policy="lru", miss_path="stream",
@@ -304,10 +304,10 @@ def test_pipelined_records_keep_plain_fill_tokens_and_say_so():
     loaded.runtime.stream_record.deferred = True  # the CUDA default
     prompt = _prompt(4, loaded.config.vocab_size)
     runs = {}
-    for name in ("specter-plain-fill", "specter-plain-pipe", "specter-plain-fill"):
+    for name in ("specter-plain-fill", "offload", "specter-plain-fill"):
         run = EngineSystemRunner(loaded, ENGINE_SYSTEMS[name]).generate(prompt, 12)
         runs.setdefault(name, []).append(run)
-    pipe, fill = runs["specter-plain-pipe"][0], runs["specter-plain-fill"]
+    pipe, fill = runs["offload"][0], runs["specter-plain-fill"]
     assert pipe.tokens == fill[0].tokens == fill[1].tokens
     assert pipe.settings["pipelined_records"] is True
     assert [r.settings["pipelined_records"] for r in fill] == [False, False]
@@ -358,3 +358,36 @@ def test_specter_no_wait_switches_the_waits_off_for_itself_only_and_keeps_tokens
     assert wait.cache["prefetch_loads"] > 0
     lru = EngineSystemRunner(loaded, ENGINE_SYSTEMS["lru"]).generate(prompt, 4)
     assert lru.settings["stream_waits"] is None  # not on the streamed path
+
+
+@pytest.mark.parametrize("arch", ["tiny-deepseek-v2", "tiny-qwen2-moe"])
+def test_offload_with_a_pinned_hot_set_decodes_what_lru_and_the_target_decode(arch):
+    # offload: no draft, streamed misses with fills, pipelined records, and a pinned hot set
+    # (here forced: two experts a layer). Greedy tokens equal lru's (misses loaded on demand,
+    # no pins) and transformers' own.
+    kwargs = {"device": "cpu", "dtype": torch.float64, "seed": 3, "max_seq_len": 64}
+    plain = {"draft": None, "policy": "lru", "slots_per_layer": 3, "miss_path": "stream",
+             "stream_fills": FILL_CANDIDATES}  # fmt: skip
+    lru_load = load_model(arch, **plain, **kwargs)
+    layers = lru_load.cache.num_layers
+    hot_load = load_model(arch, hot_experts=[[0, 5]] * layers, **plain, **kwargs)
+    hot_load.runtime.stream_record.deferred = True  # the CUDA default: records pipeline
+    reference = build_reference_model(arch, seed=3, device="cpu", dtype=torch.float64)
+    prompt = _prompt(6, lru_load.config.vocab_size)
+    expected = HFRunner(reference, "hf-default").generate(prompt, 12).tokens
+    offload = EngineSystemRunner(hot_load, ENGINE_SYSTEMS["offload"]).generate(prompt, 12)
+    lru = EngineSystemRunner(lru_load, ENGINE_SYSTEMS["lru"]).generate(prompt, 12)
+    assert offload.tokens == lru.tokens == expected
+    assert offload.settings["hot_experts_per_layer"] == 2
+    assert offload.settings["miss_path"] == "stream"
+    assert offload.settings["pipelined_records"] is True
+    assert offload.settings["speculation"] == "off"
+    assert offload.generation["proposed"] == 0
+    assert [hot_load.cache.pinned(layer) for layer in range(layers)] == [[0, 5]] * layers
+    # What users feel, on the CPU: times positive and in order, no driver to ask.
+    for run in (offload, lru):
+        assert run.ttft_s > 0
+        assert run.started_s > 0
+        assert run.prefill_s < run.ttft_s
+        assert run.driver_peak_bytes is None
+        assert run.run_index == 0

@@ -215,3 +215,18 @@ def test_load_prompts_dispatches_and_checks_its_config(tmp_path):
         load_prompts(PromptSourceConfig("squad"))
     with pytest.raises(ValueError, match="--prompts-path"):
         load_prompts(PromptSourceConfig("c4"))
+
+
+def test_prose_ships_with_the_package_as_original_passages():
+    from specter_bench.prompt_sources import load_prose
+
+    prose = load_prose()
+    assert len(prose) == 24
+    assert all(p.source == "prose" for p in prose)
+    assert len({p.id for p in prose}) == 24
+    words = [len(p.text.split()) for p in prose]
+    assert min(words) >= 150
+    assert max(words) <= 600
+    kinds = {p.id.split("/")[1].split("-")[0] for p in prose}
+    assert kinds == {"essay", "explain", "story"}  # essays, explanations, narratives
+    assert load_prompts(PromptSourceConfig("prose", limit=3)) == prose[:3]

@@ -67,11 +67,19 @@ def test_targets_compare_the_right_cells():
     by = {s.__dict__["system"] + str(s.budget_gb): s for s in summarize_tpot(records)}
     results = evaluate_targets(records)
     assert [r["target"] for r in results] == [
+        "specter / offload <= 0.7",
+        "specter / offload <= 0.8",
         "specter / lru <= 1/2",
         "specter / spec-lru <= 2/3",
         "specter / belady <= 1.5",
         "specter / hf <= 1/3",
     ]
+    # These records hold no offload: its cells are reported, not measured.
+    assert [(r["budget"], r["ratio"], r["met"]) for r in results[:2]] == [
+        ("24 GB", None, None),
+        ("16 GB", None, None),
+    ]
+    results = results[2:]
     spec24 = by["specter24.0"]
     assert results[0]["ratio"] == pytest.approx(spec24.tpot_ms / by["lru24.0"].tpot_ms)
     assert results[0]["met"] == (results[0]["ratio"] <= 0.5)
@@ -87,7 +95,7 @@ def test_targets_compare_the_right_cells():
     # A system missing at the target's budget is not replaced by its unlimited record.
     without_lru24 = [r for r in records if not (r["system"] == "lru" and r["budget_gb"] == 24.0)]
     assert any(r["system"] == "lru" and r["budget_gb"] is None for r in without_lru24)
-    assert evaluate_targets(without_lru24)[0]["ratio"] is None
+    assert evaluate_targets(without_lru24)[2]["ratio"] is None
 
 
 def test_targets_met_and_not_met():
@@ -105,7 +113,7 @@ def test_targets_met_and_not_met():
         rec("specter", 24.0, 4.5, bound=1.6),  # 0.45 met; 0.75 not met; 1.6 not met
     ]
     met = [r["met"] for r in evaluate_targets(records)]
-    assert met == [True, False, False, True]
+    assert met == [None, None, True, False, False, True]  # no offload measured
     table = targets_table(records)
     assert table.count("NOT met") == 2
 
@@ -139,19 +147,21 @@ def test_models_without_targets_get_the_same_ratios_for_information():
     results = evaluate_targets(records)
     qwen = [r for r in results if r["model"] == "qwen1.5-moe"]
     assert [r["target"] for r in qwen] == [
+        "specter / offload (no target)",  # once: both offload targets map to the high budget
         "specter / lru (no target)",
         "specter / spec-lru (no target)",
         "specter / belady (no target)",
         "specter / hf (no target)",
     ]
-    assert [r["budget"] for r in qwen] == ["24 GB", "24 GB", "24 GB", "unlimited"]
+    assert [r["budget"] for r in qwen] == ["24 GB", "24 GB", "24 GB", "24 GB", "unlimited"]
+    qwen = qwen[1:]
     assert all(r["met"] is None for r in qwen)
     high = ("qwen1.5-moe", 24.0)
     assert qwen[0]["ratio"] == pytest.approx(
         by[(*high, "specter")].tpot_ms / by[(*high, "lru")].tpot_ms
     )
     table = targets_table(records)
-    assert table.count("(no target)") == 4
+    assert table.count("(no target)") == 5
 
 
 def test_agreement_table_shows_greedy_and_sampled_acceptance():
@@ -186,6 +196,11 @@ def test_agreement_table_shows_greedy_and_sampled_acceptance():
     assert [c.strip() for c in lines[3].strip("|").split("|")][-3:] == ["-", "-", "-"]
 
 
+def _lru_target(evaluated):
+    """The ``specter / lru <= 1/2`` cell of :func:`evaluate_targets`' answer."""
+    return next(t for t in evaluated if t["target"] == "specter / lru <= 1/2")
+
+
 def _in_run(record, started, commit="abc1234", experiment=None):
     identity = {"git_commit": commit, "started_at": started}
     if experiment is not None:
@@ -211,14 +226,14 @@ def test_runs_stay_apart_and_targets_compare_within_one_run():
         ("specter", 20.0, "2026-11-29T14:24 abc1234"),
         ("specter", 40.0, "2026-11-29T16:05 def5678"),
     ]
-    first = evaluate_targets(records)[0]
+    first = _lru_target(evaluate_targets(records))
     assert (first["ratio"], first["same_run"], first["run"]) == (0.4, True, summaries[0].run)
     table = tpot_table(records)
     assert table.splitlines()[0].endswith("| run |")
     assert "2026-11-29T16:05 def5678" in table
     # No run measured both sides: the latest of each, and the table says so.
     apart = [records[0], _in_run(rec("lru", 24.0, 50.0), late)]
-    first = evaluate_targets(apart)[0]
+    first = _lru_target(evaluate_targets(apart))
     assert (first["ratio"], first["same_run"]) == (0.4, False)
     assert "met (two runs)" in targets_table(apart)
     # One run: no run column.
@@ -292,7 +307,7 @@ def test_targets_quote_the_last_runs_and_count_them_when_they_disagree():
     for hour, ratio in enumerate(ratios):
         started = f"2026-12-03T{10 + hour:02d}:00:00+00:00"
         records += [rec("lru", 20.0, started), rec("specter", 20.0 * ratio, started)]
-    first = evaluate_targets(records)[0]
+    first = _lru_target(evaluate_targets(records))
     assert first["ratio"] == pytest.approx(0.40)  # the latest run decides `met`
     assert first["met"] is True
     assert first["recent"] == pytest.approx(ratios[-5:])  # oldest first
@@ -372,3 +387,57 @@ def test_memory_and_hot_set_tables_name_a_pruned_draft():
     cells = dict(zip(header.split("|"), row.split("|"), strict=True))
     assert cells[" pruned/layer "].strip() == "21"
     assert cells[" slots/layer "].strip() == "45"
+
+
+def test_repeated_runs_give_a_median_a_range_and_a_verdict_at_the_worst_run():
+    def rec(system, budget, tpot, run_index, prompt="p"):
+        record = TpotRecord(
+            system, "deepseek-v2-lite", budget, "humaneval", prompt, 5, 8, tpot, None, None,
+            None, run_index=run_index,
+        ).as_dict()  # fmt: skip
+        return _in_run(record, "2026-12-05T10:00:00+00:00", experiment="tpot")
+
+    # Three runs of specter and offload at 24 GB: 0.60, 0.65 and 0.75 of offload.
+    records = []
+    for run_index, (mine, theirs) in enumerate(((6.0, 10.0), (6.5, 10.0), (7.5, 10.0))):
+        records += [rec("specter", 24.0, mine, run_index), rec("offload", 24.0, theirs, run_index)]
+        records.append(rec("specter", 24.0, mine + 100.0, run_index, prompt="q"))  # prompts' median
+        records.append(rec("offload", 24.0, theirs + 100.0, run_index, prompt="q"))
+    specter = next(s for s in summarize_tpot(records) if s.system == "specter")
+    assert specter.tpot_by_run == {0: 56.0, 1: 56.5, 2: 57.5}
+    assert specter.tpot_ms == 56.5
+    assert (specter.runs, specter.tpot_min_ms, specter.tpot_max_ms) == (3, 56.0, 57.5)
+    assert specter.tpot_range == "56.00-57.50 (3 runs)"
+    assert "56.00-57.50 (3 runs)" in tpot_table(records)
+    cell = next(t for t in evaluate_targets(records) if t["target"] == "specter / offload <= 0.7")
+    assert cell["per_run"] == pytest.approx({0: 56 / 60, 1: 56.5 / 60, 2: 57.5 / 60})
+    assert cell["met"] is False
+    # One prompt: 0.60, 0.65 and 0.75; the worst run decides.
+    only_p = [r for r in records if r["prompt_id"] == "p"]
+    loose = Target("specter", "offload", 0.8, "<= 0.8", 24.0, "deepseek-v2-lite")
+    assert evaluate_targets(only_p, [loose])[0]["met"] is True
+    cell = next(t for t in evaluate_targets(only_p) if t["target"] == "specter / offload <= 0.7")
+    assert cell["ratio"] == pytest.approx(0.65)  # the median run
+    assert cell["met"] is False  # the worst, 0.75, is not within 0.7
+    row = next(line for line in targets_table(only_p).splitlines() if "offload <= 0.7" in line)
+    assert "0.60, 0.65, 0.75 (worst 0.75)" in row
+    assert "NOT met at the worst of 3 runs" in row
+
+
+def test_a_fallback_and_the_textbook_lru_are_labelled():
+    def rec(system, speculation=None):
+        record = TpotRecord(
+            system, "deepseek-v2-lite", 16.0, "humaneval", "p", 5, 8, 9.0, None, None, None
+        ).as_dict()
+        if speculation is not None:
+            record["extra"] = {"settings": {"speculation": speculation}}
+        return record
+
+    said = "off (depth auto chose 0: plain decoding 90.0 tokens/s, ...)"
+    table = tpot_table([rec("specter", said), rec("lru", "off"), rec("offload", "off")])
+    header, _, *rows = table.splitlines()
+    assert header.endswith("| speculation |")
+    specter = next(row for row in rows if "| specter |" in row)
+    assert specter.endswith(f"| {said} |")
+    assert any("| lru (textbook reference, host-bound) |" in row for row in rows)
+    assert "speculation" not in tpot_table([rec("lru", "off")])  # nothing chose to fall back

@@ -89,7 +89,7 @@ class HFStages:
         try:
             torch.cuda.reset_peak_memory_stats()
             runs = self._decode_all(
-                "hf-offload", generate, n, prompts, bar, result, stage.budget_gb, warmup=0
+                "hf-offload", generate, n, prompts, bar, result, stage.budget_gb, warmup=0, runs=1
             )
             records = [self._tpot(run, prompt, stage.budget_gb, note=note) for prompt, run in runs]
         finally:

@@ -67,6 +67,42 @@ class HotSetStages:
         self._write(result, [self._experiment("hot_experts", budget, data, note)])
         return choice
 
+    def _plain_hot_choice(self, budget: float, result: BenchResult) -> Any | None:
+        """The pinned hot set of a draftless load at ``budget`` (``offload``'s:
+        ``specter_models.choose_plain_hot_experts`` on the calibration prompts' routing,
+        pinned only where that moves fewer experts than LRU over the same slots), recorded
+        once per budget; None without calibration prompts."""
+        if budget in self.plain_hot_choices:
+            return self.plain_hot_choices[budget]
+        if not self.calibration:
+            self.log(f"no plain hot set at {budget_text(budget)}: no calibration prompts")
+            return None
+        from specter_models import choose_plain_hot_experts
+
+        routes = self._calibration_routing(budget)
+        choice = choose_plain_hot_experts(
+            self.hf_config, budget, routes, dtype=self.config.dtype, max_seq_len=self.max_seq_len
+        )
+        self.plain_hot_choices[budget] = choice
+        self.log(
+            f"plain hot set at {budget_text(budget)}: {choice.describe()} (replayed loads per "
+            f"candidate: {choice.loads})"
+        )
+        data = {
+            **choice.as_dict(),
+            "with_draft": False,
+            "forced": False,
+            "calibration_prompts": [p.prompt.id for p in self.calibration],
+            "calibration_tokens": [int(r.shape[0]) for r in routes],
+        }
+        note = (
+            "for draftless decoding (offload): the calibration routing replayed token by token "
+            "through LRU over the budget's draftless slots with each candidate pinned, every "
+            "candidate warm-started, the hot set counted on the other prompts"
+        )
+        self._write(result, [self._experiment("hot_experts", budget, data, note)])
+        return choice
+
     def _hot_sweep_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
         """specter at its high budget with each pinned hot count, one load per count."""
         from specter_models import choose_hot_experts, hottest_experts, plan_memory, routing_counts
@@ -116,7 +152,7 @@ class HotSetStages:
                 )
                 runs = self._decode_all(
                     f"specter hot={h}", runner.generate, cfg.max_new_tokens, prompts, bar,
-                    result, budget,
+                    result, budget, runs=1,
                 )  # fmt: skip
                 del runner
             finally:

@@ -8,7 +8,8 @@ Every line is one JSON object with a ``kind``:
   precision/recall, host-to-device bytes and stall per token, peak GPU memory, the Belady
   bound and the greedy cross-check against ``hf``;
 * any other kind (``"working_set"``, ``"routing_agreement"``, ``"policy_hit_rate"``,
-  ``"depth_sweep"``, ``"memory"``, ``"kernel"``, ``"skipped"``): :class:`ExperimentRecord`,
+  ``"depth_sweep"``, ``"memory"``, ``"ttft"``, ``"kernel"``, ``"skipped"``):
+  :class:`ExperimentRecord`,
   with the measurement under ``data``.
 
 Both carry the run's ``identity`` (git commit, GPU, versions, weights; see
@@ -26,6 +27,7 @@ from typing import IO, Any
 
 __all__ = [
     "EXPERIMENT_KINDS",
+    "RETIRED_SYSTEMS",
     "SCHEMA_VERSION",
     "SYSTEM_NAMES",
     "ExperimentRecord",
@@ -41,6 +43,7 @@ SYSTEM_NAMES = (
     "hf",
     "hf-default",
     "hf-offload",
+    "offload",
     "lru",
     "spec-lru",
     "specter",
@@ -63,7 +66,8 @@ SYSTEM_NAMES = (
     "specter-plain-pipe",
 )
 """Systems of docs/benchmarking.md in table order: transformers (fastest configuration, default
-configuration, accelerate offload), the engine without speculation, speculation with LRU,
+configuration, accelerate offload), the engine's strongest plain offloader (``offload``), the
+engine without speculation loading misses on demand (``lru``), speculation with LRU,
 Specter, Specter acquiring its missing experts instead of streaming them, and Specter minus
 its hot set / prefetch / expert-wise verification / the fused draft
 kernel, with row truncation, with streamed fills, with staged streaming, with held copies
@@ -72,7 +76,17 @@ became ``specter``'s default), with a final snapshot instead, with verifications
 for each layer's prefetches in flight (``specter-wait``, measured before it became
 ``specter``'s default) and streaming them instead (``specter-no-wait``); then the
 engine decoding plainly on the streamed path without a draft, without and with fills, and
-with fills and pipelined records."""
+with fills and pipelined records (``specter-plain-pipe``, in records written before it became
+``offload`` with its hot set).
+
+Names in :data:`RETIRED_SYSTEMS` stay readable in old records but no longer run."""
+
+RETIRED_SYSTEMS = {
+    "specter-plain-pipe": "offload (the same decoding, with a pinned hot set where it pays)",
+    "specter-layerwise": "specter (layer-wise final plans are its default)",
+    "specter-wait": "specter (its verifications wait for prefetches in flight by default)",
+}
+"""Systems of older records that no longer run, and what replaced each."""
 
 EXPERIMENT_KINDS = (
     "working_set",
@@ -82,6 +96,7 @@ EXPERIMENT_KINDS = (
     "memory",
     "hot_experts",
     "hot_sweep",
+    "ttft",
     "kernel",
     "skipped",
 )
@@ -104,7 +119,8 @@ class TpotRecord:
     acceptance without speculation).
 
     Attributes:
-        system: ``hf``, ``hf-default``, ``hf-offload``, ``lru``, ``spec-lru``, ``specter``,
+        system: ``hf``, ``hf-default``, ``hf-offload``, ``offload``, ``lru``, ``spec-lru``,
+            ``specter``,
             ``specter-acquire``, ``specter-no-hot``, ``specter-no-prefetch``,
             ``specter-token-verify``, ``specter-unfused-draft``, and the variant
             ``specter-row-cut`` (miss-aware row truncation).
@@ -128,6 +144,14 @@ class TpotRecord:
         stall_ms_per_token: time the compute waited on transfers, per generated token.
         peak_gpu_memory_gb: ``torch.cuda.max_memory_allocated`` over the decode (process
             peak since the system was built), in GB.
+        driver_peak_gpu_memory_gb: the device's used memory as the driver reports it
+            (``torch.cuda.mem_get_info``: the CUDA context and every allocator's reserved
+            memory included), the most among samples at step boundaries, in GB; None on a
+            CPU.
+        ttft_ms: time to first token: from the decode's call to its first generated token on
+            the host (the engine: prefill and first decode iteration; transformers: prefill).
+        run_index: which of the cell's repeated runs (``--runs``) this decode belongs to (0
+            in records written before repeated runs).
         slots_per_layer: the cache's slots per MoE layer (None without a cache).
         belady_tpot_ms: the Belady bound for this prompt at these slots.
         tpot_over_belady: ``tpot_ms / belady_tpot_ms``.
@@ -166,6 +190,9 @@ class TpotRecord:
     h2d_bytes_per_token: float | None = None
     stall_ms_per_token: float | None = None
     peak_gpu_memory_gb: float | None = None
+    driver_peak_gpu_memory_gb: float | None = None
+    ttft_ms: float | None = None
+    run_index: int = 0
     slots_per_layer: list[int] | None = None
     belady_tpot_ms: float | None = None
     tpot_over_belady: float | None = None

@@ -252,7 +252,7 @@ class RoutingExperiments:
             runner = EngineSystemRunner(loaded, ENGINE_SYSTEMS["specter"], depth)
             runner_runs = self._decode_all(
                 f"specter K={depth}", runner.generate, cfg.max_new_tokens, prompts, bar, result,
-                stage.budget_gb,
+                stage.budget_gb, runs=1,
             )  # fmt: skip
             if not runner_runs:
                 continue

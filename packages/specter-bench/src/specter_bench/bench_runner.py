@@ -15,7 +15,15 @@ finished stage. Around the decodes:
   budget, and each record's Belady bound (with the per-expert transfer time measured on
   that load);
 * **depth sweep** (high budget): ``specter`` at each depth K on the first prompts;
-* a ``memory`` record per engine load (plan, measured load peaks and decode peak).
+* **repeated runs**: each system's measured pass over the prompts runs ``--runs`` times on
+  the same load, each decode recording its ``run_index``;
+* **fallback**: ``specter`` with an adaptive depth under a budget whose warm-up chose K = 0
+  decodes as ``offload`` on the draftless load at that budget (its records say so);
+* a ``memory`` record per engine load: the plan, measured load and decode peaks (the
+  allocator's and the driver's), host memory (peak resident set, pinned expert store), and
+  the time from the process's start to the model loaded and to its first token;
+* the ``ttft`` experiment (:mod:`~specter_bench.bench_ttft`): ``ttft`` records instead of
+  ``tpot`` ones, for prompts of exactly ``--prompt-lengths`` tokens.
 
 ``max_minutes`` is checked before every decode: once past it, nothing new starts, what
 finished is written, and a ``skipped`` record lists what was not measured.
@@ -35,7 +43,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from specter_bench.belady import belady_bound, measure_expert_transfer_s
+from specter_bench.belady import measure_expert_transfer_s
+from specter_bench.bench_decodes import DecodeLoop
 from specter_bench.bench_hf_stages import HFStages
 from specter_bench.bench_hot_sets import HotSetStages
 from specter_bench.bench_record import ExperimentRecord, TpotRecord, append_records
@@ -43,14 +52,19 @@ from specter_bench.bench_replay import ReplayedRouting, routing_label
 from specter_bench.bench_routing import RoutingExperiments
 from specter_bench.bench_support import (
     GB,
-    PROMPT_WARMUP_TOKENS,
     BenchResult,
     Deadline,
     EncodedPrompt,
     budget_text,
-    per_token_ms,
 )
-from specter_bench.engine_systems import ENGINE_SYSTEMS, EngineSystemRunner, use_staging
+from specter_bench.bench_tpot_records import TpotRecords
+from specter_bench.bench_ttft import TtftStages
+from specter_bench.engine_systems import (
+    ENGINE_SYSTEMS,
+    EngineSystem,
+    EngineSystemRunner,
+    use_staging,
+)
 from specter_bench.experiments import BenchConfig, Stage, plan_stages, resolve_budgets
 from specter_bench.model_loading import (
     load_engine,
@@ -62,14 +76,22 @@ from specter_bench.model_loading import (
     weights_description,
 )
 from specter_bench.prompt_encoding import encode_prompt
-from specter_bench.prompt_sources import load_prompts
+from specter_bench.prompt_mix import load_prompt_mix
+from specter_bench.resource_meter import (
+    DeviceMemory,
+    host_memory_bytes,
+    process_clock_origin,
+    seconds_since_start,
+)
 from specter_bench.run_identity import collect_identity
-from specter_bench.system_run import SystemRun, first_mismatch
+from specter_bench.system_run import SystemRun
 
 __all__ = ["BenchResult", "BenchRunner", "EncodedPrompt"]
 
 
-class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
+class BenchRunner(
+    DecodeLoop, TpotRecords, TtftStages, RoutingExperiments, HotSetStages, HFStages, ReplayedRouting
+):
     """Runs one :class:`~specter_bench.experiments.BenchConfig`.
 
     Args:
@@ -96,20 +118,26 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
         vocab = int(self.hf_config.vocab_size)
         self.tokenizer = load_tokenizer(config.model, vocab)
         budget = config.max_prompt_tokens
-        source, extra = config.prompts, config.calibration_prompts
-        if source.limit is not None and extra:
-            # Calibration text follows the measured prompts in the same source.
-            source = dataclasses.replace(source, limit=source.limit + extra)
-        encoded = [
-            EncodedPrompt(p, encode_prompt(p.text, self.tokenizer, budget, vocab_size=vocab))
-            for p in load_prompts(source)
-        ]
-        measured = config.prompts.limit if config.prompts.limit is not None else len(encoded)
-        self.prompts = encoded[:measured]
-        self.calibration = encoded[measured : measured + extra]
+        # Calibration text follows the measured prompts in each source.
+        measured, calibration = load_prompt_mix(config.prompts, config.calibration_prompts)
+
+        def encoded(prompts: list) -> list[EncodedPrompt]:
+            return [
+                EncodedPrompt(p, encode_prompt(p.text, self.tokenizer, budget, vocab_size=vocab))
+                for p in prompts
+            ]
+
+        self.prompts = encoded(measured)
+        self.calibration = encoded(calibration)
         if config.routing_trace is not None:  # prompt i is the trace's sequence i
             self._replay_prompts(vocab)
-        longest = max(len(p.ids) for p in [*self.prompts, *self.calibration])
+        longest = max(len(p.ids) for p in self.prompts + self.calibration)
+        self.ttft_prompts: list[EncodedPrompt] = []
+        self.ttft_unfit: list[int] = []
+        if config.experiment == "ttft":
+            lengths, self.ttft_unfit = self._ttft_lengths()
+            self.ttft_prompts = self._ttft_prompts(lengths)
+            longest = max([longest, *lengths])
         # KV positions: the longest prompt, the new tokens and one verification of max depth.
         need = longest + config.max_new_tokens + config.max_depth + 2
         self.max_seq_len = -(-need // 64) * 64
@@ -130,6 +158,7 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
             max_new_tokens=config.max_new_tokens,
             prompt_source=self._prompt_source_label(),
             routing=routing_label(self.trace),
+            runs=config.runs,
         )
         # Filled as the run goes.
         self.reference: dict[str, tuple[str, list[int]]] = {}
@@ -139,6 +168,11 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
         self._replay_routes: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self._calibration_routes: list[torch.Tensor] | None = None
         self.hot_choices: dict[float, Any] = {}  # budget -> specter_models.HotExpertChoice
+        self.plain_hot_choices: dict[float, Any] = {}  # the same, for draftless loads
+        self.fallbacks: dict[float, str] = {}  # budget -> why specter decodes as offload
+        self.ttft_reference: dict[str, tuple[str, list[int]]] = {}
+        self.first_token_s: float | None = None
+        self._loads = 0  # engine loads so far in this process
         self._deadline = Deadline(config.max_minutes)
 
     def _default_budgets(self) -> tuple[float, float]:
@@ -188,14 +222,14 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
         self._write(result, [self._experiment("skipped", budget, data)])
 
     def _count_runs(self) -> int:
-        n = len(self.prompts)
+        n = len(self.ttft_prompts) if self.config.experiment == "ttft" else len(self.prompts)
         total = 0
         for stage in self.stages:
             for system in stage.systems:
                 if system == "hf-offload":
                     total += min(self.config.offload_prompts, n)
                 else:
-                    total += n
+                    total += n * self.config.runs
             if stage.depth_sweep:
                 total += len(self.config.sweep_depths) * min(self.config.sweep_prompts, n)
             if stage.kind == "hot-sweep":
@@ -215,6 +249,13 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
             total=self._count_runs(), desc=self.name, unit="run", file=sys.stderr,
             disable=not self.progress,
         )  # fmt: skip
+        for length in self.ttft_unfit:
+            self._skip(
+                result, f"ttft at {length} prompt tokens",
+                f"{length} tokens, {self.config.max_new_tokens} new ones and one verification "
+                f"of depth {self.config.max_depth} exceed the model's "
+                f"{self.hf_config.max_position_embeddings} positions", None,
+            )  # fmt: skip
         try:
             for stage in self.stages:
                 systems = ", ".join(stage.systems)
@@ -250,57 +291,24 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
             bar.close()
         return result
 
-    def _decode_all(
-        self,
-        system: str,
-        generate: Callable[[list[int], int], SystemRun],
-        max_new_tokens: int,
-        prompts: list[EncodedPrompt],
-        bar: tqdm,
-        result: BenchResult,
-        budget: float | None,
-        *,
-        warmup: int | None = None,
-        warm_each_prompt: bool = False,
-    ) -> list[tuple[EncodedPrompt, SystemRun]]:
-        """Warm up on the first prompt, then decode every prompt once, recorded.
+    def _stage_systems(self, stage: Stage) -> list[tuple[EngineSystem, str | None]]:
+        """The systems a stage decodes, each with what its records say of speculation (None:
+        the system's own): its own, and on a fallback load ``specter`` as ``offload`` where
+        its warm-up chose K = 0 at this budget."""
+        systems: list[tuple[EngineSystem, str | None]] = [
+            (ENGINE_SYSTEMS[s], None) for s in stage.systems
+        ]
+        if stage.fallback and stage.budget_gb in self.fallbacks:
+            offload = dataclasses.replace(ENGINE_SYSTEMS["offload"], name="specter")
+            systems.append((offload, self.fallbacks[stage.budget_gb]))
+        return systems
 
-        ``warm_each_prompt``: also run ``PROMPT_WARMUP_TOKENS`` unrecorded tokens of each
-        prompt right before its measured run (compiled ``hf``: a prompt of a new length can
-        recompile the decode step inside the measured decode, seen on one H200 as one prompt
-        at 23.7 ms per token beside 7.5 ms).
-        """
-        runs = []
-        warmup = self.config.warmup if warmup is None else warmup
-        started = time.perf_counter()
-        if warmup and not self._deadline.expired():
-            for _ in range(warmup):
-                # Compilation, autotuning, cache filling: unrecorded.
-                generate(prompts[0].ids, min(max_new_tokens, self.config.warmup_tokens))
-        warmup_s = time.perf_counter() - started
-        for prompt in prompts:
-            if self._deadline.expired():
-                self._skip(
-                    result, f"{system} at {budget_text(budget)} on {prompt.prompt.id}",
-                    "--max-minutes reached", budget,
-                )  # fmt: skip
-                bar.update(1)
-                continue
-            bar.set_postfix_str(f"{system} {budget_text(budget)} {prompt.prompt.id}")
-            if warm_each_prompt:
-                generate(prompt.ids, min(max_new_tokens, PROMPT_WARMUP_TOKENS))
-            run = generate(prompt.ids, max_new_tokens)
-            run.settings["warmup_s"] = warmup_s
-            runs.append((prompt, run))
-            bar.update(1)
-        return runs
-
-    def _stage_staging(self, stage: Stage) -> int:
+    def _stage_staging(self, systems: list[EngineSystem]) -> int:
         """The staging buffer a stage loads: as large as its systems stage, float16 only (in
         other dtypes a staging system runs unstaged, and this says so in the log)."""
-        wanted = max((ENGINE_SYSTEMS[s].stream_staging for s in stage.systems), default=0)
+        wanted = max((s.stream_staging for s in systems), default=0)
         if wanted and self.config.dtype != torch.float16:
-            staged = [s for s in stage.systems if ENGINE_SYSTEMS[s].stream_staging]
+            staged = [s.name for s in systems if s.stream_staging]
             self.log(
                 f"{', '.join(staged)}: staging needs float16, this run is "
                 f"{str(self.config.dtype).removeprefix('torch.')}: they run unstaged"
@@ -308,13 +316,66 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
             return 0
         return wanted
 
+    def _fallback_check(self, runner: EngineSystemRunner, stage: Stage) -> Callable | None:
+        """For a system that falls back (``specter``, adaptive depth, under a budget): after
+        its warm-up, whether its depth policy chose K = 0; if so the budget's fallback load
+        decodes it as ``offload``, and the reason is returned (its decodes here stop)."""
+        system = runner.system
+        cfg = self.config
+        if not (system.falls_back and cfg.fallback and cfg.depth == "auto" and stage.budget_gb):
+            return None
+        from specter_models.engine.speculation_verdict import speculation_verdict
+
+        def check() -> str | None:
+            verdict = speculation_verdict(runner.controller.depth_policy)
+            if verdict is None or verdict.pays:
+                return None
+            self.fallbacks[stage.budget_gb] = verdict.state
+            return (
+                f"{verdict.describe()} after the warm-up: it decodes as offload, on offload's "
+                "draftless load at this budget"
+            )
+
+        return check
+
+    def _capture_graphs(self, loaded: Any, systems: list[EngineSystem]) -> None:
+        """Every decode step's graph, captured before any measurement: for each miss path of
+        the stage's systems (a streamed verification is one graph, an acquiring one is
+        pieces)."""
+        started = time.perf_counter()
+        captured = {}
+        variants = {(s.miss_path, s.stream_staging, s.stream_waits) for s in systems}
+        for path, staging, waits in sorted(variants):
+            if hasattr(loaded, "miss_path"):
+                loaded.miss_path = path
+            name = path
+            if path == "stream" and hasattr(loaded, "stream_staging"):
+                width = use_staging(loaded, staging)
+                name = f"{path}+staging{width}" if staging else path
+            if path == "stream" and hasattr(loaded, "stream_waits"):
+                loaded.stream_waits = waits
+                name = f"{name}+waits" if waits else name
+            captured[name] = loaded.capture_step_graphs(self.max_seq_len)
+        self.log(f"captured CUDA graphs {captured} in {time.perf_counter() - started:.1f} s")
+
     def _engine_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
         cfg = self.config
+        systems = self._stage_systems(stage)
+        if not systems:
+            return  # a fallback load that no system fell back to
+        engines = [system for system, _ in systems]
         hot = pruned = None
         if stage.hot_experts and stage.budget_gb is not None:
-            choice = self._hot_choice(stage.budget_gb, result)
+            if stage.with_draft:
+                choice = self._hot_choice(stage.budget_gb, result)
+            else:
+                choice = self._plain_hot_choice(stage.budget_gb, result)
             hot = choice.hot_experts if choice is not None and choice.per_layer else None
             pruned = choice.pruned_experts if choice is not None else None
+        device_memory = DeviceMemory(cfg.device)
+        before_load = device_memory.sample()
+        first_load = self._loads == 0
+        self._loads += 1
         started = time.perf_counter()
         loaded = load_engine(
             cfg.model,
@@ -329,180 +390,132 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages, ReplayedRouting):
             # launches), and a staging buffer as large as they stage (float16 only).
             options=dataclasses.replace(
                 cfg.engine,
-                stream_fills=max(
-                    (ENGINE_SYSTEMS[s].stream_fills for s in stage.systems), default=0
-                ),
-                stream_staging=self._stage_staging(stage),
+                stream_fills=max((s.stream_fills for s in engines), default=0),
+                stream_staging=self._stage_staging(engines),
             ),
             hot_experts=hot,
             draft_pruned_experts=pruned or None,
         )
         load_s = time.perf_counter() - started
+        loaded_at = seconds_since_start()
+        after_load = device_memory.sample()
+        host_after_load = host_memory_bytes()
+        self.first_token_s = None
         self.log(f"loaded {loaded!r} in {load_s:.1f} s")
         self._attach_replay(loaded)  # before the graphs are captured
         if getattr(loaded, "cuda_graphs", False):
-            # Every decode step's graph is captured here, before any measurement: for each
-            # miss path of the stage's systems (a streamed verification is one graph, an
-            # acquiring one is pieces).
-            started = time.perf_counter()
-            captured = {}
-            variants = {
-                (
-                    ENGINE_SYSTEMS[s].miss_path,
-                    ENGINE_SYSTEMS[s].stream_staging,
-                    ENGINE_SYSTEMS[s].stream_waits,
-                )
-                for s in stage.systems
-            }
-            for path, staging, waits in sorted(variants):
-                if hasattr(loaded, "miss_path"):
-                    loaded.miss_path = path
-                name = path
-                if path == "stream" and hasattr(loaded, "stream_staging"):
-                    width = use_staging(loaded, staging)
-                    name = f"{path}+staging{width}" if staging else path
-                if path == "stream" and hasattr(loaded, "stream_waits"):
-                    loaded.stream_waits = waits
-                    name = f"{name}+waits" if waits else name
-                captured[name] = loaded.capture_step_graphs(self.max_seq_len)
-            self.log(f"captured CUDA graphs {captured} in {time.perf_counter() - started:.1f} s")
+            self._capture_graphs(loaded, engines)
         runs: list[tuple[EncodedPrompt, SystemRun]] = []
         experiments: list[ExperimentRecord] = []
-        decode_peak = 0
         try:
             if self.transfer_s is None and loaded.cache.num_experts > 0:
                 self.transfer_s = measure_expert_transfer_s(loaded.cache.store, loaded.device)
                 self.log(f"one expert host-to-device: {1e3 * self.transfer_s:.3f} ms")
             routing_done = not stage.routing
-            for system in stage.systems:
+            for system, speculation in systems:
                 runner = EngineSystemRunner(
-                    loaded, ENGINE_SYSTEMS[system], cfg.depth, max_depth=cfg.max_depth
+                    loaded, system, cfg.depth, max_depth=cfg.max_depth, speculation=speculation
                 )
+                check = self._fallback_check(runner, stage)
+                if cfg.experiment == "ttft":
+                    experiments += self._ttft_decodes(
+                        system.name, runner.generate, bar, result, stage.budget_gb, check
+                    )
+                    continue
                 done = self._decode_all(
-                    system, runner.generate, cfg.max_new_tokens, self.prompts, bar, result,
-                    stage.budget_gb,
+                    system.name, runner.generate, cfg.max_new_tokens, self.prompts, bar, result,
+                    stage.budget_gb, after_warmup=check,
                 )  # fmt: skip
                 runs += done
-                decode_peak = max([decode_peak, *(r.peak_gpu_bytes or 0 for _, r in done)])
                 if not routing_done:
                     # Right after the first system: every later record gets its Belady bound
                     # even if the time limit cuts the run short.
-                    experiments += self._safe_routing(loaded, runs, result, stage.budget_gb)
+                    first = [(p, r) for p, r in runs if r.run_index == 0]
+                    experiments += self._safe_routing(loaded, first, result, stage.budget_gb)
                     routing_done = True
             if not routing_done:
                 experiments += self._safe_routing(loaded, runs, result, stage.budget_gb)
             if stage.depth_sweep and not self._deadline.expired():
                 experiments.append(self._depth_sweep(loaded, stage, bar, result))
         finally:
-            memory = loaded.memory.as_dict()
-            plan = memory["plan"]
-            experiments.append(
-                self._experiment(
-                    "memory",
-                    stage.budget_gb,
-                    {
-                        "with_draft": stage.with_draft,
-                        "policy": stage.policy,
-                        "hot_experts_per_layer": plan["hot_experts_per_layer"],
-                        "pruned_experts_per_layer": plan.get("pruned_experts_per_layer", 0),
-                        "non_expert_gb": plan["non_expert_bytes"] / GB,
-                        "draft_gb": plan["draft_int4_bytes"] / GB,
-                        "kv_gb": plan["kv_cache_bytes"] / GB,
-                        "buffers_gb": plan["buffer_bytes"] / GB,
-                        "slots_gb": plan["slot_bytes"] / GB,
-                        "slots_per_layer": plan["slots_per_layer"],
-                        "expected_peak_gb": plan["expected_peak_bytes"] / GB,
-                        "measured_peak_gb": decode_peak / GB if decode_peak else None,
-                        "load_peak_gb": memory["load"]["gpu_peak_allocated"] / GB,
-                        "host_store_gb": memory["host_store_bytes"] / GB,
-                        "host_store_pinned": memory["host_store_pinned"],
-                        "load_s": load_s,
-                        "load_phases_s": memory["load_seconds"],
-                        "max_seq_len": self.max_seq_len,
-                    },
-                )
-            )
+            device_memory.sample()
+            decoded = [r for _, r in runs] + [
+                r
+                for r in experiments
+                if r.kind == "ttft"  # type: ignore[misc]
+            ]
+            use = {
+                "before_load": before_load,
+                "after_load": after_load,
+                "total": device_memory.total,
+                "peaks": [device_memory.peak],
+                "host_after_load": host_after_load,
+                "loaded_at": loaded_at,
+                "first_load": first_load,
+            }
+            experiments.append(self._memory_record(loaded, stage, load_s, decoded, use))
             records = [self._tpot(run, prompt, stage.budget_gb) for prompt, run in runs]
             del loaded
             self._write(result, [*records, *experiments])
 
-    def _tpot(
-        self, run: SystemRun, prompt: EncodedPrompt, budget: float | None, note: str | None = None
-    ) -> TpotRecord:
-        pid = prompt.prompt.id
-        # The first system to decode a prompt is its reference: hf when it runs (first).
-        ref_system, ref_tokens = self.reference.setdefault(pid, (run.system, run.tokens))
-        checked = ref_system != run.system
-        mismatch = first_mismatch(run.tokens, ref_tokens[: len(run.tokens)]) if checked else None
-        # Exactness within the engine: every engine system against the first one.
-        engine_ref: tuple[str, list[int]] | None = None
-        engine_mismatch = None
-        if not run.system.startswith("hf"):
-            engine_ref = self.engine_reference.setdefault(pid, (run.system, run.tokens))
-            if engine_ref[1] is run.tokens:
-                engine_ref = None  # this run is the engine reference
+    def _memory_record(
+        self, loaded: Any, stage: Stage, load_s: float, decoded: list, use: dict[str, Any]
+    ) -> ExperimentRecord:
+        """The ``memory`` record of one load: the plan, the allocator's and the driver's
+        peaks, host memory, and the time from the process's start to the model loaded and
+        to its first token (``decoded``: the load's ``SystemRun`` s and ``ttft`` records)."""
+        memory = loaded.memory.as_dict()
+        plan = memory["plan"]
+        peaks, drivers = [0], list(use["peaks"])
+        for item in decoded:
+            if isinstance(item, SystemRun):
+                peaks.append(item.peak_gpu_bytes or 0)
+                drivers.append(item.driver_peak_bytes)
             else:
-                engine_mismatch = first_mismatch(run.tokens, engine_ref[1][: len(run.tokens)])
-        n = run.decode_tokens
-        cache = run.cache or {}
-        gen = run.generation or {}
-        tpot_ms = 1e3 * run.tpot_s if run.tpot_s is not None else None
-        speculated = run.draft_s is not None
-        bound_ms = ratio = None
-        bound: dict[str, Any] | None = None
-        routes = self.routing.get(pid)
-        if (
-            routes is not None
-            and run.slots_per_layer is not None
-            and self.transfer_s
-            and routes["target"].shape[0] == len(run.tokens)
-        ):
-            b = belady_bound(routes["target"], run.slots_per_layer, self.transfer_s)
-            bound = b.as_dict()
-            bound_ms = b.tpot_ms
-            ratio = tpot_ms / bound_ms if tpot_ms is not None and bound_ms > 0 else None
-        extra: dict[str, Any] = {"settings": run.settings, "tokens": list(run.tokens)}
-        if run.generation is not None:
-            extra["generation"] = run.generation
-        if run.cache is not None:
-            extra["cache"] = run.cache
-        if run.prefetcher is not None:
-            extra["prefetcher"] = run.prefetcher
-        if bound is not None:
-            extra["belady"] = bound
-        return TpotRecord(
-            system=run.system,
-            model=self.name,
-            budget_gb=budget,
-            prompt_source=prompt.prompt.source,
-            prompt_id=pid,
-            prompt_tokens=len(prompt.ids),
-            new_tokens=len(run.tokens),
-            tpot_ms=tpot_ms,
-            tokens_per_s=1e3 / tpot_ms if tpot_ms else None,
-            prefill_ms=1e3 * run.prefill_s,
-            decode_ms=1e3 * run.decode_s,
-            draft_ms_per_token=per_token_ms(run.draft_s, n),
-            verify_ms_per_token=per_token_ms(run.verify_s, n),
-            accepted_per_iteration=gen.get("mean_accepted_per_iteration") if speculated else None,
-            acceptance_rate=gen.get("acceptance_rate"),
-            depth=gen.get("mean_depth"),
-            hit_rate=cache.get("hit_rate"),
-            prefetch_precision=cache.get("prefetch_precision"),
-            prefetch_recall=cache.get("prefetch_recall"),
-            h2d_bytes_per_token=cache["bytes_moved"] / n if "bytes_moved" in cache and n else None,
-            stall_ms_per_token=per_token_ms(cache.get("stall_seconds"), n),
-            peak_gpu_memory_gb=run.peak_gpu_bytes / GB if run.peak_gpu_bytes else None,
-            slots_per_layer=run.slots_per_layer,
-            belady_tpot_ms=bound_ms,
-            tpot_over_belady=ratio,
-            reference_system=ref_system if checked else None,
-            matches_reference=mismatch is None if checked else None,
-            first_mismatch=mismatch,
-            engine_reference_system=engine_ref[0] if engine_ref else None,
-            matches_engine_reference=engine_mismatch is None if engine_ref else None,
-            engine_first_mismatch=engine_mismatch,
-            note=note,
-            identity=dict(self.identity),
-            extra=extra,
-        )  # fmt: skip
+                peaks.append(int(GB * (item.data.get("peak_gpu_memory_gb") or 0)))
+                driver = item.data.get("driver_peak_gpu_memory_gb")
+                drivers.append(None if driver is None else int(GB * driver))
+        decode_peak = max(peaks)
+        known = [d for d in drivers if d is not None]
+        host = host_memory_bytes()
+        pinned = memory["host_store_bytes"] if memory["host_store_pinned"] else 0
+
+        def gb(value: float | None) -> float | None:
+            return None if value is None else value / GB
+
+        return self._experiment(
+            "memory",
+            stage.budget_gb,
+            {
+                "with_draft": stage.with_draft,
+                "policy": stage.policy,
+                "systems": [s.name for s, _ in self._stage_systems(stage)],
+                "hot_experts_per_layer": plan["hot_experts_per_layer"],
+                "pruned_experts_per_layer": plan.get("pruned_experts_per_layer", 0),
+                "non_expert_gb": plan["non_expert_bytes"] / GB,
+                "draft_gb": plan["draft_int4_bytes"] / GB,
+                "kv_gb": plan["kv_cache_bytes"] / GB,
+                "buffers_gb": plan["buffer_bytes"] / GB,
+                "slots_gb": plan["slot_bytes"] / GB,
+                "slots_per_layer": plan["slots_per_layer"],
+                "expected_peak_gb": plan["expected_peak_bytes"] / GB,
+                "measured_peak_gb": decode_peak / GB if decode_peak else None,
+                "load_peak_gb": memory["load"]["gpu_peak_allocated"] / GB,
+                "driver_before_load_gb": gb(use["before_load"]),
+                "driver_after_load_gb": gb(use["after_load"]),
+                "driver_peak_gb": gb(max(known)) if known else None,
+                "device_total_gb": gb(use["total"]),
+                "host_store_gb": memory["host_store_bytes"] / GB,
+                "host_store_pinned": memory["host_store_pinned"],
+                "host_pinned_gb": pinned / GB,
+                "host_rss_after_load_gb": gb(use["host_after_load"]["rss"]),
+                "host_peak_rss_gb": gb(host["peak_rss"]),
+                "load_s": load_s,
+                "load_phases_s": memory["load_seconds"],
+                "first_load_in_process": use["first_load"],
+                "process_to_loaded_s": use["loaded_at"],
+                "process_to_first_token_s": self.first_token_s,
+                "process_clock": process_clock_origin(),
+                "max_seq_len": self.max_seq_len,
+            },
+        )

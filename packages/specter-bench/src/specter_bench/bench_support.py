@@ -90,5 +90,6 @@ def hf_run(system: str, gen: HFGeneration, **settings: Any) -> SystemRun:
         decode_s=gen.decode_s,
         decode_tokens=max(0, len(gen.tokens) - 1),
         peak_gpu_bytes=gen.peak_gpu_bytes,
+        ttft_s=gen.prefill_s,
         settings={**gen.settings, **settings},
     )

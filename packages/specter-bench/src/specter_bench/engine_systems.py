@@ -1,4 +1,5 @@
-"""The systems that run on Specter's engine: ``lru``, ``spec-lru``, ``specter`` and ablations.
+"""The systems that run on Specter's engine: ``offload``, ``lru``, ``spec-lru``, ``specter`` and
+ablations.
 
 All of them decode through a ``specter_models.SpecterModel`` (the same FP16 target weights
 and expert cache machinery) and specter-spec's ``SpecController``; they differ in what is
@@ -7,6 +8,7 @@ switched on:
 =====================  ===========  ========  ============  ==========  ===========  ======
 system                 speculation  prefetch  verification  draft       policy       misses
 =====================  ===========  ========  ============  ==========  ===========  ======
+offload                no           no        (one row)     none + hot  LRU          stream*
 lru                    no           no        (one row)     none        LRU          load
 spec-lru               yes          no        token-wise    fused INT4  LRU          load
 specter                yes          yes       expert-wise   INT4 + hot  predictive   stream
@@ -24,7 +26,6 @@ specter-snapshot       yes          yes       expert-wise   INT4 + hot  predicti
 specter-no-wait        yes          yes       expert-wise   INT4 + hot  predictive   stream^
 specter-plain          no           no        (one row)     none        LRU          stream
 specter-plain-fill     no           no        (one row)     none        LRU          stream*
-specter-plain-pipe     no           no        (one row)     none        LRU          stream*
 =====================  ===========  ========  ============  ==========  ===========  ======
 
 "misses": how a verification meets experts without a slot (specter-models' ``miss_path``):
@@ -60,10 +61,25 @@ flight and read them from their slots (specter-models' ``stream_waits``, the def
 ``specter-no-wait`` (stream^) streams them meanwhile, so each such expert crosses the link
 twice (the arm waiting replaced).
 
-``specter-plain-pipe`` is ``specter-plain-fill`` with pipelined records (specter-models'
-``StreamRecord.pipelined``): a step's fill candidates are chosen before the step before it
-is counted, so its launch does not wait for that step (on one H200 8-28% less time a token
-than ``specter-plain-fill``; ``specter generate --depth 0`` decodes that way).
+``offload`` is the strongest plain offloader the engine has, the baseline ``specter`` must
+beat at every budget: plain decoding (no draft, K = 0) whose misses are streamed in place,
+whose streamed steps fill slots (``specter-plain-fill``), with pipelined records
+(specter-models' ``StreamRecord.pipelined``: a step's fill candidates are chosen before the
+step before it is counted, so its launch does not wait for that step; on one H200 8-28%
+less time a token than without, and ``specter generate --depth 0`` decodes that way), the
+draft's memory as slots, and under a budget a pinned hot set where pinning pays
+(specter-models' ``choose_plain_hot_experts`` on the calibration routing: without a draft a
+pinned expert frees no memory, so the question is only whether pinning the most routed
+experts moves fewer experts than LRU over the same slots; the replay keeps none where it
+does not). Next-layer prefetch (copying the experts a layer's router will probably pick
+while the layer before runs) is not built. ``lru`` is the textbook reference (the policy
+of Mixtral offloading: misses loaded into slots on demand); it is host-bound: every MoE
+layer reads its routing back to the host (a device sync) before the host can decide what
+to copy, so copies, host bookkeeping and compute run one after another, layer by layer.
+Its cheaper miss path is streaming, which is ``offload``'s. ``specter`` with an adaptive
+depth under a budget falls back to ``offload`` where the depth policy, after the warm-up,
+chooses K = 0 (``falls_back``): its measured decodes then run as ``offload`` on
+``offload``'s load, and their records say ``speculation: off (depth auto chose 0: ...)``.
 
 "INT4 + hot": under a budget the draft has a pinned hot set (specter-models'
 ``hot_experts``): the experts ``choose_hot_experts`` picks from a calibration routing stay
@@ -74,8 +90,12 @@ or with no budget). ``specter-no-hot`` is ``specter`` with an INT4 copy of every
 ``row_truncation``: greedy verification stops computing tail rows whose missing experts cost
 more than their expected tokens); a variant measured beside the ablations.
 
-\\* without plans the predictive policy is LRU. ``lru`` loads no INT4 draft, so at a budget
-it gets the draft's memory as extra expert slots (Mixtral-Offloading's same-memory setting).
+"none + hot": ``offload``'s pinned hot set, under a budget where the calibration replay says
+pinning pays (see above).
+
+\\* without plans the predictive policy is LRU. ``lru`` and ``offload`` load no INT4 draft, so
+at a budget they get the draft's memory as extra expert slots (Mixtral-Offloading's
+same-memory setting).
 
 Statistics cover the decode only: the cache's and prefetcher's counters are zeroed when the
 first iteration starts (after the prefill), by an observer wrapped around the prefetcher.
@@ -86,6 +106,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +115,7 @@ import torch
 
 from specter_bench.host_pauses import HostPauses
 from specter_bench.model_loading import FILL_CANDIDATES, STAGING_SLOTS
+from specter_bench.resource_meter import DeviceMemory, seconds_since_start
 from specter_bench.system_run import SystemRun
 from specter_bench.unfused_draft import unfused_draft_kernel
 from specter_models import RowTruncation
@@ -124,7 +146,8 @@ class EngineSystem:
         policy: the replacement policy of the cache it is loaded with.
         fused_draft: the draft's routed experts in one fused launch (else per expert).
         row_truncation: miss-aware row truncation of greedy verification.
-        hot_experts: under a budget, load with the pinned hot set chosen for it.
+        hot_experts: under a budget, load with the pinned hot set chosen for it
+            (``choose_hot_experts`` with a draft, ``choose_plain_hot_experts`` without).
         miss_path: ``"load"`` (acquire missing experts) or ``"stream"`` (read them in place).
         stream_fills: on the streamed path, candidate slots per layer a verification fills
             with the experts it streams (0: no fills).
@@ -143,6 +166,9 @@ class EngineSystem:
         stream_waits: on the streamed path, a verification waits at each layer for that
             layer's prefetches in flight instead of streaming them (specter-models'
             ``stream_waits``; its default, True, here too).
+        falls_back: with an adaptive depth under a budget, decode as ``offload`` (on its
+            draftless load) where the depth policy, after the warm-up, chooses K = 0
+            (``specter_models.engine.speculation_verdict``); its records say so.
     """
 
     name: str
@@ -161,7 +187,12 @@ class EngineSystem:
     pipelined_records: bool = False
     layerwise: bool = False
     stream_waits: bool = True
+    falls_back: bool = False
 
+
+MEMORY_SAMPLE_TOKENS = 16
+"""A decode samples the driver's view of GPU memory at its first token and every this many
+tokens after it (and at its end)."""
 
 HELD_LEAD = 4
 """Loads of a verification's plan ``specter-held`` copies before the launch (the first
@@ -178,6 +209,7 @@ _SPECTER = EngineSystem(
     hot_experts=True,
     miss_path="stream",
     layerwise=True,
+    falls_back=True,
 )
 
 
@@ -195,7 +227,7 @@ _PLAIN_FILL = EngineSystem(
 
 def _variant(name: str, **changes: Any) -> EngineSystem:
     """``specter`` with ``changes`` (an ablation or variant of the table above)."""
-    return dataclasses.replace(_SPECTER, name=name, **changes)
+    return dataclasses.replace(_SPECTER, name=name, falls_back=False, **changes)
 
 
 ENGINE_SYSTEMS: dict[str, EngineSystem] = {
@@ -218,7 +250,7 @@ ENGINE_SYSTEMS: dict[str, EngineSystem] = {
         _variant("specter-no-wait", stream_waits=False),
         EngineSystem("specter-plain", False, False, "expert", False, "lru", miss_path="stream"),
         _PLAIN_FILL,
-        dataclasses.replace(_PLAIN_FILL, name="specter-plain-pipe", pipelined_records=True),
+        dataclasses.replace(_PLAIN_FILL, name="offload", pipelined_records=True, hot_experts=True),
     )
 }
 """Engine systems by name (``spec-lru`` shares the predictive-policy load: with its plans
@@ -282,6 +314,9 @@ class EngineSystemRunner:
         depth: K or ``"auto"`` (ignored without speculation).
         max_depth: the adaptive depth's largest K.
         clock: the controller's clock (default: specter-spec's phase clock).
+        speculation: what the records' ``speculation`` setting says (default: ``on (depth
+            K)`` for a speculating system, ``off`` otherwise); a system falling back to
+            ``offload`` passes its depth policy's verdict.
 
     Raises:
         ValueError: the system speculates but the model has no draft.
@@ -295,6 +330,7 @@ class EngineSystemRunner:
         *,
         max_depth: int = 16,
         clock: Callable[[], float] | None = None,
+        speculation: str | None = None,
     ) -> None:
         if system.speculate and loaded.draft is None:
             raise ValueError(
@@ -304,6 +340,7 @@ class EngineSystemRunner:
         self.loaded = loaded
         self.system = system
         self.depth = depth if system.speculate else 0
+        self.speculation = speculation or (f"on (depth {depth})" if system.speculate else "off")
         self.window = DecodeWindow(
             loaded.cache,
             loaded.prefetcher if system.prefetch else None,
@@ -377,8 +414,19 @@ class EngineSystemRunner:
             if self.system.fused_draft
             else unfused_draft_kernel(self.loaded.draft)
         )
+        memory = DeviceMemory(device)
+        started_s = seconds_since_start()
         with kernel, HostPauses(device) as pauses:
-            result = self.controller.generate(prompt_ids, max_new_tokens)
+            started = time.perf_counter()
+            stream = self.controller.stream(prompt_ids, max_new_tokens)
+            ttft_s = None
+            for index, _ in enumerate(stream):
+                if ttft_s is None:
+                    ttft_s = time.perf_counter() - started
+                if index % MEMORY_SAMPLE_TOKENS == 0:
+                    memory.sample()  # the driver's view at step boundaries: no device sync
+            result = stream.result()
+        memory.sample()
         stats = result.stats
         # Statistics are read once per generation, outside the decode loop (host syncs).
         cache_stats = self.loaded.cache.stats()
@@ -401,8 +449,12 @@ class EngineSystemRunner:
             cache=cache_stats["total"],  # type: ignore[arg-type]
             prefetcher=prefetcher,
             peak_gpu_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
+            ttft_s=ttft_s,
+            started_s=started_s,
+            driver_peak_bytes=memory.peak,
             slots_per_layer=list(self.loaded.cache.slots_per_layer),
             settings={
+                "speculation": self.speculation,
                 "depth": self.depth,
                 "verification": self.system.verification,
                 "miss_path": self.system.miss_path,

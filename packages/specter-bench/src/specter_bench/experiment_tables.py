@@ -208,7 +208,8 @@ def _draft_label(data: dict[str, Any]) -> str:
 
 
 def hot_experts_table(records: Iterable[dict[str, Any]]) -> str:
-    """The pinned hot set chosen per model and budget, with the replayed loads behind it."""
+    """The pinned hot set chosen per model and budget, with the replayed loads behind it:
+    the draft's (``specter``) and, without a draft, ``offload``'s."""
     recs = _by_model_and_budget(records, "hot_experts")
     rows = []
     for r in recs:
@@ -219,6 +220,7 @@ def hot_experts_table(records: Iterable[dict[str, Any]]) -> str:
             [
                 r["model"],
                 budget_label(r["budget_gb"]),
+                "int4" if d.get("with_draft", True) else "none (offload)",
                 d["per_layer"],
                 d.get("pruned_per_layer", 0),
                 d["slots_per_layer"],
@@ -227,8 +229,8 @@ def hot_experts_table(records: Iterable[dict[str, Any]]) -> str:
                 loads,
             ]
         )
-    headers = ["model", "budget", "pinned/layer", "pruned/layer", "slots/layer", "window",
-               "calibration", "replayed loads (pinned: loads)"]  # fmt: skip
+    headers = ["model", "budget", "draft", "pinned/layer", "pruned/layer", "slots/layer",
+               "window", "calibration", "replayed loads (pinned: loads)"]  # fmt: skip
     return markdown_table(*with_record_runs(headers, rows, recs))
 
 

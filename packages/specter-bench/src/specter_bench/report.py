@@ -31,11 +31,14 @@ from specter_bench.tables import (
     hot_experts_table,
     hot_sweep_table,
     kernel_table,
+    load_table,
     memory_table,
+    memory_use_table,
     phase_table,
     policy_table,
     targets_table,
     tpot_table,
+    ttft_table,
     working_set_table,
 )
 
@@ -64,7 +67,10 @@ _SECTIONS: tuple[_Section, ...] = (
     ),
     ("TPOT per system", "tpot", tpot_table, plot_tpot_per_system),
     ("Latency per phase", "tpot", phase_table, None),
+    ("Time to first token", "ttft", ttft_table, None),
     ("Memory accounting", "memory", memory_table, None),
+    ("Memory against the budget", "memory", memory_use_table, None),
+    ("Load time", "memory", load_table, None),
     ("Hot sets", "hot_experts", hot_experts_table, None),
     ("Expert working set against depth K", "working_set", working_set_table, plot_working_set),
     ("Draft/target routing agreement", "routing_agreement", agreement_table, None),
@@ -76,8 +82,11 @@ _SECTIONS: tuple[_Section, ...] = (
 
 _CAPTIONS = {
     "Targets": (
-        "The targets on DeepSeek-V2-Lite (greedy, HumanEval prompts): every cell, met or not, "
-        "with the measured acceptance beside it. Other models "
+        "The targets on DeepSeek-V2-Lite (greedy): every cell, met or not, "
+        "with the measured acceptance beside it. Where a run repeated its measured passes "
+        "(`--runs`), the ratio is computed run by run (runs paired by index), `ratio` is their "
+        "median, `per run (worst)` lists them, and a cell is met only where it holds at the "
+        "worst run. Other models "
         "show the same ratios at their high budget and unlimited (no target). Both sides of a "
         "ratio come from one run when some run measured both, the latest TPOT-only run "
         "(`--experiment tpot`, the experiment that measures TPOT) first; "
@@ -94,7 +103,17 @@ _CAPTIONS = {
     ),
     "TPOT per system": (
         "TPOT is the decode time per generated token (prefill excluded), the median over "
-        "prompts; the other columns are means over prompts. Each run (one `specter bench` "
+        "prompts (with repeated runs, `--runs`: the median of the runs' medians, `TPOT range` "
+        "their minimum and maximum); the other columns are means over prompts. TTFT: from a "
+        "decode's call to its first token (the engine's prefill and first iteration; "
+        "transformers' prefill). Peak GB: the allocator's peak (what the budget bounds); "
+        "driver peak GB: `torch.cuda.mem_get_info`'s used memory (CUDA context and every "
+        "reserved block too). `offload` is the strongest plain offloader (no draft, streamed "
+        "misses with fills, pipelined records, a pinned hot set where it pays); `lru` is the "
+        "textbook reference (LRU, loads misses on demand), host-bound: each MoE layer reads "
+        "its routing back to the host before its copies can start, so copies, host work and "
+        "compute run one after another. A `speculation` column says where `specter` decoded as "
+        "`offload` because its adaptive depth chose K = 0. Each run (one `specter bench` "
         "process) has rows of its own, named by a `run` column when there are several (on the "
         "curated results page, by a `source` column: the file each row comes from). "
         "`= ref`: prompts whose greedy tokens equal the reference's, the first system to "
@@ -109,6 +128,28 @@ _CAPTIONS = {
         "expert loads any policy could make with the system's slots on the committed tokens' "
         "routing (the prefill's cache state free), times the measured transfer time of one "
         "expert, per token."
+    ),
+    "Time to first token": (
+        "The `ttft` experiment: prompts of exactly each length (the measured prompts' text "
+        "repeated), each system warmed up and each length decoded once unrecorded first; TTFT "
+        "from the decode's call to its first token on the host, the median over repeated runs "
+        "and their range; prefill and TPOT at that length; `= ref`: greedy tokens equal the "
+        "first system's at that length."
+    ),
+    "Memory against the budget": (
+        "Per engine load: the allocator's peak (`torch.cuda.max_memory_allocated`, what the "
+        "budget bounds), the driver's peak (`torch.cuda.mem_get_info` total less free, sampled "
+        "around the load and at step boundaries of every decode: the CUDA context, the "
+        "allocator's reserved blocks and libraries' own allocations), what the device held "
+        "before the load, and the host: the process's peak resident set so far (earlier stages "
+        "of the run included) and the pinned expert store. GPU columns are `-` on a CPU."
+    ),
+    "Load time": (
+        "Per engine load: the load itself, and the time from the process's start (the kernel's "
+        "start time of the process: interpreter start and imports included) to the model "
+        "loaded and to its first token (graph capture and warm-up's first prefill included). "
+        "A process's first load is what a user waits for; later loads follow earlier stages. "
+        "The weights column says whether they were read from a checkpoint on disk."
     ),
     "Memory accounting": (
         "Planned with `specter_models.plan_memory` at each budget (lru loads no INT4 draft, so "

@@ -27,6 +27,14 @@ class SystemRun:
         peak_gpu_bytes: ``torch.cuda.max_memory_allocated`` over the run, None on a CPU.
         slots_per_layer: the cache's slots per MoE layer, None without a cache.
         settings: how the system was configured (for the record's ``extra``).
+        ttft_s: from the call to the first generated token on the host (the engine: its
+            prefill and first decode iteration; transformers: its prefill), None where
+            not timed.
+        started_s: seconds since the process started when the decode was called.
+        driver_peak_bytes: the device's used memory as the driver reports it
+            (``torch.cuda.mem_get_info``), the most among samples at the decode's first token,
+            every 16th token and its end; None on a CPU.
+        run_index: which of a cell's repeated runs (``--runs``) this decode belongs to.
     """
 
     system: str
@@ -42,6 +50,10 @@ class SystemRun:
     peak_gpu_bytes: int | None = None
     slots_per_layer: list[int] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    ttft_s: float | None = None
+    started_s: float | None = None
+    driver_peak_bytes: int | None = None
+    run_index: int = 0
 
     @property
     def tpot_s(self) -> float | None:

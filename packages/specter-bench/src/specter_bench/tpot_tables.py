@@ -2,17 +2,20 @@
 phase.
 
 TPOT is the median over prompts, other columns are means; records of different runs
-(processes) stay in separate rows.
+(processes) stay in separate rows. Within one process, repeated runs of a cell
+(``--runs``, see :mod:`~specter_bench.repeated_runs`) give each run's TPOT; the cell's TPOT
+is their median, shown with their range.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specter_bench.bench_record import budget_label
+from specter_bench.repeated_runs import median_range, per_run
 from specter_bench.table_format import (
     budget_key,
     markdown_table,
@@ -24,13 +27,26 @@ from specter_bench.table_format import (
     system_order,
 )
 
-__all__ = ["SystemSummary", "phase_table", "summarize_tpot", "tpot_table"]
+__all__ = [
+    "SYSTEM_LABELS",
+    "SystemSummary",
+    "phase_table",
+    "summarize_tpot",
+    "system_label",
+    "tpot_table",
+]
 
 
 @dataclass(frozen=True)
 class SystemSummary:
-    """One (model, budget, system) of one run over its prompts: the median TPOT, the other
-    figures' means."""
+    """One (model, budget, system) of one run over its prompts: the median TPOT (over its
+    repeated runs' medians when it has several), the other figures' means.
+
+    ``tpot_by_run``: ``{run_index: median TPOT over that run's prompts}``; ``tpot_min_ms``
+    and ``tpot_max_ms`` their range; ``ttft_ms``: the median time to first token;
+    ``driver_peak_gpu_memory_gb``: the most the driver reported; ``speculation``: what
+    the records say of it where they say it (``off (depth auto chose 0: ...)``).
+    """
 
     model: str
     budget_gb: float | None
@@ -60,6 +76,24 @@ class SystemSummary:
     notes: tuple[str, ...]
     run: str = ""
     source: str = ""
+    tpot_by_run: dict[int, float] = field(default_factory=dict, hash=False)
+    tpot_min_ms: float | None = None
+    tpot_max_ms: float | None = None
+    ttft_ms: float | None = None
+    driver_peak_gpu_memory_gb: float | None = None
+    speculation: str | None = None
+
+    @property
+    def runs(self) -> int:
+        """Repeated runs of this cell (1 for records without a run index)."""
+        return max(1, len(self.tpot_by_run))
+
+    @property
+    def tpot_range(self) -> str:
+        """``"min-max (N runs)"`` of the runs' TPOTs, ``"-"`` with one run."""
+        if self.runs < 2 or self.tpot_min_ms is None or self.tpot_max_ms is None:
+            return "-"
+        return f"{self.tpot_min_ms:.2f}-{self.tpot_max_ms:.2f} ({self.runs} runs)"
 
 
 def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
@@ -80,6 +114,10 @@ def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
         key=lambda kv: (kv[0][0], budget_key(kv[0][1]), system_order(kv[0][2]), kv[0][3]),
     ):
         h2d = mean_or_none(r.get("h2d_bytes_per_token") for r in rs)
+        by_run = per_run(rs)
+        spread = median_range(by_run.values())
+        drivers = [r["driver_peak_gpu_memory_gb"] for r in rs if r.get("driver_peak_gpu_memory_gb")]
+        said = sorted({str(_speculation(r)) for r in rs if _speculation(r)})
         out.append(
             SystemSummary(
                 model=model,
@@ -87,7 +125,7 @@ def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
                 system=system,
                 prompts=len(rs),
                 new_tokens=sum(int(r.get("new_tokens") or 0) for r in rs),
-                tpot_ms=median_or_none(r.get("tpot_ms") for r in rs),
+                tpot_ms=spread[0] if spread else median_or_none(r.get("tpot_ms") for r in rs),
                 tokens_per_s=mean_or_none(r.get("tokens_per_s") for r in rs),
                 prefill_ms=mean_or_none(r.get("prefill_ms") for r in rs),
                 draft_ms_per_token=mean_or_none(r.get("draft_ms_per_token") for r in rs),
@@ -113,9 +151,22 @@ def summarize_tpot(records: Iterable[dict[str, Any]]) -> list[SystemSummary]:
                 notes=tuple(sorted({r["note"] for r in rs if r.get("note")})),
                 run=run,
                 source=", ".join(sorted({source_label(r) for r in rs} - {""})),
+                tpot_by_run=by_run,
+                tpot_min_ms=spread[1] if spread else None,
+                tpot_max_ms=spread[2] if spread else None,
+                ttft_ms=median_or_none(r.get("ttft_ms") for r in rs),
+                driver_peak_gpu_memory_gb=max(drivers, default=None),
+                speculation="; ".join(said) or None,
             )
         )
     return out
+
+
+def _speculation(record: dict[str, Any]) -> str | None:
+    """What a record's settings say of speculation where it is switched off by a choice
+    (``off (depth auto chose 0: ...)``), else None."""
+    said = ((record.get("extra") or {}).get("settings") or {}).get("speculation")
+    return said if isinstance(said, str) and said.startswith("off (") else None
 
 
 def tpot_table(records: Iterable[dict[str, Any]]) -> str:
@@ -134,9 +185,11 @@ def tpot_table(records: Iterable[dict[str, Any]]) -> str:
             [
                 s.model,
                 budget_label(s.budget_gb),
-                s.system,
+                system_label(s.system),
                 s.prompts,
                 s.tpot_ms,
+                s.tpot_range,
+                s.ttft_ms,
                 s.tokens_per_s,
                 s.acceptance_rate,
                 s.accepted_per_iteration,
@@ -145,6 +198,7 @@ def tpot_table(records: Iterable[dict[str, Any]]) -> str:
                 s.h2d_mb_per_token,
                 s.stall_ms_per_token,
                 s.peak_gpu_memory_gb,
+                s.driver_peak_gpu_memory_gb,
                 s.tpot_over_belady,
                 checked,
                 engine,
@@ -156,6 +210,8 @@ def tpot_table(records: Iterable[dict[str, Any]]) -> str:
         "system",
         "prompts",
         "TPOT ms",
+        "TPOT range",
+        "TTFT ms",
         "tok/s",
         "acceptance",
         "accepted/iter",
@@ -164,11 +220,26 @@ def tpot_table(records: Iterable[dict[str, Any]]) -> str:
         "H2D MB/tok",
         "stall ms/tok",
         "peak GB",
+        "driver peak GB",
         "TPOT/Belady",
         "= ref",
         "= engine",
     ]
-    return markdown_table(*_with_runs(headers, rows, summaries))
+    headers, rows = _with_runs(headers, rows, summaries)
+    if any(s.speculation for s in summaries):
+        headers = [*headers, "speculation"]
+        rows = [[*row, s.speculation or "-"] for row, s in zip(rows, summaries, strict=True)]
+    return markdown_table(headers, rows)
+
+
+def system_label(system: str) -> str:
+    """A system's name for a table, with what bounds it where a reader must know (``lru``:
+    the textbook reference, host-bound)."""
+    return SYSTEM_LABELS.get(system, system)
+
+
+SYSTEM_LABELS = {"lru": "lru (textbook reference, host-bound)"}
+"""Table labels of systems whose name alone would mislead."""
 
 
 def _with_runs(

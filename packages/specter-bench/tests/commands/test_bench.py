@@ -218,3 +218,41 @@ def test_bench_prunes_the_calibrations_coldest_experts_from_the_draft(capsys, tm
     code, _, err = _run(capsys, "bench", "--model", "tiny-deepseek-v2", "--draft-pruned", "-1")
     assert code == 2
     assert "--draft-pruned: expected an int >= 0, got '-1'" in err
+
+
+def test_bench_headline_options_reach_the_config():
+    from specter_bench.cli import build_parser
+    from specter_bench.commands.bench import bench_config_from_args
+
+    parser = build_parser()
+    argv = [
+        "bench", "--model", "deepseek-v2-lite", "--experiment", "tpot", "--systems",
+        "specter,offload,lru", "--budgets", "16,24,unlimited", "--prompts", "humaneval, prose",
+        "--num-prompts", "10", "--max-new-tokens", "128", "--runs", "3",
+    ]  # fmt: skip
+    config = bench_config_from_args(parser.parse_args(argv), "cpu")
+    assert (config.runs, config.max_new_tokens, config.fallback) == (3, 128, True)
+    assert not bench_config_from_args(parser.parse_args([*argv, "--no-fallback"]), "cpu").fallback
+    assert (config.prompts.source, config.prompts.limit) == ("humaneval,prose", 10)
+    assert config.systems == ("specter", "offload", "lru")
+    ttft = ["bench", "--model", "m", "--experiment", "ttft", "--prompt-lengths", "512,2048"]
+    config = bench_config_from_args(parser.parse_args(ttft), "cpu")
+    assert (config.experiment, config.prompt_lengths, config.runs) == ("ttft", (512, 2048), 1)
+    default = bench_config_from_args(parser.parse_args(["bench", "--model", "m"]), "cpu")
+    assert default.prompt_lengths == (512, 2048, 8192)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prompts", "humaneval,wiki"], "unknown prompt source 'wiki'"),
+        (["--runs", "0"], "expected an int >= 1, got '0'"),
+        (["--systems", "specter-plain-pipe"], "'specter-plain-pipe' no longer runs; use offload"),
+        (["--experiment", "ttft", "--systems", "hf"], "the ttft experiment measures engine"),
+    ],
+)
+def test_bench_rejects_bad_headline_options_in_one_line(capsys, argv, message):
+    code, _out, err = _run(capsys, "bench", "--model", "tiny-qwen2-moe", "--device", "cpu", *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err

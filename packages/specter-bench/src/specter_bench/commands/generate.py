@@ -291,6 +291,7 @@ def _full_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         ("hot-set choice s (not in TPOT)", summary.get("hot_set_choice_s")),
         ("depth warm-up s (not in TPOT)", summary.get("depth_warmup_s")),
         ("depth costs (adaptive depth)", summary.get("depth_costs")),
+        ("speculation", summary.get("speculation")),
         ("stopped because", summary.get("stop_reason")),
         ("device", summary["device"]),
     ]
@@ -329,6 +330,9 @@ def _rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     if summary["tpot_ms"] is not None:
         tpot = summary["tpot_ms"]
         rows.append(("whole decode, first step included", f"{tpot:.1f} ms a token"))
+    speculation = summary.get("speculation") or ""
+    if speculation.startswith("off (depth auto"):
+        rows.append(("speculation", speculation))  # the adaptive depth's choice, and why
     speculated = bool(summary["mean_depth"])
     if speculated:
         rows += [

@@ -193,12 +193,14 @@ class SpeculationConfig:
             memory becomes FP16 expert slots) or ``"auto"``: an adaptive depth up to
             ``max_depth``, which under a budget with an auto hot set also decodes plainly
             where the calibration routing, replayed through the draftless slots, moves
-            fewer experts than through the draft's (see ``keep_draft``).
+            fewer experts than through the draft's, or where an earlier run of the same
+            setup found that no depth beats plain decoding (its kept verdict, see
+            ``speculation_verdict``; ``keep_draft`` speculates anyway).
         max_depth: the adaptive depth's largest K.
         keep_draft: with ``depth="auto"``, always load the draft and speculate.
-        depth_memory: with ``depth="auto"``, start from the step costs an earlier run of the
-            same setup measured and keep this engine's (in ``$SPECTER_CACHE_DIR``,
-            default ``~/.cache/specter``).
+        depth_memory: with ``depth="auto"``, start from the step costs (and, under a
+            budget, the verdict on speculation) an earlier run of the same setup measured,
+            and keep this engine's (in ``$SPECTER_CACHE_DIR``, default ``~/.cache/specter``).
         warmup_tokens: with ``depth="auto"`` and every expert resident, greedy tokens of the
             calibration prompt decoded unrecorded before the first generation, so the
             adaptive depth starts from measured step times (0: none).

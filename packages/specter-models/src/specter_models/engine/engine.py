@@ -39,6 +39,12 @@ from specter_models.engine.model_source import (
     resolve_dtype,
 )
 from specter_models.engine.plans import DraftDoesNotFitError, budget_plan, neither_fits, plain_plan
+from specter_models.engine.speculation_verdict import (
+    read_verdict,
+    speculation_verdict,
+    verdict_setup,
+    write_verdict,
+)
 from specter_models.engine.warmup import capture_decode_graphs, warm_adaptive_depth
 from specter_models.memory_plan import DEFAULT_MAX_SEQ_LEN, MemoryBudgetError
 from specter_spec import AdaptiveDepth, SamplingConfig, SpecController
@@ -187,6 +193,19 @@ class Engine:
         depth = spec.depth
         speculate = depth != 0
         budgeted = budget is not None or memory.slots_per_layer is not None
+        speculation = "off (depth 0)" if not speculate else f"on (depth {depth})"
+        self._verdict_setup = None
+        if depth == "auto" and budgeted and spec.depth_memory and not spec.keep_draft:
+            self._verdict_setup = verdict_setup(
+                config, device=device, dtype=dtype, budget_gb=budget, max_seq_len=max_seq_len
+            )
+            kept = read_verdict(self._verdict_setup, log)
+            if kept is not None and not kept.pays:
+                log(
+                    f"{kept.describe()}, as an earlier run of this setup measured: decoding "
+                    "plainly without the INT4 draft (--keep-draft speculates anyway)"
+                )
+                speculate, depth, speculation = False, 0, kept.state
         miss_path, fills = engine_choices(
             memory.miss_path, memory.stream_fills, budgeted=budgeted, speculate=speculate
         )
@@ -206,7 +225,7 @@ class Engine:
             )  # fmt: skip
             holds_every_expert = plan is not None and plan.slots_per_layer >= plan.num_experts
         hot_experts = resolve_hot_experts(
-            memory.hot_experts,
+            memory.hot_experts if speculate else None,
             speculate=speculate,
             budget_gb=budget,
             prompt_tokens=0 if ids is None else len(ids),
@@ -269,6 +288,11 @@ class Engine:
                 )
                 if prompt_choice.decode_plainly:
                     speculate, depth, choice = False, 0, None
+                    speculation = (
+                        f"off (depth auto chose 0: the calibration routing moves "
+                        f"{prompt_choice.plain.loads} experts without the draft, each read in "
+                        f"place, against {prompt_choice.draft_loads} with it)"
+                    )
                     miss_path, fills = engine_choices(
                         memory.miss_path, memory.stream_fills, budgeted=budgeted,
                         speculate=False,
@@ -344,6 +368,7 @@ class Engine:
         self._stop_ids = [eos] if isinstance(eos, int) and has_tokenizer else []
         self._used = False
         self.setup_stats = {
+            "speculation": speculation,
             "auto_choice": auto_choice,
             "hot_set_choice_s": choice_s,
             **capture,
@@ -463,6 +488,10 @@ class Engine:
         if self._depth_memory is not None:
             path, setup = self._depth_memory
             write_depth_costs(path, setup, self._depth_policy.export_costs(), self._log)
+        if self._verdict_setup is not None and self._speculate:
+            verdict = speculation_verdict(self._depth_policy)
+            if verdict is not None:
+                write_verdict(self._verdict_setup, verdict, self._log)
 
     def __repr__(self) -> str:
         return f"Engine({self.model!r}, depth={self.depth!r})"
