@@ -25,6 +25,7 @@ from specter_models.hot_experts import routing_counts
 __all__ = [
     "PLACEMENT_ROWS",
     "choose_placement",
+    "cpu_experts_per_token",
     "measure_placement_costs",
     "placement_split",
     "routing_frequencies",
@@ -192,4 +193,24 @@ def placement_split(cache_total: dict[str, Any], cpu: Any | None) -> dict[str, i
         "transferred": used + int(cache_total.get("demand_loads", 0)),
         "streamed": int(cache_total.get("streamed_reads", 0)),
         "cpu": 0 if cpu is None else int(cpu.stats.experts),
+    }
+
+
+def cpu_experts_per_token(cpu: Any | None, tokens: int) -> dict[str, float | int] | None:
+    """The CPU expert executor's work over a decode of ``tokens`` tokens, per token (None
+    without an executor): threads, homed experts, expert computations and routed pairs,
+    host busy and waiting time, bytes each way."""
+    if cpu is None:
+        return None
+    stats, n = cpu.stats, max(tokens, 1)
+    return {
+        "threads": cpu.threads,
+        "homed_experts": sum(cpu.homed_per_layer()),
+        "layer_calls_per_token": stats.layer_calls / n,
+        "experts_per_token": stats.experts / n,
+        "pairs_per_token": stats.pairs / n,
+        "busy_ms_per_token": 1e3 * stats.busy_s / n,
+        "wait_ms_per_token": 1e3 * stats.wait_s / n,
+        "d2h_mb_per_token": stats.d2h_bytes / 1e6 / n,
+        "h2d_mb_per_token": stats.h2d_bytes / 1e6 / n,
     }
