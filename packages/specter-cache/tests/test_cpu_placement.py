@@ -58,8 +58,12 @@ def test_the_least_routed_are_homed_and_exclusions_stay_on_the_device():
     freq = [_skewed(), list(reversed(_skewed()))]
     placement = choose_cpu_homed(freq, 3, _costs(cpu_expert_ms=0.05), exclude=[[7], []])
     low, high = placement.homed
-    assert 7 not in low and low and max(low) == 6
-    assert high and min(high) == 0 and set(high) <= {0, 1, 2, 3, 4}
+    assert 7 not in low
+    assert low
+    assert max(low) == 6
+    assert high
+    assert min(high) == 0
+    assert set(high) <= {0, 1, 2, 3, 4}
 
 
 def test_at_least_forces_homing_and_the_device_keeps_one_expert():
@@ -74,8 +78,10 @@ def test_more_rows_make_host_work_dearer():
     freq = [[0.2] * 16]
     one = choose_cpu_homed(freq, 4, _costs(cpu_expert_ms=0.6, sync_ms=0.05), rows=1)
     many = choose_cpu_homed(freq, 4, _costs(cpu_expert_ms=0.6, sync_ms=0.05), rows=8)
-    assert one.rows == 1 and many.rows == 8
-    assert one.homed[0] and many.homed[0]
+    assert one.rows == 1
+    assert many.rows == 8
+    assert one.homed[0]
+    assert many.homed[0]
     assert set(one.homed[0]) <= set(range(16))
     assert placement_dict_is_plain(many.as_dict())
 

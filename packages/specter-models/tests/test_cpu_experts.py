@@ -22,7 +22,7 @@ from model_helpers import (
 )
 from specter_models import cpu_experts
 from specter_models.cpu_experts import (
-    CpuKernelUnavailable,
+    CpuKernelUnavailableError,
     check_cpu_kernel,
     default_cpu_threads,
     expert_rows,
@@ -49,7 +49,9 @@ def test_each_row_has_the_same_bits_whatever_the_rows_beside_it(dtype):
     down = (torch.randn(48, 20, generator=generator) / 4).to(dtype)
     weights = torch.rand(6, generator=generator)
     together = expert_rows(x, weights, gate_up, down)
-    alone = torch.cat([expert_rows(x[i : i + 1], weights[i : i + 1], gate_up, down) for i in range(6)])
+    alone = torch.cat(
+        [expert_rows(x[i : i + 1], weights[i : i + 1], gate_up, down) for i in range(6)]
+    )
     assert torch.equal(together, alone)
     assert together.dtype == (torch.float32 if dtype == torch.float16 else dtype)
     want = expert_mlp(x.double(), gate_up.double(), down.double()) * weights.double()[:, None]
@@ -61,10 +63,10 @@ def test_a_kernel_the_host_cannot_run_is_refused_with_the_way_out(monkeypatch):
     check_cpu_kernel(torch.float32)
 
     def unsupported(*args, **kwargs):
-        raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'')
+        raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'")
 
     monkeypatch.setattr(cpu_experts.F, "linear", unsupported)
-    with pytest.raises(CpuKernelUnavailable, match=r"cannot run here.*--cpu-experts off"):
+    with pytest.raises(CpuKernelUnavailableError, match=r"cannot run here.*--cpu-experts off"):
         check_cpu_kernel(torch.float16)
 
 
@@ -91,7 +93,9 @@ def test_homed_experts_are_computed_on_the_host_and_never_loaded(checkpoints, ar
         prompt[0].tolist(), 12
     )
     stats = executor.stats
-    assert stats.experts > 0 and stats.pairs >= stats.experts and stats.layer_calls > 0
+    assert stats.experts > 0
+    assert stats.pairs >= stats.experts
+    assert stats.layer_calls > 0
     assert stats.busy_s > 0
     total = lm.cache.stats()["total"]
     assert total["prefetch_loads"] > 0  # the draft's plan still loads the device's experts

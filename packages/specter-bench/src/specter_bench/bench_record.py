@@ -82,6 +82,7 @@ EXPERIMENT_KINDS = (
     "memory",
     "hot_experts",
     "hot_sweep",
+    "cpu_placement",
     "kernel",
     "skipped",
 )

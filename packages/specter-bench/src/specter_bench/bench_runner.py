@@ -36,6 +36,7 @@ import torch
 from tqdm import tqdm
 
 from specter_bench.belady import belady_bound, measure_expert_transfer_s
+from specter_bench.bench_cpu import CpuExpertVariants
 from specter_bench.bench_hf_stages import HFStages
 from specter_bench.bench_hot_sets import HotSetStages
 from specter_bench.bench_record import ExperimentRecord, TpotRecord, append_records
@@ -68,7 +69,7 @@ from specter_bench.system_run import SystemRun, first_mismatch
 __all__ = ["BenchResult", "BenchRunner", "EncodedPrompt"]
 
 
-class BenchRunner(RoutingExperiments, HotSetStages, HFStages):
+class BenchRunner(RoutingExperiments, HotSetStages, HFStages, CpuExpertVariants):
     """Runs one :class:`~specter_bench.experiments.BenchConfig`.
 
     Args:
@@ -306,6 +307,7 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages):
 
     def _engine_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
         cfg = self.config
+        self._prepare_cpu_placement(stage)
         hot = pruned = None
         if stage.hot_experts and stage.budget_gb is not None:
             choice = self._hot_choice(stage.budget_gb, result)
@@ -369,12 +371,10 @@ class BenchRunner(RoutingExperiments, HotSetStages, HFStages):
                 self.transfer_s = measure_expert_transfer_s(loaded.cache.store, loaded.device)
                 self.log(f"one expert host-to-device: {1e3 * self.transfer_s:.3f} ms")
             routing_done = not stage.routing
-            for system in stage.systems:
-                runner = EngineSystemRunner(
-                    loaded, ENGINE_SYSTEMS[system], cfg.depth, max_depth=cfg.max_depth
-                )
+            for system in self._engine_system_runs(loaded, stage, result):
+                runner = EngineSystemRunner(loaded, system, cfg.depth, max_depth=cfg.max_depth)
                 done = self._decode_all(
-                    system, runner.generate, cfg.max_new_tokens, self.prompts, bar, result,
+                    system.name, runner.generate, cfg.max_new_tokens, self.prompts, bar, result,
                     stage.budget_gb,
                 )  # fmt: skip
                 runs += done

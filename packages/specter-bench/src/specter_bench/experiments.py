@@ -15,6 +15,7 @@ agreement, hit rate per policy, Belady bound), from HumanEval prompts, 128 new t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,6 +119,10 @@ class BenchConfig:
             chosen count and four counts spread over those the budget holds).
         engine: the ``specter_models.load`` switches of the engine systems (batch
             invariance, CUDA graphs).
+        cpu_experts: CPU expert modes (``off``, ``auto``, ``on``) every engine system runs
+            with, one after another (``bench_cpu``).
+        cpu_threads: host thread counts of the CPU expert path, one run of each (None: every
+            core but one).
         command: the command line, recorded with the results.
     """
 
@@ -151,6 +156,8 @@ class BenchConfig:
     sweep_prompts: int = 2
     hot_sweep_counts: tuple[int, ...] | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
+    cpu_experts: tuple[str, ...] = ("off",)
+    cpu_threads: tuple[int, ...] | None = None
     command: str | None = None
 
     def __post_init__(self) -> None:
@@ -175,6 +182,23 @@ class BenchConfig:
             raise ValueError(
                 f"draft_pruned_per_layer must be an int >= 0 or 'auto' (experts per layer the "
                 f"draft skips), got {pruned!r}."
+            )
+        modes = self.cpu_experts
+        if not modes or any(m not in ("auto", "off", "on") for m in modes):
+            raise ValueError(
+                f"cpu_experts must name some of auto, off and on, got {list(modes)!r}."
+            )
+        cores = os.cpu_count() or 1
+        if self.cpu_threads is not None and (
+            not self.cpu_threads
+            or any(
+                isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= cores
+                for t in self.cpu_threads
+            )
+        ):
+            raise ValueError(
+                f"cpu_threads must be thread counts from 1 to this machine's {cores} cores, got "
+                f"{list(self.cpu_threads)!r}."
             )
         for name in ("max_new_tokens", "max_prompt_tokens", "max_depth", "sweep_prompts"):
             value = getattr(self, name)

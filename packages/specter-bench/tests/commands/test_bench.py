@@ -218,3 +218,17 @@ def test_bench_prunes_the_calibrations_coldest_experts_from_the_draft(capsys, tm
     code, _, err = _run(capsys, "bench", "--model", "tiny-deepseek-v2", "--draft-pruned", "-1")
     assert code == 2
     assert "--draft-pruned: expected an int >= 0, got '-1'" in err
+
+
+def test_bench_refuses_bad_cpu_thread_lists(capsys):
+    import os
+
+    cores = os.cpu_count() or 1
+    code, _, err = _run(
+        capsys, "bench", "--model", "tiny-qwen2-moe", "--cpu-threads", f"1,{cores + 1}"
+    )
+    assert code == 2
+    assert f"from 1 to this machine's {cores} cores" in err
+    code, _, err = _run(capsys, "bench", "--model", "tiny-qwen2-moe", "--cpu-experts", "off,maybe")
+    assert code == 2
+    assert "expected auto, off or on" in err

@@ -8,7 +8,7 @@ specter-spec's ``SpecController``.
 """
 
 from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, architecture_for
-from specter_models.cpu_experts import CpuExpertExecutor, CpuKernelUnavailable
+from specter_models.cpu_experts import CpuExpertExecutor, CpuKernelUnavailableError
 from specter_models.engine import (
     CpuExpertsConfig,
     DraftDoesNotFitError,
@@ -70,7 +70,7 @@ __all__ = [
     "ByteTokenizer",
     "CpuExpertExecutor",
     "CpuExpertsConfig",
-    "CpuKernelUnavailable",
+    "CpuKernelUnavailableError",
     "DraftDoesNotFitError",
     "DraftModel",
     "Engine",

@@ -67,7 +67,9 @@ def measure_placement_costs(loaded: Any, threads: int, *, repeats: int = 5) -> P
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        one = _median_seconds(lambda: expert_rows(x[:1], weights[:1], gate_up, down), repeats, _noop)
+        one = _median_seconds(
+            lambda: expert_rows(x[:1], weights[:1], gate_up, down), repeats, _noop
+        )
         four = _median_seconds(lambda: expert_rows(x, weights, gate_up, down), repeats, _noop)
     finally:
         torch.set_num_threads(previous)
@@ -149,6 +151,7 @@ def choose_placement(
     slots_per_layer: int | Sequence[int],
     rows: int = PLACEMENT_ROWS,
     at_least: int = 0,
+    exclude: Sequence[Sequence[int]] | None = None,
 ) -> CpuPlacement:
     """The CPU-homed experts of ``loaded``'s layers.
 
@@ -162,6 +165,8 @@ def choose_placement(
             every system at that budget homes the same experts).
         rows: rows a step computes.
         at_least: experts a layer homed at least (``"on"``).
+        exclude: experts per layer that stay on the device besides ``loaded``'s pinned
+            ones (a hot set other loads of the same budget pin).
     """
     cache = loaded.cache
     L, E = cache.num_layers, cache.num_experts
@@ -176,7 +181,9 @@ def choose_placement(
         costs,
         rows=rows,
         expert_bytes=[cache.store.expert_bytes(layer) for layer in range(L)],
-        exclude=[cache.pinned(layer) for layer in range(L)],
+        exclude=[
+            set(cache.pinned(layer)) | set(exclude[layer] if exclude else ()) for layer in range(L)
+        ],
         at_least=at_least,
     )
 

@@ -51,7 +51,7 @@ __all__ = [
     "CPU_MAX_ROWS",
     "CpuExpertExecutor",
     "CpuExpertStats",
-    "CpuKernelUnavailable",
+    "CpuKernelUnavailableError",
     "check_cpu_kernel",
     "default_cpu_threads",
     "expert_rows",
@@ -103,7 +103,7 @@ def expert_rows(
     return out
 
 
-class CpuKernelUnavailable(ValueError):
+class CpuKernelUnavailableError(ValueError):
     """The host cannot run the CPU expert kernel for this model (the message says why)."""
 
 
@@ -112,7 +112,7 @@ def check_cpu_kernel(dtype: torch.dtype) -> None:
     float64 computation.
 
     Raises:
-        CpuKernelUnavailable: torch's CPU GEMM cannot run ``dtype`` here, or gives wrong
+        CpuKernelUnavailableError: torch's CPU GEMM cannot run ``dtype`` here, or gives wrong
             numbers; the message names the error and what to use instead.
     """
     generator = torch.Generator().manual_seed(0)
@@ -123,14 +123,14 @@ def check_cpu_kernel(dtype: torch.dtype) -> None:
     try:
         got = expert_rows(x.to(dtype), weights, gate_up.to(dtype), down.to(dtype))
     except (RuntimeError, TypeError, NotImplementedError) as error:
-        raise CpuKernelUnavailable(
+        raise CpuKernelUnavailableError(
             f"the CPU expert kernel (torch's CPU GEMM in {dtype}) cannot run here: {error}. "
             "Use --cpu-experts off (or auto, which then keeps every expert on the GPU)."
         ) from error
     want = expert_rows(x.double(), weights.double(), gate_up.double(), down.double())
     scale = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
     if not torch.allclose(got.double(), want, rtol=scale * 10, atol=scale):
-        raise CpuKernelUnavailable(
+        raise CpuKernelUnavailableError(
             f"torch's CPU GEMM in {dtype} gives wrong results on this machine (largest error "
             f"{(got.double() - want).abs().max().item():.3g}). Use --cpu-experts off."
         )

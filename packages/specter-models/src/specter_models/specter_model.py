@@ -221,7 +221,7 @@ class SpecterModel:
             The executor, or None.
 
         Raises:
-            CpuKernelUnavailable: the host cannot run the kernel in this model's dtype.
+            CpuKernelUnavailableError: the host cannot run the kernel in this model's dtype.
             ValueError: bad ids, a pinned (hot) expert, or a bad thread count.
         """
         previous = self.runtime.cpu_experts

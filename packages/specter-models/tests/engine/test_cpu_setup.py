@@ -9,7 +9,7 @@ import torch
 
 from specter_models import (
     CpuExpertsConfig,
-    CpuKernelUnavailable,
+    CpuKernelUnavailableError,
     Engine,
     EngineConfig,
     LoadConfig,
@@ -46,16 +46,21 @@ def plain_greedy():
 def test_on_homes_experts_decodes_the_same_tokens_and_reports_the_split(plain_greedy, depth):
     engine, lines = _engine(depth, "on")
     setup = engine.setup_stats["cpu_placement"]
-    assert setup["active"] and setup["threads"] == 1
+    assert setup["active"]
+    assert setup["threads"] == 1
     homed = setup["placement"]["homed"]
-    assert all(homed) and engine.model.cpu_experts.homed == tuple(tuple(h) for h in homed)
+    assert all(homed)
+    assert engine.model.cpu_experts.homed == tuple(tuple(h) for h in homed)
     assert any(line.startswith("CPU experts:") for line in lines)
     generation = engine.generate(PROMPT, max_new_tokens=16, stop_token_ids=[]).result()
     assert generation.token_ids == plain_greedy  # float64: the host's sums are close enough
     split, cpu = generation.stats["placement"], generation.stats["cpu_experts"]
     assert set(split) == {"resident", "transferred", "streamed", "cpu"}
-    assert split["cpu"] > 0 and cpu["experts_per_token"] > 0 and cpu["busy_ms_per_token"] > 0
-    assert cpu["threads"] == 1 and cpu["homed_experts"] == sum(len(h) for h in homed)
+    assert split["cpu"] > 0
+    assert cpu["experts_per_token"] > 0
+    assert cpu["busy_ms_per_token"] > 0
+    assert cpu["threads"] == 1
+    assert cpu["homed_experts"] == sum(len(h) for h in homed)
 
 
 def test_auto_stays_off_without_a_gpu_and_off_is_off():
@@ -75,7 +80,7 @@ def test_on_where_the_kernel_cannot_run_says_why(monkeypatch):
         raise RuntimeError("not implemented for 'Double'")
 
     monkeypatch.setattr(cpu_module.F, "linear", unsupported)
-    with pytest.raises(CpuKernelUnavailable, match=r"cannot run here.*--cpu-experts off"):
+    with pytest.raises(CpuKernelUnavailableError, match=r"cannot run here.*--cpu-experts off"):
         _engine(0, "on")
 
 
@@ -94,5 +99,7 @@ def test_bad_cpu_expert_settings_are_refused(kwargs, match):
 
 
 def test_the_engine_config_takes_only_a_cpu_experts_config():
-    with pytest.raises(ValueError, match="EngineConfig.cpu_experts='on': expected a CpuExpertsConfig"):
+    with pytest.raises(
+        ValueError, match=r"EngineConfig\.cpu_experts='on': expected a CpuExpertsConfig"
+    ):
         EngineConfig(cpu_experts="on")

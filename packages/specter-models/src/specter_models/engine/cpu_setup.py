@@ -17,7 +17,11 @@ from typing import Any
 import torch
 
 from specter_models.cpu_calibration import choose_placement, measure_placement_costs
-from specter_models.cpu_experts import CpuKernelUnavailable, check_cpu_kernel, default_cpu_threads
+from specter_models.cpu_experts import (
+    CpuKernelUnavailableError,
+    check_cpu_kernel,
+    default_cpu_threads,
+)
 from specter_models.engine.config import CpuExpertsConfig
 
 __all__ = ["calibration_routing", "set_up_cpu_experts"]
@@ -69,7 +73,7 @@ def set_up_cpu_experts(
         log: progress lines.
 
     Raises:
-        CpuKernelUnavailable: ``"on"`` where the host cannot run the kernel.
+        CpuKernelUnavailableError: ``"on"`` where the host cannot run the kernel.
     """
     record: dict[str, Any] = {"mode": config.mode, "active": False, "reason": None}
     if config.mode == "off":
@@ -89,7 +93,7 @@ def set_up_cpu_experts(
             return record
     try:
         check_cpu_kernel(loaded.cache.store.layout(0).spec("gate_up").dtype)
-    except CpuKernelUnavailable as error:
+    except CpuKernelUnavailableError as error:
         if config.mode == "on":
             raise
         log(f"CPU experts off (auto): {error}")

@@ -133,7 +133,7 @@ class Engine:
 
         Raises:
             ValueError: a bad or conflicting configuration (the message names the field).
-            CpuKernelUnavailable: ``CpuExpertsConfig.mode="on"`` where the host cannot run
+            CpuKernelUnavailableError: ``CpuExpertsConfig.mode="on"`` where the host cannot run
                 the CPU expert kernel in the model's dtype (the message says why).
             MemoryBudgetError: the budget cannot hold the model
                 (:class:`~specter_models.engine.DraftDoesNotFitError` when it would without the
