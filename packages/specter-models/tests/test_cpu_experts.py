@@ -7,6 +7,7 @@ tail differently, which has nothing to do with the CPU expert path.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,81 @@ def test_sampled_tokens_follow_the_target_with_the_cpu_path(checkpoints):
     assert 0 < accepted < proposed  # proposals were both accepted and rejected
     assert executor.stats.pairs > 0
     assert _chi_square_p_value(counts, law) > 0.001
+
+
+# --------------------------------------------------------------------------------- CUDA
+def _cuda(test):
+    needs = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+    return pytest.mark.gpu(needs(test))
+
+
+@_cuda
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe"])
+def test_cuda_cpu_experts_overlap_the_device_and_keep_greedy_tokens(name, monkeypatch):
+    from specter_models import specter_experts
+
+    lm = load_model(
+        name, device="cuda", dtype=torch.float16, slots_per_layer=2, seed=9, max_seq_len=320,
+        miss_path="stream",
+    )  # fmt: skip
+    assert lm.batch_invariant
+    assert lm.cuda_graphs
+    generator = torch.Generator("cuda").manual_seed(3)
+    ids = torch.randint(0, lm.config.vocab_size, (1, 12), device="cuda", generator=generator)
+    device_only = lm.target.forward(ids, 0).float()
+    lm.reset()
+    executor = lm.set_cpu_experts(_half_homed(lm), threads=2)
+    # Each layer launches the device's kernel on its other pairs before the host waits.
+    order: list[str] = []
+    kernel, finish = specter_experts.grouped_moe_fp16, executor.finish
+    monkeypatch.setattr(
+        specter_experts,
+        "grouped_moe_fp16",
+        lambda *a, **k: order.append("device") or kernel(*a, **k),
+    )
+    monkeypatch.setattr(executor, "finish", lambda *a: order.append("host") or finish(*a))
+    mixed = lm.target.forward(ids, 0).float()
+    assert order
+    assert order[0] == "device"
+    assert all(a == "device" for a, b in itertools.pairwise(order) if b == "host")
+    monkeypatch.undo()
+    # The host's FP16 GEMM sums in another order than the device's kernel: close, not equal.
+    error = (mixed - device_only).abs().amax(dim=-1)[0]
+    assert int((error >= 0.02 * device_only.abs().max()).sum()) <= 1, error
+    stats = executor.stats
+    assert stats.d2h_bytes > 0
+    assert stats.h2d_bytes > 0
+    assert stats.pairs > 0
+    assert stats.layer_calls > 0
+    # Rows verified together give the bits of rows decoded one by one, and speculation
+    # decodes target-only greedy decoding's tokens, through the piecewise graphs.
+    rows = ids[:, 6:11]
+    assert torch.equal(rows_together(lm, ids[:, :6], rows), rows_alone(lm, 6, rows))
+    prompt = ids[0, :6].tolist()
+    lm.reset()
+    plain = SpecController(None, lm.target, depth=0).generate(prompt, 24)
+    lm.reset()
+    spec = SpecController(lm.draft, lm.target, cache=lm.prefetcher, depth=4).generate(prompt, 24)
+    assert spec.tokens == plain.tokens
+    assert lm.graph_stats()["target"]["piecewise_graphs"] > 0
+    for layer, homed in enumerate(executor.homed):
+        assert not set(homed) & set(lm.cache.resident_experts(layer))
+
+
+def test_each_layer_launches_its_device_pairs_before_the_host_computes(checkpoints, monkeypatch):
+    # The same order on the CPU machine, where the device's pairs are plain torch.
+    from specter_models import specter_experts
+
+    lm = load_model(
+        checkpoints["tiny-qwen2-moe"], device="cpu", dtype=torch.float32, slots_per_layer=3,
+        batch_invariant=True, miss_path="stream",
+    )  # fmt: skip
+    executor = lm.set_cpu_experts(_half_homed(lm), threads=1)
+    order: list[str] = []
+    write, finish = specter_experts.write_expert_pairs, executor.finish
+    monkeypatch.setattr(
+        specter_experts, "write_expert_pairs", lambda *a: order.append("device") or write(*a)
+    )
+    monkeypatch.setattr(executor, "finish", lambda *a: order.append("host") or finish(*a))
+    lm.target.forward(random_prompt(4, lm.config.vocab_size, seed=2), 0)
+    assert order == ["device", "host"] * lm.cache.num_layers
