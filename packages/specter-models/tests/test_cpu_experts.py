@@ -114,9 +114,10 @@ def test_a_prefill_longer_than_a_verification_keeps_every_expert_on_the_device(c
         checkpoints["tiny-deepseek-v2"], device="cpu", dtype=torch.float64, slots_per_layer=3
     )
     executor = lm.set_cpu_experts(_half_homed(lm), threads=1)
-    lm.target.forward(random_prompt(cpu_experts.CPU_MAX_ROWS + 1, 96, seed=3), 0)
+    assert executor.max_rows == lm.max_verify_rows
+    lm.target.forward(random_prompt(lm.max_verify_rows + 1, 96, seed=3), 0)
     assert executor.stats.layer_calls == 0
-    lm.target.forward(random_prompt(1, 96, seed=4), cpu_experts.CPU_MAX_ROWS + 1)
+    lm.target.forward(random_prompt(1, 96, seed=4), lm.max_verify_rows + 1)
     assert executor.stats.layer_calls > 0
 
 

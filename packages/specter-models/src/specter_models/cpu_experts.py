@@ -29,9 +29,9 @@ weights stay in the model's dtype (an FP16 model's FP16 values: a BF16 or INT4 c
 change the model). On one AMD EPYC core an FP16 DeepSeek-V2-Lite expert took 2.6 ms a row
 this way against 6.7 ms upcasting the weights to FP32 per call.
 
-Forwards of more than :data:`CPU_MAX_ROWS` rows (a prefill, the same in a speculative and a
-target-only decode of one prompt) compute every expert on the device, as the streamed path's
-longest forward does.
+Forwards of more rows than the executor's ``max_rows`` (the model's largest verification; a
+prefill, the same in a speculative and a target-only decode of one prompt) compute every
+expert on the device, where it reads each expert once for all its rows.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ __all__ = [
 ]
 
 CPU_MAX_ROWS = STREAM_MAX_ROWS
-"""Target forwards of at most this many rows compute their homed experts on the host."""
+"""The most rows a target forward may hand to the host (an executor's ``max_rows`` is at most
+this)."""
 
 
 def usable_cpus() -> int:
@@ -193,9 +194,12 @@ class CpuExpertExecutor:
             path runs as a separate path of the same process, for tests).
         threads: torch's intra-op threads while the executor is installed (None: every
             usable core but one).
+        max_rows: target forwards of at most this many rows hand their homed pairs to the
+            host (at most :data:`CPU_MAX_ROWS`); longer ones compute every expert on the
+            device.
 
     Raises:
-        ValueError: a bad thread count or homed set.
+        ValueError: a bad thread count, row limit or homed set.
     """
 
     def __init__(
@@ -206,6 +210,7 @@ class CpuExpertExecutor:
         top_k: int,
         device: torch.device | str,
         threads: int | None = None,
+        max_rows: int = CPU_MAX_ROWS,
     ):
         L, E = store.num_layers, store.num_experts
         sets = [tuple(sorted({int(e) for e in layer})) for layer in homed]
@@ -215,11 +220,16 @@ class CpuExpertExecutor:
             threads = default_cpu_threads()
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int):
+            max_rows = 0
+        if not 1 <= max_rows <= CPU_MAX_ROWS:
+            raise ValueError(f"max_rows must be an int in [1, {CPU_MAX_ROWS}], got {max_rows!r}")
         self.store = store
         self.homed = tuple(sets)
         self.top_k = top_k
         self.device = torch.device(device)
         self.threads = threads
+        self.max_rows = max_rows
         self.stats = CpuExpertStats()
         mask = torch.zeros(L, E, dtype=torch.bool)
         for layer, experts in enumerate(sets):
@@ -239,9 +249,10 @@ class CpuExpertExecutor:
     def reset_stats(self) -> None:
         self.stats = CpuExpertStats()
 
-    def homes_any(self, layer: int) -> bool:
-        """Whether ``layer`` has a CPU-homed expert."""
-        return bool(self.homed[layer])
+    def takes(self, layer: int, rows: int) -> bool:
+        """Whether a target forward of ``rows`` rows hands ``layer``'s homed pairs to the
+        host: the layer homes some expert and ``1 <= rows <= max_rows``."""
+        return bool(self.homed[layer]) and 1 <= rows <= self.max_rows
 
     def homed_per_layer(self) -> list[int]:
         return [len(h) for h in self.homed]
@@ -254,7 +265,7 @@ class CpuExpertExecutor:
 
         Args:
             layer: the MoE layer.
-            x: ``[T, H]`` hidden states, ``T <= CPU_MAX_ROWS``.
+            x: ``[T, H]`` hidden states, ``T <= max_rows``.
             ids: ``[T, k]`` routed ids.
             weights: ``[T, k]`` routing weights.
 
@@ -356,7 +367,7 @@ class CpuExpertExecutor:
         """Pinned staging for the largest forward, allocated on first use."""
         if self._buffers:
             return self._buffers
-        rows, H, acc = CPU_MAX_ROWS, x.shape[1], torch.float32
+        rows, H, acc = self.max_rows, x.shape[1], torch.float32
         pinned = {"pin_memory": True}
         self._buffers = {
             "x": torch.empty(rows, H, dtype=x.dtype, **pinned),

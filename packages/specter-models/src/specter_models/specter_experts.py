@@ -43,7 +43,6 @@ from specter_kernels import (
     stage_streamed,
     sum_routed_pairs,
 )
-from specter_models.cpu_experts import CPU_MAX_ROWS
 from specter_models.expert_math import accumulate_experts, write_expert_pairs
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.streamed_misses import StreamRecord
@@ -233,12 +232,12 @@ class SpecterExperts(nn.Module):
         a per-pair accumulator ``[T, k, H]`` comes back unsummed (see :meth:`forward`).
 
         With a CPU expert executor (``runtime.cpu_experts``) and CPU-homed experts in this
-        layer, a forward of at most ``CPU_MAX_ROWS`` rows hands their pairs to the host
+        layer, a forward of at most its ``max_rows`` rows hands their pairs to the host
         (``cpu_experts``): the device computes the other pairs meanwhile, and the host's
         results join the accumulator before its pairs are summed."""
         cpu = self.runtime.cpu_experts
         job = None
-        if cpu is not None and cpu.homes_any(self.layer) and 1 <= x.shape[0] <= CPU_MAX_ROWS:
+        if cpu is not None and cpu.takes(self.layer, x.shape[0]):
             job, ids = cpu.begin(self.layer, x, ids, weights)  # homed pairs: -1 on the device
         if self.runtime.verification == "token":
             out = self._target_tokenwise(x, ids, weights)

@@ -12,7 +12,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from specter_cache import ExpertCache, RoutingCounter, SpeculativePrefetcher
 from specter_models.architecture import Architecture
-from specter_models.cpu_experts import CpuExpertExecutor, check_cpu_kernel
+from specter_models.cpu_experts import CPU_MAX_ROWS, CpuExpertExecutor, check_cpu_kernel
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.memory_meter import MemoryPeaks
 from specter_models.memory_plan import DEFAULT_MAX_VERIFY_ROWS, MemoryPlan
@@ -214,7 +214,7 @@ class SpecterModel:
         """Compute ``homed[layer]`` of every MoE layer on the host from now on (None, or
         every list empty: none), on ``threads`` host threads (None: every usable core but
         one). The cache stops loading them (``ExpertCache.set_host_experts``); target
-        forwards of at most ``CPU_MAX_ROWS`` rows hand their pairs to the host, which makes
+        forwards of at most ``max_verify_rows`` rows hand their pairs to the host, which makes
         the target's steps piecewise graphs (``cpu_experts``). Call it between forwards.
 
         Returns:
@@ -239,6 +239,7 @@ class SpecterModel:
             top_k=int(self.config.num_experts_per_tok),
             device=self.device,
             threads=threads,
+            max_rows=min(self.max_verify_rows, CPU_MAX_ROWS),
         )
         self.runtime.cpu_experts = executor
         return executor
