@@ -97,6 +97,7 @@ EXPERIMENT_KINDS = (
     "hot_experts",
     "hot_sweep",
     "ttft",
+    "cpu_placement",
     "kernel",
     "skipped",
 )

@@ -44,6 +44,7 @@ import torch
 from tqdm import tqdm
 
 from specter_bench.belady import measure_expert_transfer_s
+from specter_bench.bench_cpu import CpuExpertVariants
 from specter_bench.bench_decodes import DecodeLoop
 from specter_bench.bench_hf_stages import HFStages
 from specter_bench.bench_hot_sets import HotSetStages
@@ -90,7 +91,14 @@ __all__ = ["BenchResult", "BenchRunner", "EncodedPrompt"]
 
 
 class BenchRunner(
-    DecodeLoop, TpotRecords, TtftStages, RoutingExperiments, HotSetStages, HFStages, ReplayedRouting
+    DecodeLoop,
+    TpotRecords,
+    TtftStages,
+    RoutingExperiments,
+    HotSetStages,
+    HFStages,
+    ReplayedRouting,
+    CpuExpertVariants,
 ):
     """Runs one :class:`~specter_bench.experiments.BenchConfig`.
 
@@ -364,6 +372,7 @@ class BenchRunner(
         if not systems:
             return  # a fallback load that no system fell back to
         engines = [system for system, _ in systems]
+        self._prepare_cpu_placement(stage)
         hot = pruned = None
         if stage.hot_experts and stage.budget_gb is not None:
             if stage.with_draft:
@@ -412,7 +421,7 @@ class BenchRunner(
                 self.transfer_s = measure_expert_transfer_s(loaded.cache.store, loaded.device)
                 self.log(f"one expert host-to-device: {1e3 * self.transfer_s:.3f} ms")
             routing_done = not stage.routing
-            for system, speculation in systems:
+            for system, speculation in self._engine_system_runs(loaded, stage, result, systems):
                 runner = EngineSystemRunner(
                     loaded, system, cfg.depth, max_depth=cfg.max_depth, speculation=speculation
                 )

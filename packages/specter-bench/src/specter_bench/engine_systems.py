@@ -119,6 +119,7 @@ from specter_bench.resource_meter import DeviceMemory, seconds_since_start
 from specter_bench.system_run import SystemRun
 from specter_bench.unfused_draft import unfused_draft_kernel
 from specter_models import RowTruncation
+from specter_models.cpu_calibration import cpu_experts_per_token, placement_split
 from specter_models.engine.decode_window import DecodeWindow, make_depth_policy
 from specter_spec import SpecController
 
@@ -434,6 +435,7 @@ class EngineSystemRunner:
         if self.system.prefetch:
             prefetcher = {k: v for k, v in self.loaded.prefetcher.stats().items() if k != "cache"}
         speculates = self.system.speculate
+        cpu = getattr(getattr(self.loaded, "runtime", None), "cpu_experts", None)
         policy = str(cache_stats["policy"])
         if policy == "predictive" and not self.system.prefetch:
             policy = "predictive without plans (= LRU)"
@@ -481,5 +483,7 @@ class EngineSystemRunner:
                 "shared_overlap": _shared_overlap(self.loaded),
                 "graphs": _graph_stats(self.loaded),
                 "host_pauses": pauses.as_dict(),
+                "cpu_experts": cpu_experts_per_token(cpu, stats.new_tokens),
+                "placement": placement_split(cache_stats["total"], cpu),
             },
         )

@@ -15,6 +15,7 @@ agreement, hit rate per policy, Belady bound), from HumanEval prompts, 128 new t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,6 +124,10 @@ class BenchConfig:
             chosen count and four counts spread over those the budget holds).
         engine: the ``specter_models.load`` switches of the engine systems (batch
             invariance, CUDA graphs).
+        cpu_experts: CPU expert modes (``off``, ``auto``, ``on``) every engine system runs
+            with, one after another (``bench_cpu``).
+        cpu_threads: host thread counts of the CPU expert path, one run of each (None: every
+            core but one).
         command: the command line, recorded with the results.
         routing_trace: a routing trace (``specter record-routing``) every engine system
             replays (prompt ``i`` is its sequence ``i``, calibration prompts the ones after
@@ -168,6 +173,8 @@ class BenchConfig:
     sweep_prompts: int = 2
     hot_sweep_counts: tuple[int, ...] | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
+    cpu_experts: tuple[str, ...] = ("off",)
+    cpu_threads: tuple[int, ...] | None = None
     command: str | None = None
     routing_trace: Path | None = None
     runs: int = 1
@@ -220,6 +227,23 @@ class BenchConfig:
                               for n in lengths):  # fmt: skip
             raise ValueError(
                 f"prompt_lengths must be ints >= 2 (tokens), got {lengths!r}; e.g. 512,2048,8192."
+            )
+        modes = self.cpu_experts
+        if not modes or any(m not in ("auto", "off", "on") for m in modes):
+            raise ValueError(
+                f"cpu_experts must name some of auto, off and on, got {list(modes)!r}."
+            )
+        cores = os.cpu_count() or 1
+        if self.cpu_threads is not None and (
+            not self.cpu_threads
+            or any(
+                isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= cores
+                for t in self.cpu_threads
+            )
+        ):
+            raise ValueError(
+                f"cpu_threads must be thread counts from 1 to this machine's {cores} cores, got "
+                f"{list(self.cpu_threads)!r}."
             )
         for name in ("max_new_tokens", "max_prompt_tokens", "max_depth", "sweep_prompts", "runs"):
             value = getattr(self, name)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from specter_bench.host_facts import cpu_model
+
 __all__ = ["collect_identity", "git_commit", "gpu_name", "package_versions"]
 
 _PACKAGES = (
@@ -96,7 +98,8 @@ def collect_identity(
 
     Returns:
         ``git_commit``, ``gpu``, ``device``, ``dtype``, ``weights``, ``python``, ``versions``
-        (package -> version), ``host`` and ``started_at`` (UTC, ISO 8601).
+        (package -> version), ``host``, ``host_cpu`` (its CPU model) and ``started_at`` (UTC,
+        ISO 8601).
     """
     return {
         "git_commit": git_commit(),
@@ -107,5 +110,6 @@ def collect_identity(
         "python": platform.python_version(),
         "versions": package_versions(),
         "host": platform.node(),
+        "host_cpu": cpu_model(),
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }

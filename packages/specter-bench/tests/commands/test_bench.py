@@ -256,3 +256,17 @@ def test_bench_rejects_bad_headline_options_in_one_line(capsys, argv, message):
     assert code == 2
     assert message in err
     assert "Traceback" not in err
+
+
+def test_bench_refuses_bad_cpu_thread_lists(capsys):
+    import os
+
+    cores = os.cpu_count() or 1
+    code, _, err = _run(
+        capsys, "bench", "--model", "tiny-qwen2-moe", "--cpu-threads", f"1,{cores + 1}"
+    )
+    assert code == 2
+    assert f"from 1 to this machine's {cores} cores" in err
+    code, _, err = _run(capsys, "bench", "--model", "tiny-qwen2-moe", "--cpu-experts", "off,maybe")
+    assert code == 2
+    assert "expected auto, off or on" in err

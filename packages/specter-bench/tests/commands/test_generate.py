@@ -601,3 +601,59 @@ def test_a_budget_too_small_gives_advice_generate_can_act_on(capsys):
         "--max-new-tokens", "2", "--hot-experts", "none", "x",
     )  # fmt: skip
     assert code == 0, err  # the advised budget works
+
+
+def test_generate_decodes_plainly_with_cpu_experts_and_refuses_bad_thread_counts(capsys):
+    import os
+
+    argv = ("generate", "--model", "tiny-qwen2-moe", "--max-new-tokens", "8", "--json",
+            "--no-stream", "--slots-per-layer", "2", "--depth", "0", "hi there")  # fmt: skip
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    off = json.loads(out)
+    code, out, err = _run(capsys, *argv, "--cpu-experts", "on", "--cpu-threads", "1")
+    assert code == 0, err
+    on = json.loads(out)
+    assert on["token_ids"] == off["token_ids"]  # float32 CPU: the host's sums agree here
+    assert "CPU experts:" in err
+    stats = on["statistics"]
+    assert stats["cpu_placement"]["active"]
+    assert stats["placement"]["cpu"] > 0
+    assert stats["cpu_experts"]["threads"] == 1
+    assert off["statistics"]["placement"]["cpu"] == 0
+    cores = os.cpu_count() or 1
+    for bad in ("0", str(cores + 1), "many"):
+        code, _, err = _run(capsys, "generate", "--cpu-threads", bad, "hi")
+        assert code == 2
+        assert f"from 1 to this machine's {cores} cores" in err
+    code, _, err = _run(capsys, "generate", "--cpu-experts", "sometimes", "hi")
+    assert code == 2
+    assert "invalid choice: 'sometimes'" in err
+
+
+def test_generate_prints_the_placement_split_with_cpu_experts(capsys):
+    code, out, err = _run(
+        capsys, "generate", "--model", "tiny-deepseek-v2", "--max-new-tokens", "6",
+        "--slots-per-layer", "2", "--depth", "2", "--cpu-experts", "on", "--cpu-threads", "1",
+        "--no-stream", "hi",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "experts a token: resident / moved / streamed / CPU" in out
+    assert "host CPU time a token" in out
+
+
+def test_generate_cpu_experts_on_where_the_kernel_cannot_run_says_why(capsys, monkeypatch):
+    from specter_models import cpu_experts
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("not implemented for 'Float'")
+
+    monkeypatch.setattr(cpu_experts.F, "linear", unsupported)
+    code, _, err = _run(
+        capsys, "generate", "--model", "tiny-qwen2-moe", "--max-new-tokens", "4",
+        "--slots-per-layer", "2", "--depth", "0", "--cpu-experts", "on", "hi",
+    )  # fmt: skip
+    assert code == 2
+    assert "cannot run here" in err
+    assert "--cpu-experts off" in err
+    assert "Traceback" not in err

@@ -20,6 +20,9 @@ def test_info_prints_the_machine_and_the_memory_plan(capsys):
     assert code == 0
     assert "GPU: none visible" in out or "GPU: " in out
     assert "versions: torch" in out
+    host = re.search(r"host CPU: .+, \d+ cores, memory bandwidth ([\d.]+) GB/s", out)
+    assert host is not None
+    assert float(host.group(1)) > 0
     assert "memory plan: deepseek-v2-lite (deepseek_v2) at 24 GB" in out
     assert "INT4 draft experts" in out
     assert "per layer x 26 layers" in out

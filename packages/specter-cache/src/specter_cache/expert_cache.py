@@ -100,6 +100,7 @@ class ExpertCache:
             engine, store, self._residency.pools, self._residency.stats, device
         )
         self._streamed = StreamedMisses(self._residency, self._copies, store)
+        self._host_experts: tuple[frozenset[int], ...] = (frozenset(),) * store.num_layers
 
     # ------------------------------------------------------------------------ properties
     @property
@@ -202,6 +203,49 @@ class ExpertCache:
         """The pinned experts of ``layer``, sorted."""
         return self._residency.pinned(layer)
 
+    # ------------------------------------------------------------- host-computed experts
+    @property
+    def host_experts(self) -> tuple[frozenset[int], ...]:
+        """Per layer, the experts a consumer computes on the host from the store itself
+        (CPU-homed: specter-models' CPU expert executor), which the cache never loads."""
+        return self._host_experts
+
+    def set_host_experts(self, experts: Sequence[Sequence[int]] | None) -> None:
+        """Mark the CPU-homed experts of every layer (None: none). From now on a prefetch
+        plan drops them, and pinning one is refused; one already in a slot stays until the
+        policy evicts it (nothing reads it there).
+
+        Raises:
+            ValueError: not one list of ids in ``[0, E)`` per layer, or a pinned expert.
+        """
+        if experts is None:
+            self._host_experts = (frozenset(),) * self.num_layers
+            return
+        sets = [frozenset(int(e) for e in layer) for layer in experts]
+        E = self.num_experts
+        if len(sets) != self.num_layers or any(not 0 <= e < E for s in sets for e in s):
+            raise ValueError(
+                f"host experts need one list of expert ids in [0, {E}) per layer "
+                f"({self.num_layers}), got {experts!r}"
+            )
+        for layer, homed in enumerate(sets):
+            if pinned := sorted(homed & set(self.pinned(layer))):
+                raise ValueError(
+                    f"layer {layer}: experts {pinned} are pinned in slots; a host-computed "
+                    "expert cannot be pinned (unpin them or home other experts)"
+                )
+        self._host_experts = tuple(sets)
+
+    def without_host_experts(self, plan: Mapping[int, Sequence[int]]) -> dict[int, list[int]]:
+        """``plan`` (layer -> ranked expert ids) less the host-computed experts, order kept."""
+        host = self._host_experts
+        return {
+            layer: [e for e in experts if int(e) not in host[layer]]
+            if 0 <= layer < self.num_layers
+            else list(experts)
+            for layer, experts in plan.items()
+        }
+
     # --------------------------------------------------------------------------- loading
     def set_plan(self, plan: Mapping[int, Sequence[int]]) -> None:
         """Hand the planner's ranked per-layer plan to the policy (the predictive one uses it)."""
@@ -217,7 +261,8 @@ class ExpertCache:
     ) -> dict[int, list[int]]:
         """Start loading the planned experts that are not resident, asynchronously.
 
-        Per layer, experts are taken in plan order (most wanted first); each load evicts a
+        Host-computed experts (``set_host_experts``) are dropped from the plan. Per layer,
+        experts are taken in plan order (most wanted first); each load evicts a
         policy-chosen expert that is neither protected nor in the layer's plan. When no slot can
         be freed the rest of that layer's plan is dropped (counted as ``prefetch_dropped``).
 
@@ -257,6 +302,8 @@ class ExpertCache:
         residency, copies = self._residency, self._copies
         copies.release_held()
         residency.settle()
+        if any(self._host_experts) and isinstance(plan, Mapping):
+            plan = self.without_host_experts(plan)
         checked = residency.check_plan(plan)
         if set_plan:
             residency.policy.set_plan(checked)
@@ -289,14 +336,20 @@ class ExpertCache:
             The experts newly pinned (already pinned ones are skipped).
 
         Raises:
-            ValueError: bad ids, or pins that would leave a layer with fewer slots than
-                experts no evictable slot (nothing else could ever be loaded there).
+            ValueError: bad ids, pins that would leave a layer with fewer slots than
+                experts no evictable slot (nothing else could ever be loaded there), or a
+                host-computed expert (``set_host_experts``).
             RuntimeError: a slot could not be freed because open acquisitions hold every
                 other one (pin between forwards).
         """
         layer = self._residency.check_layer(layer)
         self._copies.release_held()
         new, missing = self._residency.pins_to_add(layer, experts)
+        if homed := sorted(set(new) & self._host_experts[layer]):
+            raise ValueError(
+                f"layer {layer}: experts {homed} are computed on the host (set_host_experts); "
+                "a pinned expert stays in a slot, so it cannot be host-computed too"
+            )
         loaded = self.prefetch({layer: missing}).get(layer, []) if missing else []
         self._residency.add_pins(layer, new, missing, loaded)
         return new

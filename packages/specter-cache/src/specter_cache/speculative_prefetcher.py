@@ -287,8 +287,11 @@ class SpeculativePrefetcher:
         self, plan: Mapping[int, list[int]], batch: list[int], lead: int | None = None
     ) -> None:
         """Record ``plan`` (some layers), add its batch's experts, bytes and remaining slots
-        to ``batch``, and prefetch it (the policy gets the plan first)."""
+        to ``batch``, and prefetch it (the policy gets the plan first). Experts the host
+        computes (``ExpertCache.set_host_experts``) are left out: they are never loaded."""
         cache = self.cache
+        if any(cache.host_experts):
+            plan = cache.without_host_experts(plan)
         slots = cache.slots_per_layer
         for layer, experts in plan.items():
             self._planned[layer].update(experts)

@@ -8,7 +8,9 @@ specter-spec's ``SpecController``.
 """
 
 from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, architecture_for
+from specter_models.cpu_experts import CpuExpertExecutor, CpuKernelUnavailableError
 from specter_models.engine import (
+    CpuExpertsConfig,
     DraftDoesNotFitError,
     Engine,
     EngineConfig,
@@ -69,6 +71,9 @@ __all__ = [
     "TINY_PRESETS",
     "Architecture",
     "ByteTokenizer",
+    "CpuExpertExecutor",
+    "CpuExpertsConfig",
+    "CpuKernelUnavailableError",
     "DraftDoesNotFitError",
     "DraftModel",
     "Engine",

@@ -101,6 +101,9 @@ class ExpertsRuntime:
         self._stream_staging = DEFAULT_STREAM_STAGING
         self._staging_views: dict[int, StagingBuffer] = {}
         self._stream_waits = DEFAULT_STREAM_WAITS
+        # The CPU expert executor (cpu_experts.py): None, or the one that computes every
+        # layer's CPU-homed experts on the host. Installed between forwards.
+        self.cpu_experts: Any = None
 
     @property
     def miss_path(self) -> str:

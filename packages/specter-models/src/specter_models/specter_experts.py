@@ -239,10 +239,23 @@ class SpecterExperts(nn.Module):
     ) -> torch.Tensor:
         """The target's routed-expert output ``[T, H]`` through the expert cache
         (expert-wise or token-wise, as ``runtime.verification`` says); with ``keep_pairs``
-        a per-pair accumulator ``[T, k, H]`` comes back unsummed (see :meth:`forward`)."""
+        a per-pair accumulator ``[T, k, H]`` comes back unsummed (see :meth:`forward`).
+
+        With a CPU expert executor (``runtime.cpu_experts``) and CPU-homed experts in this
+        layer, a forward of at most its ``max_rows`` rows hands their pairs to the host
+        (``cpu_experts``): the device computes the other pairs meanwhile, and the host's
+        results join the accumulator before its pairs are summed."""
+        cpu = self.runtime.cpu_experts
+        job = None
+        if cpu is not None and cpu.takes(self.layer, x.shape[0]):
+            job, ids = cpu.begin(self.layer, x, ids, weights)  # homed pairs: -1 on the device
         if self.runtime.verification == "token":
-            return self._target_tokenwise(x, ids, weights, keep_pairs)
-        return self._target(x, ids, weights, keep_pairs)
+            out = self._target_tokenwise(x, ids, weights)
+        else:
+            out = self._target(x, ids, weights, zeroed=job is not None)
+        if job is not None:
+            cpu.finish(job, out)
+        return self._finish(out, x.dtype, keep_pairs)
 
     def _draft(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if self.draft_gate_up is None or self.draft_down is None:
@@ -322,8 +335,11 @@ class SpecterExperts(nn.Module):
         return rows
 
     def _target(
-        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, keep_pairs: bool = False
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, zeroed: bool = False
     ) -> torch.Tensor:
+        """The accumulator (unsummed) of an expert-wise target forward; ``zeroed``: every
+        pair starts at zero even where the device writes every routed pair (the host writes
+        some of them later)."""
         record = self.runtime.stream_record
         streaming = record is not None and record.active
         if streaming:
@@ -335,19 +351,20 @@ class SpecterExperts(nn.Module):
             # layer are not counted). That wave writes every routed pair, so a per-pair
             # accumulator needs no zeros first.
             # (Streaming, padding rows route nowhere: their pairs need the zeros.)
-            out = self._accumulator(x, ids, zeroed=streaming or not self.runtime.batch_invariant)
+            zero = zeroed or streaming or not self.runtime.batch_invariant
+            out = self._accumulator(x, ids, zeroed=zero)
             if self.runtime.routing_trace is not None:
                 self._needed(ids)  # the trace needs the ids on the host (a sync)
             self._compute_wave(x, ids, weights, None, None, out)
-            return self._finish(out, x.dtype, keep_pairs)
+            return out
         if streaming:
-            return self._target_streamed(x, ids, weights, record, keep_pairs)
+            return self._target_streamed(x, ids, weights, record)
         out = self._accumulator(x, ids)
         rows = self._needed(ids)
-        needed = list(dict.fromkeys(e for row in rows for e in row))
+        needed = list(dict.fromkeys(e for row in rows for e in row if e >= 0))
         for wave in self.runtime.cache.acquire(self.layer, needed):
             self._compute_wave(x, ids, weights, wave.experts, wave.slots, out)
-        return self._finish(out, x.dtype, keep_pairs)
+        return out
 
     def _target_streamed(
         self,
@@ -355,7 +372,6 @@ class SpecterExperts(nn.Module):
         ids: torch.Tensor,
         weights: torch.Tensor,
         record: StreamRecord,
-        keep_pairs: bool = False,
     ) -> torch.Tensor:
         """The streamed miss path (``streamed_misses``): every routed pair in one wave, each
         expert read from its slot or, without one, in place from the host store; the kernel
@@ -390,7 +406,7 @@ class SpecterExperts(nn.Module):
                 x, ids, weights, slots["gate_up"], slots["down"], mapping, every, out, None,
                 streamed, flags, fills,
             )  # fmt: skip
-            return self._finish(out, x.dtype, keep_pairs)
+            return out
         # float32/float64 reference (CPU tests, host syncs allowed): the same choice per
         # expert, in plain torch, the host store's tensors read where there is no slot.
         slot_of = mapping.tolist()
@@ -412,7 +428,7 @@ class SpecterExperts(nn.Module):
                 write_expert_pairs(x, ids, weights, experts, out)
         else:
             accumulate_experts(x, ids, weights, experts, out)
-        return self._finish(out, x.dtype, keep_pairs)
+        return out
 
     def _streamed_experts(self, device: torch.device) -> StreamedExperts:
         """This layer's fp16 experts in the host store, addressed for a kernel on ``device``
@@ -436,7 +452,9 @@ class SpecterExperts(nn.Module):
         rows = rows[:keep]
         policy, cache = runtime.row_truncation, runtime.cache
         if keep > 1 and policy is not None:
-            missing = {e for row in rows for e in row if cache.slot_of(self.layer, e) < 0}
+            missing = {
+                e for row in rows for e in row if e >= 0 and cache.slot_of(self.layer, e) < 0
+            }
             if missing:
                 keep = policy.cutoff(
                     rows,
@@ -449,21 +467,23 @@ class SpecterExperts(nn.Module):
         return rows
 
     def _target_tokenwise(
-        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, keep_pairs: bool = False
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
+        """The accumulator (unsummed, zeroed) of a token-wise target forward."""
         if self._fully_resident():
             # Nothing to load, so no load order to follow: token-wise verification is the
             # all-resident single wave (the same bits under batch invariance).
-            return self._target(x, ids, weights, keep_pairs)
+            return self._target(x, ids, weights, zeroed=True)
         rows = self._needed(ids)
         out = self._accumulator(x, ids)
         for t, row in enumerate(rows):
             span = slice(t, t + 1)
-            for wave in self.runtime.cache.acquire(self.layer, list(dict.fromkeys(row))):
+            needed = [e for e in dict.fromkeys(row) if e >= 0]
+            for wave in self.runtime.cache.acquire(self.layer, needed):
                 self._compute_wave(
                     x[span], ids[span], weights[span], wave.experts, wave.slots, out[span]
                 )
-        return self._finish(out, x.dtype, keep_pairs)
+        return out
 
     def _accumulator(self, x: torch.Tensor, ids: torch.Tensor, zeroed: bool = True) -> torch.Tensor:
         """Sums: ``[T, H]``, or ``[T, k, H]`` (one row per routed pair) when batch

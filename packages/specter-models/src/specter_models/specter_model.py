@@ -12,6 +12,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from specter_cache import ExpertCache, RoutingCounter, SpeculativePrefetcher
 from specter_models.architecture import Architecture
+from specter_models.cpu_experts import CPU_MAX_ROWS, CpuExpertExecutor, check_cpu_kernel
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
 from specter_models.memory_meter import MemoryPeaks
 from specter_models.memory_plan import DEFAULT_MAX_VERIFY_ROWS, MemoryPlan
@@ -202,6 +203,48 @@ class SpecterModel:
         self.runtime.stream_waits = enabled
 
     @property
+    def cpu_experts(self) -> CpuExpertExecutor | None:
+        """The CPU expert executor computing each layer's CPU-homed experts on the host, or
+        None (every expert on the device; ``set_cpu_experts``)."""
+        return self.runtime.cpu_experts
+
+    def set_cpu_experts(
+        self, homed: Sequence[Sequence[int]] | None, threads: int | None = None
+    ) -> CpuExpertExecutor | None:
+        """Compute ``homed[layer]`` of every MoE layer on the host from now on (None, or
+        every list empty: none), on ``threads`` host threads (None: every usable core but
+        one). The cache stops loading them (``ExpertCache.set_host_experts``); target
+        forwards of at most ``max_verify_rows`` rows hand their pairs to the host, which makes
+        the target's steps piecewise graphs (``cpu_experts``). Call it between forwards.
+
+        Returns:
+            The executor, or None.
+
+        Raises:
+            CpuKernelUnavailableError: the host cannot run the kernel in this model's dtype.
+            ValueError: bad ids, a pinned (hot) expert, or a bad thread count.
+        """
+        previous = self.runtime.cpu_experts
+        if previous is not None:
+            previous.close()
+        self.runtime.cpu_experts = None
+        self.cache.set_host_experts(None)
+        if homed is None or not any(homed):
+            return None
+        check_cpu_kernel(self.cache.store.layout(0).spec("gate_up").dtype)
+        self.cache.set_host_experts(homed)
+        executor = CpuExpertExecutor(
+            self.cache.store,
+            homed,
+            top_k=int(self.config.num_experts_per_tok),
+            device=self.device,
+            threads=threads,
+            max_rows=min(self.max_verify_rows, CPU_MAX_ROWS),
+        )
+        self.runtime.cpu_experts = executor
+        return executor
+
+    @property
     def batch_invariant(self) -> bool:
         """Whether target forwards are batch-invariant (see ``load_model(batch_invariant=)``)."""
         return self.runtime.batch_invariant
@@ -253,7 +296,8 @@ class SpecterModel:
         def target_applies() -> bool:
             # Token-wise verification with every expert resident is the same single wave; the
             # streamed miss path takes no host decision either (verifications fit its rows).
-            if runtime.routing_trace is not None:
+            # The CPU expert path reads each layer's routing on the host: piecewise.
+            if runtime.routing_trace is not None or runtime.cpu_experts is not None:
                 return False
             return self.cache.every_layer_resident() or runtime.streams(self.max_verify_rows)
 
@@ -342,7 +386,8 @@ class SpecterModel:
         }
 
     def reset(self) -> None:
-        """Empty the KV cache and zero every statistic (cache, prefetcher, counters).
+        """Empty the KV cache and zero every statistic (cache, prefetcher, counters, the CPU
+        expert executor's).
 
         Resident experts stay resident and captured CUDA graphs stay captured: a benchmark's
         warm-up decides what the cache holds and which steps are graphed.
@@ -354,6 +399,8 @@ class SpecterModel:
         self.counter.clear()
         self.cache.reset_stats()
         self.prefetcher.reset_stats()
+        if self.runtime.cpu_experts is not None:
+            self.runtime.cpu_experts.reset_stats()
 
     def prefetch_all(self) -> None:
         """Load every expert into its slot (the all-resident configuration).

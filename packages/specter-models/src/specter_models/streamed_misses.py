@@ -341,7 +341,7 @@ def _count_rows(
         filled = {e: s for e, s in enumerate(row[width + E :]) if s >= 0}
         cache.streamed.record_streamed(
             layer,
-            row[:width],
+            [e for e in row[:width] if e >= 0],  # -1: a pair the host computed (cpu_experts)
             streamed,
             filled=filled or None,
             candidates=offer[layer] if offer is not None else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from specter_bench.prompt_sources import PROMPT_SOURCES
@@ -11,6 +12,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_PROMPT",
     "CommandError",
+    "add_cpu_expert_args",
     "add_model_args",
     "add_prompt_source_args",
     "auto_or_non_negative_int",
@@ -20,6 +22,9 @@ __all__ = [
     "parse_budget",
     "parse_budget_list",
     "parse_budget_or_auto",
+    "parse_cpu_modes",
+    "parse_cpu_thread_list",
+    "parse_cpu_threads",
     "parse_depth",
     "parse_dtype",
     "parse_int_list",
@@ -150,6 +155,67 @@ def parse_auto_switch(text: str) -> bool | None:
     if value not in choices:
         raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
     return choices[value]
+
+
+CPU_MODES = ("auto", "off", "on")
+
+
+def parse_cpu_threads(text: str) -> int:
+    """A host thread count: ``1`` up to this machine's cores, or ``all`` (every core)."""
+    cores = os.cpu_count() or 1
+    if text.strip().lower() == "all":
+        return cores
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= cores:
+        raise argparse.ArgumentTypeError(
+            f"expected a thread count from 1 to this machine's {cores} cores, or all; got {text!r}"
+        )
+    return value
+
+
+def parse_cpu_thread_list(text: str) -> list[int]:
+    """``1,2,4,8,all``: thread counts for a sweep, each as :func:`parse_cpu_threads`
+    (repeats dropped, order kept)."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected thread counts such as 1,2,4,all, got {text!r}")
+    return list(dict.fromkeys(parse_cpu_threads(part) for part in parts))
+
+
+def parse_cpu_modes(text: str) -> list[str]:
+    """``off,auto``: CPU expert modes (auto, off, on) to run side by side, repeats dropped."""
+    modes = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if not modes or any(m not in CPU_MODES for m in modes):
+        raise argparse.ArgumentTypeError(
+            f"expected auto, off or on (a comma-separated list to compare them), got {text!r}"
+        )
+    return list(dict.fromkeys(modes))
+
+
+def add_cpu_expert_args(p: argparse.ArgumentParser, *, sweep: bool) -> None:
+    """``--cpu-experts`` and ``--cpu-threads`` (lists to run side by side with ``sweep``)."""
+    p.add_argument(
+        "--cpu-experts",
+        type=parse_cpu_modes if sweep else str.lower,
+        default=["off"] if sweep else "off",
+        choices=None if sweep else CPU_MODES,
+        help="compute each MoE layer's least routed experts on the host's cores instead of "
+        "moving them to the GPU, as many as a cost model measured at load chooses: on (at "
+        "least one a layer, on any device), auto (on a GPU under a budget, where the model "
+        "homes any), off (default)"
+        + ("; a comma-separated list runs each, side by side (e.g. off,auto)" if sweep else ""),
+    )
+    p.add_argument(
+        "--cpu-threads",
+        type=parse_cpu_thread_list if sweep else parse_cpu_threads,
+        default=None,
+        help="host threads the CPU experts run on: 1 to this machine's cores, or all "
+        "(default: every core but one)"
+        + ("; a comma-separated list sweeps them (e.g. 1,2,4,8,all)" if sweep else ""),
+    )
 
 
 def add_model_args(

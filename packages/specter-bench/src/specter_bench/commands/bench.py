@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specter_bench.commands.args import (
+    add_cpu_expert_args,
     add_model_args,
     add_prompt_source_args,
     auto_or_non_negative_int,
@@ -164,6 +165,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dtype", default=None, help="default: float16 on a GPU, float32 on a CPU (float64 too)"
     )
     _add_routing_args(bench)
+    add_cpu_expert_args(bench, sweep=True)
     bench.set_defaults(run=run)
 
 
@@ -275,6 +277,8 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> Any:
         hot_experts_per_layer=None if args.hot_experts == "auto" else args.hot_experts,
         draft_pruned_per_layer=args.draft_pruned,
         engine=EngineOptions.from_args(args),
+        cpu_experts=tuple(getattr(args, "cpu_experts", None) or ("off",)),
+        cpu_threads=tuple(args.cpu_threads) if getattr(args, "cpu_threads", None) else None,
         command=getattr(args, "invocation", None),
         routing_trace=routing_trace_of(args),
         runs=args.runs,
@@ -290,11 +294,20 @@ def run(args: argparse.Namespace) -> int:
     from specter_bench.tables import memory_use_table, targets_table, tpot_table, ttft_table
 
     config = bench_config_from_args(args, resolve_device(args.device))
+    if "on" in config.cpu_experts:
+        from specter_models.cpu_experts import check_cpu_kernel
+
+        check_cpu_kernel(config.dtype)  # --cpu-experts on where it cannot run: why, at once
     result = BenchRunner(config).run()
     tpot = [r for r in result.records if r["kind"] == "tpot"]
     if tpot:
         print(tpot_table(tpot))
         print(targets_table(tpot))
+        from specter_bench.bench_cpu import cpu_table
+
+        placements = cpu_table(tpot)
+        if placements:
+            print(placements)
     ttft = [r for r in result.records if r["kind"] == "ttft"]
     if ttft:
         print(ttft_table(ttft))

@@ -21,6 +21,7 @@ from specter_bench.commands.args import (
     DEFAULT_MODEL,
     DEFAULT_PROMPT,
     CommandError,
+    add_cpu_expert_args,
     add_model_args,
     auto_or_non_negative_int,
     non_negative_float,
@@ -172,6 +173,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "into a device staging buffer with a wide kernel before its expert kernel reads "
         "them there (fixed state in the memory plan; default 0: none)",
     )
+    add_cpu_expert_args(gen, sweep=False)
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end only")
     gen.add_argument(
         "--json",
@@ -284,6 +286,7 @@ def _full_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         ("staged experts per layer (cap)", summary["stream_staging"]),
         ("expert slots per layer", f"{summary['slots_per_layer']}/{summary['num_experts']}"),
         ("pinned hot experts per layer", summary["hot_experts_per_layer"]),
+        *_cpu_rows(summary),
         ("pruned draft experts per layer", summary.get("draft_pruned_per_layer", 0)),
         ("peak GPU memory (GB)", summary["peak_gpu_memory_gb"]),
         ("CUDA graphs captured ahead", summary.get("graphs_captured")),
@@ -305,6 +308,25 @@ def _full_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
             ),
         )
     return rows
+
+
+def _cpu_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """How the experts a token needed were met, and the host's share, with the CPU path."""
+    cpu, split = summary.get("cpu_experts"), summary.get("placement")
+    if not cpu or not split:
+        return []
+    tokens = max(summary["new_tokens"], 1)
+    each = " / ".join(
+        f"{split[k] / tokens:.1f}" for k in ("resident", "transferred", "streamed", "cpu")
+    )
+    return [
+        ("experts a token: resident / moved / streamed / CPU", each),
+        (
+            "host CPU time a token",
+            f"{cpu['busy_ms_per_token']:.2f} ms on {cpu['threads']} threads "
+            f"({cpu['homed_experts']} experts CPU-homed)",
+        ),
+    ]
 
 
 def _miss_path_words(path: str) -> str:
@@ -352,6 +374,7 @@ def _rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
             rows.append(("streamed MB a token", summary["streamed_mb_per_token"]))
         if summary["hot_experts_per_layer"]:
             rows.append(("experts pinned per layer", summary["hot_experts_per_layer"]))
+        rows += _cpu_rows(summary)
     if summary["peak_gpu_memory_gb"] is not None:
         rows.append(("peak GPU memory (GB)", summary["peak_gpu_memory_gb"]))
     rows.append(("stopped because", _STOP_WORDS.get(summary.get("stop_reason"), "-")))
@@ -391,6 +414,7 @@ def engine_config_from_args(args: argparse.Namespace, *, device: str, prompt_tok
         CommandError: options that contradict each other.
     """
     from specter_models import (
+        CpuExpertsConfig,
         EngineConfig,
         KernelConfig,
         LoadConfig,
@@ -458,6 +482,9 @@ def engine_config_from_args(args: argparse.Namespace, *, device: str, prompt_tok
             keep_draft=args.keep_draft,
             depth_memory=not args.no_depth_memory,
             warmup_tokens=min(warmup, args.max_new_tokens),
+        ),
+        cpu_experts=CpuExpertsConfig(
+            mode=getattr(args, "cpu_experts", "off"), threads=getattr(args, "cpu_threads", None)
         ),
     )
 

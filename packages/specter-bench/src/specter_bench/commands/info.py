@@ -1,4 +1,5 @@
-"""``specter info``: the GPU, library versions, and a model's memory plan at a budget."""
+"""``specter info``: the GPU, the host's CPU and memory bandwidth, library versions, and a
+model's memory plan at a budget."""
 
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def describe_machine() -> str:
     """GPU (name, memory, capability) or its absence, and the versions that matter."""
     import torch
 
+    from specter_bench.host_facts import host_facts
     from specter_bench.run_identity import git_commit, gpu_name, package_versions
 
     lines = []
@@ -96,6 +98,12 @@ def describe_machine() -> str:
             f"{k} {v}" if v else f"{k} not installed" + (" (optional)" if k in optional else "")
             for k, v in versions.items()
         )
+    )
+    facts = host_facts()
+    lines.append(
+        f"host CPU: {facts['cpu']}, {facts['cores']} cores, memory bandwidth "
+        f"{facts['memory_gb_per_s']:.1f} GB/s (a 256 MB copy on {facts['torch_threads']} "
+        "torch threads, bytes read and written)"
     )
     lines.append(f"git commit: {git_commit()}")
     return "\n".join(lines)

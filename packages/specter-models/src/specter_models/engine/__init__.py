@@ -10,6 +10,7 @@ Example:
 """
 
 from specter_models.engine.config import (
+    CpuExpertsConfig,
     EngineConfig,
     KernelConfig,
     LoadConfig,
@@ -23,6 +24,7 @@ from specter_models.engine.plans import DraftDoesNotFitError
 
 __all__ = [
     "PLAIN_STREAM_FILLS",
+    "CpuExpertsConfig",
     "DraftDoesNotFitError",
     "Engine",
     "EngineConfig",

@@ -6,12 +6,15 @@ the field, the value and what was expected.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from specter_models.engine.model_source import DTYPES
 from specter_models.presets import DEMO_MODEL
 
 __all__ = [
+    "CPU_EXPERT_MODES",
+    "CpuExpertsConfig",
     "EngineConfig",
     "KernelConfig",
     "LoadConfig",
@@ -235,6 +238,42 @@ class SpeculationConfig:
         return self.max_depth if self.depth == "auto" else int(self.depth)
 
 
+CPU_EXPERT_MODES = ("auto", "off", "on")
+"""``CpuExpertsConfig.mode``'s values."""
+
+
+@dataclass(frozen=True)
+class CpuExpertsConfig:
+    """Whether the host's cores compute some experts (``specter_models.cpu_experts``).
+
+    Attributes:
+        mode: ``"off"``: every expert on the GPU; ``"on"``: each MoE layer's least routed
+            experts of the calibration routing are CPU-homed, as many as the load-time cost
+            model chooses and at least one, on any device (a model whose dtype the host's
+            GEMM cannot run is refused, with why); ``"auto"``: the cost model's choice on a
+            CUDA device under a budget that leaves some expert without a slot, with a
+            calibration prompt, where it homes any expert; off otherwise.
+        threads: host threads the executor computes on (None: every usable core but one);
+            at least 1 and at most the machine's cores.
+    """
+
+    mode: str = "off"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in CPU_EXPERT_MODES:
+            _fail("CpuExpertsConfig", "mode", self.mode, "'auto', 'off' or 'on'")
+        cores = os.cpu_count() or 1
+        threads = self.threads
+        if threads is not None and not (_is_int(threads) and 1 <= threads <= cores):
+            _fail(
+                "CpuExpertsConfig",
+                "threads",
+                threads,
+                f"None or an int from 1 to this machine's {cores} cores",
+            )
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything :meth:`~specter_models.engine.Engine.from_config` needs."""
@@ -243,6 +282,7 @@ class EngineConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     kernels: KernelConfig = field(default_factory=KernelConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    cpu_experts: CpuExpertsConfig = field(default_factory=CpuExpertsConfig)
 
     def __post_init__(self) -> None:
         for name, kind in (
@@ -250,6 +290,7 @@ class EngineConfig:
             ("memory", MemoryConfig),
             ("kernels", KernelConfig),
             ("speculation", SpeculationConfig),
+            ("cpu_experts", CpuExpertsConfig),
         ):
             if not isinstance(getattr(self, name), kind):
                 _fail("EngineConfig", name, getattr(self, name), f"a {kind.__name__}")

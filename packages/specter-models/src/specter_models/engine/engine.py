@@ -17,6 +17,7 @@ import torch
 
 from specter_models.engine.auto_budget import auto_budget
 from specter_models.engine.config import EngineConfig
+from specter_models.engine.cpu_setup import set_up_cpu_experts
 from specter_models.engine.decode_window import DecodeWindow, make_depth_policy
 from specter_models.engine.depth_memory import (
     engine_setup,
@@ -138,6 +139,8 @@ class Engine:
 
         Raises:
             ValueError: a bad or conflicting configuration (the message names the field).
+            CpuKernelUnavailableError: ``CpuExpertsConfig.mode="on"`` where the host cannot run
+                the CPU expert kernel in the model's dtype (the message says why).
             MemoryBudgetError: the budget cannot hold the model
                 (:class:`~specter_models.engine.DraftDoesNotFitError` when it would without the
                 INT4 draft).
@@ -337,6 +340,14 @@ class Engine:
             )
         if loaded.tokenizer is None and hasattr(self.tokenizer, "offset"):
             log("note: this model has random weights and no tokenizer: its text is noise (bytes)")
+        if memory.slots_per_layer is not None:
+            placement_slots = memory.slots_per_layer
+        else:  # the draftless plan's: a speculative and a plain engine home the same experts
+            placement_slots = plain.slots_per_layer if plain is not None else slots
+        cpu_experts = set_up_cpu_experts(
+            loaded, config.cpu_experts, prompt_ids=ids, continuation_tokens=memory.hot_set_tokens,
+            placement_slots=placement_slots, log=log,
+        )  # fmt: skip
         self.depth = depth
         self._speculate = speculate
         self._streamed_plain = not speculate and miss_path == "stream"
@@ -373,6 +384,7 @@ class Engine:
             "hot_set_choice_s": choice_s,
             **capture,
             "depth_warmup_s": warmup_s,
+            "cpu_placement": cpu_experts,
             "depth_costs": (
                 None
                 if self._depth_memory is None

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from specter_models.cpu_calibration import cpu_experts_per_token, placement_split
 from specter_models.kv_cache import KVCacheFullError
 from specter_spec import NonFiniteLogitsError
 
@@ -44,6 +45,7 @@ def generation_summary(loaded: Any, stats: Any, peak_gpu_bytes: int | None) -> d
         peak_gpu_bytes: ``torch.cuda.max_memory_allocated`` or None on a CPU.
     """
     cache = loaded.cache.stats()["total"]  # one host sync, after generation
+    cpu = getattr(getattr(loaded, "runtime", None), "cpu_experts", None)
     tokens = stats.new_tokens
     tpot = stats.tpot_s
     later = stats.iterations[1:]
@@ -84,6 +86,8 @@ def generation_summary(loaded: Any, stats: Any, peak_gpu_bytes: int | None) -> d
         "hot_experts_per_layer": plan.hot_experts_per_layer,
         "draft_pruned_per_layer": plan.pruned_experts_per_layer,
         "num_experts": plan.num_experts,
+        "placement": placement_split(cache, cpu),
+        "cpu_experts": cpu_experts_per_token(cpu, tokens),
         "peak_gpu_memory_gb": peak_gpu_bytes / 1e9 if peak_gpu_bytes else None,
         "device": str(loaded.device),
     }
