@@ -157,3 +157,22 @@ def test_checkpoint_key_undoes_the_load_renames():
     assert checkpoint_key(qwen, "model.layers.3.mlp.gate.weight") == (
         "model.layers.3.mlp.gate.weight"
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_written_on_cuda_equals_the_engines_cuda_build(tmp_path):
+    # CUDA's generator differs from the CPU's: a folder written on the GPU holds what the
+    # engine builds there, in float16.
+    folder = tmp_path / "cuda"
+    summary = write_random_checkpoint("tiny-deepseek-v2", folder, seed=4, device="cuda")
+    assert summary.device == "cuda"
+    in_memory = load_model("tiny-deepseek-v2", device="cuda", seed=4, slots_per_layer=2)
+    loaded = load_model(folder, device="cuda", slots_per_layer=2)
+    params = dict(loaded.model.named_parameters())
+    for name, param in in_memory.model.named_parameters():
+        assert torch.equal(param, params[name]), name
+    for layer, module in enumerate(in_memory.experts):
+        for e in range(module.num_experts):
+            want, got = in_memory.cache.store.get(layer, e), loaded.cache.store.get(layer, e)
+            assert all(torch.equal(want[k], got[k]) for k in want), (layer, e)
