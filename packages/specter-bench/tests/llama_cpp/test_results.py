@@ -46,6 +46,7 @@ def test_one_record_per_repetition_from_the_decode_at_depth(tmp_path):
     # tg 128 @ d512 took 3.072, 3.050 and 3.110 s: TPOT = time / 128.
     assert [r["tpot_ms"] for r in records] == pytest.approx([24.0, 23.828125, 24.296875])
     assert [r["prefill_ms"] for r in records] == pytest.approx([412.0, 405.0, 409.0])
+    assert [r["ttft_ms"] for r in records] == [r["prefill_ms"] for r in records]
     first = records[0]
     assert first["kind"] == "tpot"
     assert first["tokens_per_s"] == pytest.approx(1000 / 24.0)

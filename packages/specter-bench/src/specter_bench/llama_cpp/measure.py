@@ -11,6 +11,7 @@ to ``OUT/bench-{model}-{tag}.jsonl`` (the file name ``specter bench`` uses), so
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import statistics
 import tempfile
@@ -120,7 +121,7 @@ def measure(
         )
         if not config.skip_plain:
             n, plan = _n_cpu_moe(config.n_cpu_moe, target, budget, settings.n_ctx, None)
-            settings = BenchSettings(**{**settings.__dict__, "n_cpu_moe": n})
+            settings = dataclasses.replace(settings, n_cpu_moe=n)
             system = system_name(weights, n)
             say(f"{system} at {budget_label(budget)}: {_plan_line(n, plan)}")
             argv = bench_argv(tree, config.gguf, settings)
@@ -163,7 +164,8 @@ def _speculative(
 
     assert config.draft is not None
     draft_weights = read_origin(config.draft).get("weights") or draft.file_type
-    prompts = [(p, _cut(p.text, config)) for p in load_prompts(config.prompts)]
+    cut = _prompt_cutter(config)
+    prompts = [(p, cut(p.text)) for p in load_prompts(config.prompts)]
     longest = max(tokens for _, (_, tokens) in prompts)
     n_ctx = -(-(longest + config.new_tokens + 2 * config.draft_max + 16) // 256) * 256
     n, plan = _n_cpu_moe(config.n_cpu_moe, target, budget, n_ctx, draft)
@@ -228,20 +230,24 @@ def _n_cpu_moe(
     return n, estimate_at(footprint, n, budget, draft=draft_footprint)
 
 
-def _cut(text: str, config: MeasureConfig) -> tuple[str, int]:
-    """The prompt cut to ``max_prompt_tokens`` with the GGUF's kept tokenizer, and its token
-    count (its UTF-8 bytes plus BOS, an upper bound, without a tokenizer)."""
+def _prompt_cutter(config: MeasureConfig) -> Callable[[str], tuple[str, int]]:
+    """``text -> (text cut to max_prompt_tokens, its token count)`` with the GGUF's kept
+    tokenizer; without one, the text whole and its UTF-8 bytes plus BOS (an upper bound)."""
     folder = tokenizer_copy(config.gguf)
     if folder is None:
-        return text, len(text.encode("utf-8")) + 1
+        return lambda text: (text, len(text.encode("utf-8")) + 1)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    ids = tokenizer.encode(text)
-    if len(ids) <= config.max_prompt_tokens:
-        return text, len(ids)
-    kept = ids[: config.max_prompt_tokens]
-    return tokenizer.decode(kept, skip_special_tokens=True), len(kept)
+
+    def cut(text: str) -> tuple[str, int]:
+        ids = tokenizer.encode(text)
+        if len(ids) <= config.max_prompt_tokens:
+            return text, len(ids)
+        kept = ids[: config.max_prompt_tokens]
+        return tokenizer.decode(kept, skip_special_tokens=True), len(kept)
+
+    return cut
 
 
 def _identity(config: MeasureConfig, origin: dict[str, Any], weights: str) -> dict[str, Any]:

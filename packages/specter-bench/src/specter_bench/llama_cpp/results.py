@@ -5,8 +5,9 @@
 ``type_k``, ``model_type``, ``gpu_info``, ``build_commit``, ...) and ``samples_ns``, the
 time of each timed repetition. A run of ``-p P -n N -d 0,P -r R`` has four tests; decode is
 ``tg N`` at depth ``P`` (N single-token steps after a context of ``P``), prefill ``pp P`` at
-depth 0. Repetition ``i`` becomes one record with ``run_index = i``: TPOT is its decode time
-over ``N``.
+depth 0, which is also the time to the first token (it ends with the prompt's last logits).
+Repetition ``i`` becomes one record with ``run_index = i``: TPOT is its decode time over
+``N``.
 
 ``llama-speculative-simple`` prints ``encoded P tokens in S seconds``, ``decoded N tokens in
 S seconds`` and the counts ``n_drafted`` / ``n_accept``; one run on one prompt becomes one
@@ -153,6 +154,7 @@ def bench_records(
         ).as_dict()
         record["run_index"] = i
         record["driver_peak_gpu_memory_gb"] = driver_peak_gb
+        record["ttft_ms"] = record["prefill_ms"]  # pp P: the prompt up to its last logits
         records.append(record)
     return records
 
