@@ -49,6 +49,8 @@ def test_bench_writes_records_with_the_command_line(capsys, tmp_path):
         str(tmp_path / "out"),
         "--tag",
         "x",
+        "--log-dir",
+        str(tmp_path / "logs"),
     )
     assert code == 0, err
     assert "--n-cpu-moe 8" in calls(build)[0]

@@ -30,7 +30,12 @@ def _flag(line: str, name: str) -> str:
 def test_each_budget_gets_its_own_cpu_moe_and_records(setup):
     tree, target, _, root = setup
     config = MeasureConfig(
-        gguf=target, budgets=(None, 24.0, 16.0), out_dir=root / "out", tag="t", command="c"
+        gguf=target,
+        budgets=(None, 24.0, 16.0),
+        out_dir=root / "out",
+        tag="t",
+        command="c",
+        log_dir=root / "logs",
     )
     records = measure(tree, config, say=lambda _: None)
     runs = calls(tree.build)
@@ -51,12 +56,15 @@ def test_each_budget_gets_its_own_cpu_moe_and_records(setup):
     assert plan["estimated_gpu_gb"] <= 24.0
     assert written[0]["identity"]["command"] == "c"
     assert written[0]["identity"]["device"] == "cuda"
-    assert (root / "out" / "logs").is_dir()
+    assert not (root / "out" / "logs").exists()  # logs go to log_dir, not the results
+    assert len(list((root / "logs").glob("*.log"))) == 3
 
 
 def test_a_fixed_count_is_used_at_every_budget(setup):
     tree, target, _, root = setup
-    config = MeasureConfig(gguf=target, budgets=(24.0,), n_cpu_moe=27, out_dir=root / "o")
+    config = MeasureConfig(
+        gguf=target, budgets=(24.0,), n_cpu_moe=27, out_dir=root / "o", log_dir=root / "l"
+    )
     (record, *_) = measure(tree, config, say=lambda _: None)
     assert _flag(calls(tree.build)[0], "--n-cpu-moe") == "27"
     assert record["system"] == "llama.cpp-cpu-moe-f16"
@@ -75,6 +83,7 @@ def test_speculative_runs_each_prompt_each_repetition(setup):
         out_dir=root / "o",
         tag="t",
         skip_plain=True,
+        log_dir=root / "logs",
     )
     records = measure(tree, config, say=lambda _: None)
     runs = calls(tree.build)
@@ -89,6 +98,7 @@ def test_speculative_runs_each_prompt_each_repetition(setup):
 
 def test_a_budget_too_small_is_refused_before_running(setup):
     tree, target, _, root = setup
+    config = MeasureConfig(gguf=target, budgets=(1.0,), out_dir=root, log_dir=root)
     with pytest.raises(BudgetTooSmallError, match=r"cannot hold llama\.cpp's state"):
-        measure(tree, MeasureConfig(gguf=target, budgets=(1.0,), out_dir=root), say=print)
+        measure(tree, config, say=print)
     assert calls(tree.build) == []

@@ -83,6 +83,7 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-label", default=None, help="the records' model (default: preset)")
     p.add_argument("--out", default="benchmarks/results", help="results folder")
     p.add_argument("--tag", default=None, help="file name tag (default llama-cpp-DATE)")
+    p.add_argument("--log-dir", default=".llama.cpp/logs", help="each run's whole output")
     add_prompt_source_args(p)
 
 
@@ -238,6 +239,7 @@ def _measure_config(args: argparse.Namespace, gguf: Path, draft: Path | None):
         tag=args.tag,
         command=getattr(args, "invocation", ""),
         skip_plain=getattr(args, "speculative_only", False),
+        log_dir=Path(args.log_dir),
     )
 
 

@@ -121,6 +121,7 @@ def run_chain(
                 gguf=gguf_path(config.work, config.model, weights),
                 draft=None,
                 model_label=config.measure.model_label or config.model,
+                log_dir=logs,
             )
             step(
                 f"bench {weights}", lambda target=target: records.extend(measure(tree, target, say))

@@ -68,6 +68,7 @@ class MeasureConfig:
         tag: the file name's tag (None: ``llama-cpp-{date}``).
         command: the command line recorded in the identity.
         skip_plain: measure only the speculative runs.
+        log_dir: where each run's whole output is kept.
     """
 
     gguf: Path
@@ -87,6 +88,7 @@ class MeasureConfig:
     tag: str | None = None
     command: str = ""
     skip_plain: bool = False
+    log_dir: Path = Path(".llama.cpp/logs")
 
 
 def measure(
@@ -108,7 +110,7 @@ def measure(
     weights = origin.get("weights") or target.file_type
     tag = config.tag or f"llama-cpp-{datetime.date.today().isoformat()}"
     path = config.out_dir / f"bench-{model}-{tag}.jsonl"
-    logs = config.out_dir / "logs"
+    logs = config.log_dir
     identity = _identity(config, origin, weights)
     written: list[dict[str, Any]] = []
     for budget in config.budgets:
@@ -187,7 +189,7 @@ def _speculative(
                 prompt_file = Path(scratch) / "prompt.txt"
                 prompt_file.write_text(text, encoding="utf-8")
                 argv = speculative_argv(tree, config.gguf, config.draft, prompt_file, settings)
-                log = config.out_dir / "logs" / f"{model}-{system}-{_slug(prompt.id)}.log"
+                log = config.log_dir / f"{model}-{system}-{_slug(prompt.id)}.log"
                 with DriverMemorySampler() as memory:
                     output, seconds = run_logged(argv, log, env=tree.env(), echo=False)
                 result = parse_speculative_output(output)
