@@ -63,6 +63,7 @@ def test_speculative_is_greedy_with_the_draft_on_the_gpu(tree):
     assert _flag(argv, "--n-cpu-moe") == "3"
     assert _flag(argv, "--fit") == "off"
     assert "--ignore-eos" in argv
+    assert "--no-escape" in argv  # HumanEval/51 holds a backslash-n that must stay two characters
 
 
 def test_convert_goes_through_the_runner_and_quantize_takes_known_types(tree):

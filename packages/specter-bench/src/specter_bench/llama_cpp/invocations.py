@@ -250,7 +250,9 @@ def speculative_argv(
     settings: SpeculativeSettings,
 ) -> list[str]:
     """``llama-speculative-simple``: greedy, the draft model wholly on the GPU, the target's
-    first ``n_cpu_moe`` blocks' experts on the CPU, no automatic fitting.
+    first ``n_cpu_moe`` blocks' experts on the CPU, no automatic fitting, the prompt file
+    verbatim (llama.cpp's examples turn escape sequences such as a backslash and ``n`` into
+    the characters they name unless told not to).
 
     Raises:
         ValueError: a count < 1.
@@ -284,6 +286,7 @@ def speculative_argv(
         "--top-k",
         "1",
         "--ignore-eos",
+        "--no-escape",  # the prompt verbatim: no \\n in it becomes a newline
         "-fa",
         settings.flash_attn,
         "--fit",
