@@ -43,6 +43,8 @@ def test_bench_writes_records_with_the_command_line(capsys, tmp_path):
         str(gguf),
         "--gpu-memory-gb",
         "24",
+        "--prompt-tokens",
+        "512",
         "--model-label",
         "deepseek-v2-lite",
         "--out",

@@ -20,6 +20,7 @@ def _config(tmp_path, **changes):
     measure = MeasureConfig(
         gguf=tmp_path,  # set per type by the chain
         budgets=(None, 24.0),
+        prompt_tokens=512,  # the fake llama-bench prints a -p 512 -n 128 run
         repetitions=3,
         prompts=PromptSourceConfig(limit=1),
         out_dir=tmp_path / "results",

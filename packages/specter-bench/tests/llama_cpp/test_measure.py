@@ -32,6 +32,7 @@ def test_each_budget_gets_its_own_cpu_moe_and_records(setup):
     config = MeasureConfig(
         gguf=target,
         budgets=(None, 24.0, 16.0),
+        prompt_tokens=512,  # the sample's -p 512 -n 128
         out_dir=root / "out",
         tag="t",
         command="c",
@@ -63,7 +64,12 @@ def test_each_budget_gets_its_own_cpu_moe_and_records(setup):
 def test_a_fixed_count_is_used_at_every_budget(setup):
     tree, target, _, root = setup
     config = MeasureConfig(
-        gguf=target, budgets=(24.0,), n_cpu_moe=27, out_dir=root / "o", log_dir=root / "l"
+        gguf=target,
+        budgets=(24.0,),
+        n_cpu_moe=27,
+        prompt_tokens=512,
+        out_dir=root / "o",
+        log_dir=root / "l",
     )
     (record, *_) = measure(tree, config, say=lambda _: None)
     assert _flag(calls(tree.build)[0], "--n-cpu-moe") == "27"

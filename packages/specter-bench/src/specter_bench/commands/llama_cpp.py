@@ -4,7 +4,7 @@
     specter llama-cpp quantize --gguf FILE --type q8_0 --out FILE
     specter llama-cpp plan --gguf FILE --gpu-memory-gb 24,16
     specter llama-cpp bench --gguf FILE --gpu-memory-gb unlimited,24 --n-cpu-moe auto \\
-        --prompt-tokens 512 --new-tokens 128 --repetitions 3 [--draft FILE]
+        --prompt-tokens 128 --new-tokens 128 --repetitions 3 [--draft FILE]
     specter llama-cpp all --model deepseek-v2-lite --gpu-memory-gb unlimited,24,16
 
 The llama.cpp source tree (``--source``, default ``.llama.cpp/src``) provides the converter;
@@ -74,7 +74,13 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
         help="blocks whose routed experts stay on the CPU: auto (sized to each budget from "
         "the GGUF's tensor sizes, docs/benchmarking.md) or a count for every budget",
     )
-    p.add_argument("--prompt-tokens", type=positive_int, default=512, help="llama-bench -p (512)")
+    p.add_argument(
+        "--prompt-tokens",
+        type=positive_int,
+        default=128,
+        help="llama-bench -p: the prompt, and the depth the decode starts at (128: HumanEval "
+        "prompts are about 120 tokens with a written checkpoint's tokenizer)",
+    )
     p.add_argument("--new-tokens", type=positive_int, default=128, help="tokens decoded (128)")
     p.add_argument("--repetitions", type=positive_int, default=3, help="timed runs (3)")
     p.add_argument("--draft-max", type=positive_int, default=4, help="tokens drafted a step (4)")
@@ -119,7 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--gguf", required=True)
     plan.add_argument("--draft", default=None, help="a draft GGUF held on the GPU beside it")
     plan.add_argument("--gpu-memory-gb", type=_budgets, required=True)
-    plan.add_argument("--prompt-tokens", type=positive_int, default=512)
+    plan.add_argument("--prompt-tokens", type=positive_int, default=128)
     plan.add_argument("--new-tokens", type=positive_int, default=128)
     plan.set_defaults(run=run_plan)
 

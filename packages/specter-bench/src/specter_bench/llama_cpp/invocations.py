@@ -115,7 +115,7 @@ class BenchSettings:
         flash_attn: ``-fa`` (``auto``, ``on`` or ``off``).
     """
 
-    prompt_tokens: int = 512
+    prompt_tokens: int = 128
     new_tokens: int = 128
     repetitions: int = 3
     n_cpu_moe: int = 0

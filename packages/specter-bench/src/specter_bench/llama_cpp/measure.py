@@ -74,7 +74,7 @@ class MeasureConfig:
     gguf: Path
     budgets: tuple[float | None, ...] = (None,)
     n_cpu_moe: int | str = "auto"
-    prompt_tokens: int = 512
+    prompt_tokens: int = 128
     new_tokens: int = 128
     repetitions: int = 3
     draft: Path | None = None
