@@ -22,6 +22,7 @@ from specter_bench.commands import (
     generate,
     info,
     kernel_bench,
+    llama_cpp,
     policy_replay,
     profile_depth,
     record_routing,
@@ -30,6 +31,7 @@ from specter_bench.commands import (
     step_trace,
     train,
     tune,
+    write_checkpoint,
 )
 from specter_bench.commands.args import (
     CommandError,
@@ -62,6 +64,8 @@ COMMAND_MODULES = (
     record_routing,
     policy_replay,
     tune,
+    write_checkpoint,
+    llama_cpp,
 )
 """The modules whose ``register`` adds a subcommand, in the order ``--help`` lists them."""
 

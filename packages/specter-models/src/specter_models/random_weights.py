@@ -89,23 +89,58 @@ def init_non_expert_weights(
             if name in skip:
                 continue
             owner = modules[name.rpartition(".")[0]]
-            leaf = name.rpartition(".")[2]
-            if param.dim() >= 2:
-                param.copy_(
-                    seeded_normal(name, tuple(param.shape), std, seed, param.device, param.dtype)
+            param.copy_(
+                random_parameter(
+                    name,
+                    tuple(param.shape),
+                    owner,
+                    seed=seed,
+                    std=std,
+                    device=param.device,
+                    dtype=param.dtype,
                 )
-                padding = getattr(owner, "padding_idx", None)
-                if isinstance(owner, nn.Embedding) and padding is not None:
-                    param[padding].zero_()
-            elif leaf == "bias":
-                param.zero_()
-            elif leaf == "weight" and _is_norm(owner):
-                param.fill_(1.0)
-            else:
-                raise ValueError(
-                    f"init_non_expert_weights: no rule for {name} {tuple(param.shape)} in "
-                    f"{type(owner).__name__}"
-                )
+            )
+
+
+def random_parameter(
+    name: str,
+    shape: tuple[int, ...],
+    owner: nn.Module,
+    *,
+    seed: int,
+    std: float,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The seeded value of one non-expert parameter, as ``init_non_expert_weights`` sets it.
+
+    Args:
+        name: the parameter's name in the model (it seeds the generator).
+        shape: its shape.
+        owner: the module holding it (an embedding's padding row, a norm's scale).
+        seed, std, device, dtype: as ``seeded_normal``.
+
+    Returns:
+        Matrices ``normal(0, std)`` (an embedding's padding row zero), norm scales one,
+        biases zero.
+
+    Raises:
+        ValueError: a one-dimensional parameter that is neither a bias nor a norm scale.
+    """
+    leaf = name.rpartition(".")[2]
+    if len(shape) >= 2:
+        values = seeded_normal(name, shape, std, seed, device, dtype)
+        padding = getattr(owner, "padding_idx", None)
+        if isinstance(owner, nn.Embedding) and padding is not None:
+            values[padding].zero_()
+        return values
+    if leaf == "bias":
+        return torch.zeros(shape, device=device, dtype=dtype)
+    if leaf == "weight" and _is_norm(owner):
+        return torch.ones(shape, device=device, dtype=dtype)
+    raise ValueError(
+        f"init_non_expert_weights: no rule for {name} {shape} in {type(owner).__name__}"
+    )
 
 
 def _is_norm(module: nn.Module) -> bool:
