@@ -18,6 +18,15 @@ from specter_bench.tables import (
     working_set_table,
 )
 
+REFERENCE_TARGETS = (
+    Target("specter", "lru", 1 / 2, "<= 1/2", 24.0, "deepseek-v2-lite"),
+    Target("specter", "spec-lru", 2 / 3, "<= 2/3", 24.0, "deepseek-v2-lite"),
+    Target("specter", "belady", 1.5, "<= 1.5", 24.0, "deepseek-v2-lite"),
+    Target("specter", "hf", 1 / 3, "<= 1/3", None, "deepseek-v2-lite"),
+)
+"""Ratios against the textbook references (reported, not product targets): they exercise
+the pairing, run and Belady rules on cells every fixture measures."""
+
 
 def test_markdown_table_layout():
     text = markdown_table(["name", "value"], [["a|b", 1.23456], ["c", None]])
@@ -65,21 +74,22 @@ def test_summaries_are_medians_and_means_over_prompts():
 def test_targets_compare_the_right_cells():
     records = tpot_records(seed=12, models=("deepseek-v2-lite",))
     by = {s.__dict__["system"] + str(s.budget_gb): s for s in summarize_tpot(records)}
-    results = evaluate_targets(records)
+    results = evaluate_targets(records, REFERENCE_TARGETS)
     assert [r["target"] for r in results] == [
-        "specter / offload <= 0.7",
-        "specter / offload <= 0.8",
         "specter / lru <= 1/2",
         "specter / spec-lru <= 2/3",
         "specter / belady <= 1.5",
         "specter / hf <= 1/3",
     ]
-    # These records hold no offload: its cells are reported, not measured.
-    assert [(r["budget"], r["ratio"], r["met"]) for r in results[:2]] == [
+    # These records hold no offload or llama.cpp: the product's cells are reported, not
+    # measured.
+    product = evaluate_targets(records)
+    assert [(r["budget"], r["ratio"], r["met"]) for r in product[:4]] == [
+        ("24 GB", None, None),
         ("24 GB", None, None),
         ("16 GB", None, None),
+        ("unlimited", None, None),
     ]
-    results = results[2:]
     spec24 = by["specter24.0"]
     assert results[0]["ratio"] == pytest.approx(spec24.tpot_ms / by["lru24.0"].tpot_ms)
     assert results[0]["met"] == (results[0]["ratio"] <= 0.5)
@@ -95,7 +105,7 @@ def test_targets_compare_the_right_cells():
     # A system missing at the target's budget is not replaced by its unlimited record.
     without_lru24 = [r for r in records if not (r["system"] == "lru" and r["budget_gb"] == 24.0)]
     assert any(r["system"] == "lru" and r["budget_gb"] is None for r in without_lru24)
-    assert evaluate_targets(without_lru24)[2]["ratio"] is None
+    assert evaluate_targets(without_lru24, REFERENCE_TARGETS)[0]["ratio"] is None
 
 
 def test_targets_met_and_not_met():
@@ -112,9 +122,9 @@ def test_targets_met_and_not_met():
         rec("spec-lru", 24.0, 6.0),
         rec("specter", 24.0, 4.5, bound=1.6),  # 0.45 met; 0.75 not met; 1.6 not met
     ]
-    met = [r["met"] for r in evaluate_targets(records)]
-    assert met == [None, None, True, False, False, True]  # no offload measured
-    table = targets_table(records)
+    met = [r["met"] for r in evaluate_targets(records, REFERENCE_TARGETS)]
+    assert met == [True, False, False, True]
+    table = targets_table(records, REFERENCE_TARGETS)
     assert table.count("NOT met") == 2
 
 
@@ -146,18 +156,22 @@ def test_models_without_targets_get_the_same_ratios_for_information():
     by = {(s.model, s.budget_gb, s.system): s for s in summarize_tpot(records)}
     results = evaluate_targets(records)
     qwen = [r for r in results if r["model"] == "qwen1.5-moe"]
-    assert [r["target"] for r in qwen] == [
-        "specter / offload (no target)",  # once: both offload targets map to the high budget
-        "specter / lru (no target)",
-        "specter / spec-lru (no target)",
-        "specter / belady (no target)",
-        "specter / hf (no target)",
+    assert [(r["target"], r["budget"]) for r in qwen] == [
+        ("specter / offload (no target)", "24 GB"),  # once: both map to the high budget
+        ("specter / llama.cpp-cpu-moe-f16 (no target)", "24 GB"),
+        ("specter / llama.cpp-gpu-f16 (no target)", "unlimited"),
+        ("specter / hf (no target)", "unlimited"),
+        ("specter / specter unlimited (no target)", "24 GB"),
     ]
-    assert [r["budget"] for r in qwen] == ["24 GB", "24 GB", "24 GB", "24 GB", "unlimited"]
-    qwen = qwen[1:]
     assert all(r["met"] is None for r in qwen)
+    overhead = qwen[-1]
+    assert overhead["ratio"] == pytest.approx(
+        by[("qwen1.5-moe", 24.0, "specter")].tpot_ms / by[("qwen1.5-moe", None, "specter")].tpot_ms
+    )
+    lru = evaluate_targets(records, REFERENCE_TARGETS)
+    qwen_lru = next(r for r in lru if r["model"] == "qwen1.5-moe" and "lru (" in r["target"])
     high = ("qwen1.5-moe", 24.0)
-    assert qwen[0]["ratio"] == pytest.approx(
+    assert qwen_lru["ratio"] == pytest.approx(
         by[(*high, "specter")].tpot_ms / by[(*high, "lru")].tpot_ms
     )
     table = targets_table(records)
@@ -226,16 +240,16 @@ def test_runs_stay_apart_and_targets_compare_within_one_run():
         ("specter", 20.0, "2026-11-29T14:24 abc1234"),
         ("specter", 40.0, "2026-11-29T16:05 def5678"),
     ]
-    first = _lru_target(evaluate_targets(records))
+    first = _lru_target(evaluate_targets(records, REFERENCE_TARGETS))
     assert (first["ratio"], first["same_run"], first["run"]) == (0.4, True, summaries[0].run)
     table = tpot_table(records)
     assert table.splitlines()[0].endswith("| run |")
     assert "2026-11-29T16:05 def5678" in table
     # No run measured both sides: the latest of each, and the table says so.
     apart = [records[0], _in_run(rec("lru", 24.0, 50.0), late)]
-    first = _lru_target(evaluate_targets(apart))
+    first = _lru_target(evaluate_targets(apart, REFERENCE_TARGETS))
     assert (first["ratio"], first["same_run"]) == (0.4, False)
-    assert "met (two runs)" in targets_table(apart)
+    assert "met (two runs)" in targets_table(apart, REFERENCE_TARGETS)
     # One run: no run column.
     assert "| run |" not in tpot_table(records[:2])
 
@@ -252,15 +266,25 @@ def test_ratio_targets_prefer_the_latest_tpot_only_run():
     # A later routing run whose lru ran slow after its routing stage.
     routing_run = [_in_run(rec("specter", 12.5), second, "def5678", experiment="routing")]
     routing_run.append(_in_run(rec("lru", 27.0), second, "def5678", experiment="routing"))
-    lru = [t for t in evaluate_targets(tpot_run + routing_run) if t["target"].endswith("1/2")]
+    lru = [
+        t
+        for t in evaluate_targets(tpot_run + routing_run, REFERENCE_TARGETS)
+        if t["target"].endswith("1/2")
+    ]
     assert (lru[0]["tpot_ms"], lru[0]["versus_tpot_ms"], lru[0]["met"]) == (12.0, 18.0, False)
     assert lru[0]["run"] == "2026-12-01T01:00 abc1234"
     # The latest of several TPOT-only runs; with none, the latest run that measured both.
     later = [_in_run(rec(s, t), third, "aaa0000", experiment="tpot") for s, t in (
         ("specter", 9.0), ("lru", 20.0))]  # fmt: skip
-    lru = [t for t in evaluate_targets(tpot_run + routing_run + later) if "1/2" in t["target"]]
+    lru = [
+        t
+        for t in evaluate_targets(tpot_run + routing_run + later, REFERENCE_TARGETS)
+        if "1/2" in t["target"]
+    ]
     assert (lru[0]["ratio"], lru[0]["met"]) == (0.45, True)
-    lru = [t for t in evaluate_targets(routing_run) if t["target"].endswith("1/2")]
+    lru = [
+        t for t in evaluate_targets(routing_run, REFERENCE_TARGETS) if t["target"].endswith("1/2")
+    ]
     assert (lru[0]["tpot_ms"], lru[0]["versus_tpot_ms"]) == (12.5, 27.0)
 
 
@@ -285,11 +309,13 @@ def test_the_belady_target_takes_the_latest_run_that_measured_a_bound():
 
     early, late = "2026-11-29T14:24:02+00:00", "2026-11-29T16:05:00+00:00"
     records = [_in_run(rec(16.0, 2.0), early), _in_run(rec(13.0, None), late, "def5678")]
-    (belady,) = [t for t in evaluate_targets(records) if "belady" in t["target"]]
+    (belady,) = [t for t in evaluate_targets(records, REFERENCE_TARGETS) if "belady" in t["target"]]
     assert (belady["tpot_ms"], belady["versus_tpot_ms"], belady["ratio"]) == (16.0, 2.0, 8.0)
     assert belady["met"] is False
     # Only unbounded runs: the latest, not measured.
-    (belady,) = [t for t in evaluate_targets(records[1:]) if "belady" in t["target"]]
+    (belady,) = [
+        t for t in evaluate_targets(records[1:], REFERENCE_TARGETS) if "belady" in t["target"]
+    ]
     assert (belady["tpot_ms"], belady["ratio"]) == (13.0, None)
 
 
@@ -307,16 +333,20 @@ def test_targets_quote_the_last_runs_and_count_them_when_they_disagree():
     for hour, ratio in enumerate(ratios):
         started = f"2026-12-03T{10 + hour:02d}:00:00+00:00"
         records += [rec("lru", 20.0, started), rec("specter", 20.0 * ratio, started)]
-    first = _lru_target(evaluate_targets(records))
+    first = _lru_target(evaluate_targets(records, REFERENCE_TARGETS))
     assert first["ratio"] == pytest.approx(0.40)  # the latest run decides `met`
     assert first["met"] is True
     assert first["recent"] == pytest.approx(ratios[-5:])  # oldest first
-    row = next(line for line in targets_table(records).splitlines() if "<= 1/2" in line)
+    row = next(
+        line for line in targets_table(records, REFERENCE_TARGETS).splitlines() if "<= 1/2" in line
+    )
     assert "met in 3 of the last 5 runs" in row
     assert "0.55, 0.45, 0.52, 0.48, 0.40" in row
     # Runs that agree keep the plain status.
     agreeing = records[-4:]  # the last two runs: 0.48 and 0.40, both met
-    row = next(line for line in targets_table(agreeing).splitlines() if "<= 1/2" in line)
+    row = next(
+        line for line in targets_table(agreeing, REFERENCE_TARGETS).splitlines() if "<= 1/2" in line
+    )
     assert "| met |" in row
     assert "0.48, 0.40" in row
 
@@ -441,3 +471,27 @@ def test_a_fallback_and_the_textbook_lru_are_labelled():
     assert specter.endswith(f"| {said} |")
     assert any("| lru (textbook reference, host-bound) |" in row for row in rows)
     assert "speculation" not in tpot_table([rec("lru", "off")])  # nothing chose to fall back
+
+
+def test_the_product_targets_compare_with_llama_cpp_and_specter_all_resident():
+    def rec(system, budget, tpot):
+        return TpotRecord(
+            system, "deepseek-v2-lite", budget, "humaneval", "p", 5, 8, tpot, None, None, None
+        ).as_dict()
+
+    ours = [rec("specter", 24.0, 6.0), rec("offload", 24.0, 10.0), rec("specter", None, 2.5)]
+    ours = [_in_run(r, "2026-12-07T10:00:00+00:00", experiment="tpot") for r in ours]
+    llama = [rec("llama.cpp-cpu-moe-f16", 24.0, 15.0), rec("llama.cpp-gpu-f16", None, 4.0)]
+    llama = [_in_run(r, "2026-12-07T11:00:00+00:00", "fff0000") for r in llama]
+    cells = {t["target"]: t for t in evaluate_targets(ours + llama)}
+    assert cells["specter / offload <= 0.7"]["ratio"] == pytest.approx(0.6)
+    # llama.cpp runs in its own process: the ratio pairs the two runs and says so.
+    cpu_moe = cells["specter / llama.cpp-cpu-moe-f16 <= 0.5"]
+    assert (cpu_moe["ratio"], cpu_moe["met"], cpu_moe["same_run"]) == (0.4, True, False)
+    gpu = cells["specter / llama.cpp-gpu-f16 <= 0.8"]
+    assert (gpu["budget"], gpu["ratio"], gpu["met"]) == ("unlimited", 0.625, True)
+    # The offloading overhead: specter at 24 GB over its own all-resident time.
+    overhead = cells["specter / specter unlimited <= 2"]
+    assert (overhead["budget"], overhead["ratio"], overhead["met"]) == ("24 GB", 2.4, False)
+    assert overhead["versus_tpot_ms"] == 2.5
+    assert not any("belady" in name or "lru" in name for name in cells)

@@ -82,7 +82,13 @@ _SECTIONS: tuple[_Section, ...] = (
 
 _CAPTIONS = {
     "Targets": (
-        "The targets on DeepSeek-V2-Lite (greedy): every cell, met or not, "
+        "The targets on DeepSeek-V2-Lite (greedy), against the strongest baselines: "
+        "`offload` (plain decoding with Specter's own streamed misses and hot set), llama.cpp "
+        "on the same weights (`specter llama-cpp bench`: routed experts on the CPU at the same "
+        "GPU memory, or all on the GPU), transformers' fastest configuration, and Specter's own "
+        "all-resident time (`specter unlimited`: the offloading overhead); `lru` and "
+        "`spec-lru` are textbook references and the Belady bound a reported figure (TPOT / "
+        "Belady in the TPOT table), not targets. Every cell, met or not, "
         "with the measured acceptance beside it. Where a run repeated its measured passes "
         "(`--runs`), the ratio is computed run by run (runs paired by index), `ratio` is their "
         "median, `per run (worst)` lists them, and a cell is met only where it holds at the "
@@ -91,7 +97,7 @@ _CAPTIONS = {
         "ratio come from one run when some run measured both, the latest TPOT-only run "
         "(`--experiment tpot`, the experiment that measures TPOT) first; "
         "`(two runs)` marks a ratio across runs, which only compares loosely (host speed "
-        "differs between machines). The Belady bound comes from the latest routing run. "
+        "differs between machines; llama.cpp always runs in its own process). "
         "The last column quotes the ratio in up to five of the latest runs that measured both "
         "sides (oldest first); where they disagree, the status says in how many the cell was "
         "met, since a ratio that turns on a baseline's host time moves from run to run."
