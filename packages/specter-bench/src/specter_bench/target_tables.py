@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specter_bench.bench_record import budget_label
@@ -92,11 +92,10 @@ def _same_ratios_elsewhere(
                 continue
             seen.add(key)
             out.append(
-                Target(
-                    t.system, t.versus, float("nan"), "(no target)", budget, model,
-                    versus_unlimited=t.versus_unlimited,
+                replace(
+                    t, limit=float("nan"), limit_text="(no target)", budget_gb=budget, model=model
                 )
-            )  # fmt: skip
+            )
     return out
 
 

@@ -34,22 +34,13 @@ def _positive_float(text: str) -> float | None:
     return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``serve`` and its options to the ``specter`` parser."""
     from specter_bench.commands.args import (
         DEFAULT_MODEL,
         add_model_args,
         add_prompt_source_args,
+        non_negative_int,
         parse_budget,
         parse_depth,
         positive_int,
@@ -108,7 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every "
         "interface, best with --api-key)",
     )
-    p.add_argument("--port", type=_count, default=8000, help="TCP port (default 8000; 0: any)")
+    p.add_argument(
+        "--port", type=non_negative_int, default=8000, help="TCP port (default 8000; 0: any)"
+    )
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     p.add_argument(
         "--api-key-file", default=None, help="read the API key from this file (first line)"
@@ -128,7 +121,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-queue",
-        type=_count,
+        type=non_negative_int,
         default=32,
         help="requests that may wait while one generates; more get 429 with Retry-After "
         "(default 32)",

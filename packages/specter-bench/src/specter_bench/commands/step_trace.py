@@ -14,19 +14,9 @@ import json
 __all__ = ["config_from_args", "register", "run"]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``step-trace`` to the ``specter`` parser."""
-    from specter_bench.commands.args import parse_budget
+    from specter_bench.commands.args import parse_budget, positive_int
 
     p = subparsers.add_parser(
         "step-trace",
@@ -44,10 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=14.0,
         help="expert budget in GB, or unlimited (every expert resident; default 14)",
     )
-    p.add_argument("--tokens", type=_positive_int, default=64, help="timed decode (64)")
-    p.add_argument("--profiled", type=_positive_int, default=16, help="profiled tokens (16)")
-    p.add_argument("--fills", type=_positive_int, default=8, help="streamed-miss fills (8)")
-    p.add_argument("--top", type=_positive_int, default=14, help="kernels listed by time (14)")
+    p.add_argument("--tokens", type=positive_int, default=64, help="timed decode (64)")
+    p.add_argument("--profiled", type=positive_int, default=16, help="profiled tokens (16)")
+    p.add_argument("--fills", type=positive_int, default=8, help="streamed-miss fills (8)")
+    p.add_argument("--top", type=positive_int, default=14, help="kernels listed by time (14)")
     p.add_argument(
         "--no-pipelined",
         action="store_true",

@@ -235,11 +235,7 @@ def bench_argv(tree: LlamaCppTree, gguf: Path, settings: BenchSettings) -> list[
         "-o",
         "json",
     ]
-    if settings.n_cpu_moe:
-        argv += ["--n-cpu-moe", str(settings.n_cpu_moe)]
-    if settings.threads:
-        argv += ["-t", str(settings.threads)]
-    return argv
+    return argv + _placement_argv(settings)
 
 
 def speculative_argv(
@@ -292,11 +288,14 @@ def speculative_argv(
         "--fit",
         "off",
     ]
-    if settings.n_cpu_moe:
-        argv += ["--n-cpu-moe", str(settings.n_cpu_moe)]
-    if settings.threads:
-        argv += ["-t", str(settings.threads)]
-    return argv
+    return argv + _placement_argv(settings)
+
+
+def _placement_argv(settings: BenchSettings | SpeculativeSettings) -> list[str]:
+    """``--n-cpu-moe N`` (the first N blocks' routed experts on the CPU) and ``-t THREADS``,
+    each where set."""
+    argv = ["--n-cpu-moe", str(settings.n_cpu_moe)] if settings.n_cpu_moe else []
+    return argv + (["-t", str(settings.threads)] if settings.threads else [])
 
 
 def run_logged(
