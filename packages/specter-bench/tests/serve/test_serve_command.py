@@ -42,3 +42,31 @@ def test_a_taken_port_is_a_clear_error(capsys):
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err
     assert "choose another --port" in err
+
+
+def _prompt_file(tmp_path, *prompts):
+    import json
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
+    return str(path)
+
+
+def test_measure_skips_prompts_longer_than_the_model_holds(tmp_path, capsys):
+    # tiny-deepseek-v2 holds 512 positions; its byte tokenizer makes a 600-character prompt
+    # 600 tokens, which the server would refuse mid-measurement.
+    path = _prompt_file(tmp_path, "def add(a, b):", "x" * 600)
+    argv = ["serve", "--measure", "--model", "tiny-deepseek-v2", "--prompts", "jsonl"]
+    argv += ["--prompts-path", path, "--max-new-tokens", "4", "--depth", "2"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "skips 1 prompt(s) longer than" in captured.out + captured.err
+    assert "1 prompts x 4 new tokens" in captured.out
+
+
+def test_measure_without_a_prompt_that_fits_is_a_clear_error(tmp_path, capsys):
+    path = _prompt_file(tmp_path, "y" * 700)
+    argv = ["serve", "--measure", "--model", "tiny-deepseek-v2", "--prompts", "jsonl"]
+    argv += ["--prompts-path", path, "--max-new-tokens", "4"]
+    assert main(argv) == 2
+    assert "no prompt fits tiny-deepseek-v2's" in capsys.readouterr().err

@@ -318,6 +318,20 @@ def _measure(args: argparse.Namespace, config, log) -> int:
         need = longest + args.max_new_tokens + MAX_AUTO_DEPTH + 2
         limit = getattr(hf, "max_position_embeddings", None) or need
         max_seq_len = min(limit, -(-need // 64) * 64)
+        room = max_seq_len - args.max_new_tokens - MAX_AUTO_DEPTH - 2
+        fitting = [p for p in prompts if len(tokenizer.encode(p)) <= room]
+        if len(fitting) < len(prompts):
+            log(
+                f"--measure skips {len(prompts) - len(fitting)} prompt(s) longer than the "
+                f"{room} tokens that fit {args.model}'s {max_seq_len} positions with "
+                f"--max-new-tokens {args.max_new_tokens}"
+            )
+        if not fitting:
+            raise ValueError(
+                f"no prompt fits {args.model}'s {max_seq_len} positions with --max-new-tokens "
+                f"{args.max_new_tokens}: lower --max-new-tokens or use shorter prompts."
+            )
+        prompts = fitting
     calibration = args.calibration_prompt or prompts[0]
 
     def load() -> object:
