@@ -66,6 +66,11 @@ def test_each_engine_system_runs_with_the_path_off_and_on(cpu_run):
             assert split["cpu"] == 0
         # float64: the host's sums and the plain-torch path's pick the same tokens.
         assert record["matches_engine_reference"] in (True, None)
+        # Systems with CPU experts are checked against the first one with the same placement.
+        reference = record["engine_reference_system"]
+        if reference is not None:
+            assert ("+cpu" in reference) == ("+cpu" in record["system"])
+    assert any("+cpu" in r["system"] and r["engine_reference_system"] is not None for r in tpot)
     # auto stays off on a CPU device: recorded as not measured, with why.
     assert any("no GPU to overlap" in line for line in result.skipped)
     assert any(line.startswith("CPU experts (on, 1 threads):") for line in lines)

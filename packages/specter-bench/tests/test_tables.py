@@ -495,3 +495,21 @@ def test_the_product_targets_compare_with_llama_cpp_and_specter_all_resident():
     assert (overhead["budget"], overhead["ratio"], overhead["met"]) == ("24 GB", 2.4, False)
     assert overhead["versus_tpot_ms"] == 2.5
     assert not any("belady" in name or "lru" in name for name in cells)
+
+
+def test_a_run_of_repeated_passes_outweighs_a_later_single_pass():
+    def rec(system, tpot, run_index, started):
+        record = TpotRecord(
+            system, "deepseek-v2-lite", 24.0, "humaneval", "p", 5, 8, tpot, None, None,
+            None, run_index=run_index,
+        ).as_dict()  # fmt: skip
+        return _in_run(record, started, started[11:16].replace(":", "") + "abc", "tpot")
+
+    early, late = "2026-12-07T10:00:00+00:00", "2026-12-07T11:00:00+00:00"
+    pairs = (("specter", 6.0), ("offload", 10.0))
+    records = [rec(s, t, i, early) for i in range(3) for s, t in pairs]
+    records += [rec("specter", 9.0, 0, late), rec("offload", 10.0, 0, late)]  # one later pass
+    cell = next(t for t in evaluate_targets(records) if t["target"] == "specter / offload <= 0.7")
+    assert cell["ratio"] == pytest.approx(0.6)
+    assert cell["run"].startswith("2026-12-07T10:00")
+    assert cell["met"] is True

@@ -25,11 +25,15 @@ class TpotRecords:
         ref_system, ref_tokens = self.reference.setdefault(pid, (run.system, run.tokens))
         checked = ref_system != run.system
         mismatch = first_mismatch(run.tokens, ref_tokens[: len(run.tokens)]) if checked else None
-        # Exactness within the engine: every engine system against the first one.
+        # Exactness within the engine: every engine system against the first one of the same
+        # arithmetic. CPU-computed experts sum in the host's order, so systems with CPU
+        # experts are checked against the first such system at the same budget (the same
+        # CPU-homed experts): the promise is exactness to the same placement.
         engine_ref: tuple[str, list[int]] | None = None
         engine_mismatch = None
         if not run.system.startswith("hf"):
-            engine_ref = self.engine_reference.setdefault(pid, (run.system, run.tokens))
+            key = pid if not (run.settings or {}).get("cpu_experts") else f"{pid}@cpu{budget}"
+            engine_ref = self.engine_reference.setdefault(key, (run.system, run.tokens))
             if engine_ref[1] is run.tokens:
                 engine_ref = None  # this run is the engine reference
             else:

@@ -210,15 +210,21 @@ def _pair(
     ref: dict[str, SystemSummary],
     preferred: AbstractSet[str] = frozenset(),
 ) -> tuple[SystemSummary | None, SystemSummary | None, bool]:
-    """The two sides of a ratio: from the latest ``preferred`` run that measured both, else
-    the latest run that did, else the latest of each (``same_run`` False when both exist but
-    no run holds both)."""
-    shared = _shared_runs(mine, ref, preferred)
+    """The two sides of a ratio: from the ``preferred`` run that measured both, else any run
+    that did, else the best of each (``same_run`` False when both exist but no run holds
+    both). Among candidates the most repeated passes win, then the most prompts, then the
+    latest: a three-pass run of ten prompts outweighs a later single pass."""
+    shared = sorted(_shared_runs(mine, ref, preferred), key=lambda run: _weight(mine[run], run))
     if shared:
         return mine[shared[-1]], ref[shared[-1]], True
-    first = mine[max(mine)] if mine else None
-    second = ref[max(ref)] if ref else None
+    first = max(mine.values(), key=lambda s: _weight(s, s.run)) if mine else None
+    second = max(ref.values(), key=lambda s: _weight(s, s.run)) if ref else None
     return first, second, first is None or second is None
+
+
+def _weight(summary: SystemSummary, run: str) -> tuple[int, int, str]:
+    """How much a run's figure counts: repeated passes, prompts, then recency (the label)."""
+    return (max(len(summary.tpot_by_run), 1), summary.prompts, run)
 
 
 def _shared_runs(

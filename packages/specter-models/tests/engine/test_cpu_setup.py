@@ -103,3 +103,27 @@ def test_the_engine_config_takes_only_a_cpu_experts_config():
         ValueError, match=r"EngineConfig\.cpu_experts='on': expected a CpuExpertsConfig"
     ):
         EngineConfig(cpu_experts="on")
+
+
+def _machine(device="cuda", slots=(3, 3), experts=8, graphs=False):
+    from types import SimpleNamespace
+
+    cache = SimpleNamespace(slots_per_layer=list(slots), num_experts=experts)
+    return SimpleNamespace(device=torch.device(device), cache=cache, cuda_graphs=graphs)
+
+
+@pytest.mark.parametrize(
+    ("machine", "has_prompt", "starts"),
+    [
+        (_machine(device="cpu"), True, "no GPU to overlap"),
+        (_machine(slots=(8, 8)), True, "every expert holds a slot"),
+        (_machine(graphs=True), True, "the CPU path runs the target's experts outside CUDA"),
+        (_machine(), False, "no calibration prompt"),
+        (_machine(), True, None),
+    ],
+)
+def test_auto_declines_where_the_path_cannot_pay(machine, has_prompt, starts):
+    from specter_models.engine.cpu_setup import auto_declines
+
+    why = auto_declines(machine, has_prompt=has_prompt)
+    assert (why is None) if starts is None else why.startswith(starts)

@@ -1,7 +1,8 @@
 """The engine's CPU expert path, set up from ``CpuExpertsConfig`` once the model is loaded.
 
 ``"auto"`` turns the path on where it can pay: a CUDA device, a budget that leaves some
-expert without a slot, and a calibration prompt. Then (and always with ``"on"``) it checks
+expert without a slot, decode steps not captured as whole CUDA graphs (``auto_declines``),
+and a calibration prompt. Then (and always with ``"on"``) it checks
 that the host can run the kernel in the model's dtype, measures the machine's costs
 (``measure_placement_costs``), routes the calibration prompt and its first greedy tokens
 through the loaded target (every expert still on the device, so a speculative and a plain
@@ -24,7 +25,7 @@ from specter_models.cpu_experts import (
 )
 from specter_models.engine.config import CpuExpertsConfig
 
-__all__ = ["calibration_routing", "set_up_cpu_experts"]
+__all__ = ["auto_declines", "calibration_routing", "set_up_cpu_experts"]
 
 
 def calibration_routing(loaded: Any, prompt_ids: Sequence[int], tokens: int) -> torch.Tensor:
@@ -48,6 +49,29 @@ def calibration_routing(loaded: Any, prompt_ids: Sequence[int], tokens: int) -> 
         recorder.remove()
         loaded.reset()
     return routing
+
+
+def auto_declines(loaded: Any, *, has_prompt: bool) -> str | None:
+    """Why ``"auto"`` leaves the CPU path off for ``loaded`` (None: it may pay).
+
+    The path reads each layer's routing on the host, so the target's experts run eagerly
+    between piecewise graphs. Where the whole step would otherwise be one CUDA graph, that
+    costs more than the misses the host takes off the link (DeepSeek-V2-Lite at 24 GB on an
+    H100: 12.3 ms a token against 6.8 speculating, 27.8 against 6.4 plain; see
+    docs/decisions.md), so ``"auto"`` stays off there and ``"on"`` forces the path.
+    """
+    if loaded.device.type != "cuda":
+        return "no GPU to overlap (on the CPU every expert is computed by the host already)"
+    if min(loaded.cache.slots_per_layer) >= loaded.cache.num_experts:
+        return "every expert holds a slot"
+    if loaded.cuda_graphs:
+        return (
+            "the CPU path runs the target's experts outside CUDA graphs, which measured "
+            "slower than streaming the misses (--cpu-experts on forces it)"
+        )
+    if not has_prompt:
+        return "no calibration prompt to choose the CPU-homed experts on"
+    return None
 
 
 def set_up_cpu_experts(
@@ -78,15 +102,8 @@ def set_up_cpu_experts(
     record: dict[str, Any] = {"mode": config.mode, "active": False, "reason": None}
     if config.mode == "off":
         return record
-    num_experts = loaded.cache.num_experts
     if config.mode == "auto":
-        why = None
-        if loaded.device.type != "cuda":
-            why = "no GPU to overlap (on the CPU every expert is computed by the host already)"
-        elif min(loaded.cache.slots_per_layer) >= num_experts:
-            why = "every expert holds a slot"
-        elif prompt_ids is None:
-            why = "no calibration prompt to choose the CPU-homed experts on"
+        why = auto_declines(loaded, has_prompt=prompt_ids is not None)
         if why is not None:
             log(f"CPU experts off (auto): {why}")
             record["reason"] = why
