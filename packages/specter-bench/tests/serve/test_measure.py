@@ -20,3 +20,7 @@ def test_both_arms_decode_the_same_text_and_are_timed(start_server):
         assert arm.tpot_ms_mean > 0
     assert math.isfinite(result["tpot_overhead_pct"])
     assert math.isfinite(result["ttft_overhead_ms"])
+    assert math.isfinite(result["tpot_overhead_pct_median"])
+    assert math.isfinite(result["ttft_overhead_ms_median"])
+    # The arms take turns going first, so neither always pays a prompt's first-time costs.
+    assert [row["first"] for row in result["per_prompt"]] == ["direct", "server"]

@@ -357,7 +357,9 @@ def _measure(args: argparse.Namespace, config, log) -> int:
         )
     print(
         f"the server adds {result['ttft_overhead_ms']:+.2f} ms to TTFT and "
-        f"{result['tpot_overhead_pct']:+.2f}% to TPOT; same text: {result['same_text']}"
+        f"{result['tpot_overhead_pct']:+.2f}% to TPOT (means; medians: "
+        f"{result['ttft_overhead_ms_median']:+.2f} ms and "
+        f"{result['tpot_overhead_pct_median']:+.2f}%); same text: {result['same_text']}"
     )
     if args.out:
         record = dict(result, direct=dataclasses.asdict(direct), server=dataclasses.asdict(served))
