@@ -191,3 +191,23 @@ def test_cuda_packed_rows_are_the_bits_of_each_sequence_alone(name, slots):
     together = _together(lm, target, sequences)
     for one, packed in zip(alone, together, strict=True):
         assert torch.equal(one, packed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-qwen2-moe", "tiny-phimoe"])
+def test_cuda_packed_forwards_have_no_host_sync_with_every_expert_resident(name):
+    lm = load_model(name, device="cuda", dtype=torch.float16, seed=5, max_batch=3)
+    slots = BatchedSlots(lm)
+    target, draft = BatchedTarget(slots), BatchedDraft(slots)
+    sequences = [(p.cuda(), r.cuda()) for p, r in _sequences(lm.config.vocab_size)]
+    _together(lm, target, sequences)  # prefills, and the kernels' first use
+    drafted = [SlotRows(s, r[:1], target.kv_length(s)) for s, (_, r) in enumerate(sequences)]
+    verified = [SlotRows(s, r, target.kv_length(s)) for s, (_, r) in enumerate(sequences)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        draft.forward_batch(drafted)
+        target.forward_batch(verified)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
