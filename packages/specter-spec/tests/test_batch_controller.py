@@ -144,6 +144,12 @@ def test_a_sequence_joins_mid_run_and_a_cancelled_one_leaves_at_the_next_step():
     assert controller.sequence(joined).tokens == _alone(PROMPTS[3], 11, 0, "none").tokens
     controller.cancel(first)  # finished already: nothing changes
     assert controller.sequence(first).finish_reason == "max_new_tokens"
+    controller.forget(first)
+    with pytest.raises(KeyError, match="no sequence 0"):
+        controller.sequence(first)
+    busy = controller.add(PROMPTS[4], 5)
+    with pytest.raises(RuntimeError, match="still in the batch"):
+        controller.forget(busy)
 
 
 def test_the_observer_sees_one_draft_and_one_verification_per_step():

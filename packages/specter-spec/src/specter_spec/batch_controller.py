@@ -219,6 +219,21 @@ class BatchedSpecController:
         self._active.append(seq)
         return seq.seq_id
 
+    def forget(self, seq_id: int) -> None:
+        """Drop finished sequence ``seq_id``'s state (its tokens and statistics), as a
+        long-running server does once it has handed them out.
+
+        Raises:
+            KeyError: no such sequence.
+            RuntimeError: it is still in the batch.
+        """
+        seq = self.sequence(seq_id)
+        if seq in self._active:
+            raise RuntimeError(
+                f"sequence {seq_id} is still in the batch; cancel it and step once first"
+            )
+        del self._sequences[seq_id]
+
     def cancel(self, seq_id: int) -> None:
         """Make sequence ``seq_id`` leave at the next step boundary (its tokens so far are
         kept; the next step reports it finished, reason ``"cancelled"``). A finished
@@ -497,6 +512,7 @@ class BatchedSpecController:
         seq.finish_reason = reason or seq.finish_reason or "cancelled"
         self._active.remove(seq)
         self._release(seq)
+        seq.committed = seq.committed[:0]  # its device buffer goes; seq.tokens stays
         return BatchEvent(seq.seq_id, tokens, True, seq.finish_reason)
 
     def _release(self, seq: BatchSequence) -> None:

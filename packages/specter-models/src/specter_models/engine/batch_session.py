@@ -219,6 +219,18 @@ class BatchSession:
         """
         self.controller.cancel(seq_id)
 
+    def forget(self, seq_id: int) -> None:
+        """Drop finished sequence ``seq_id``'s tokens and statistics (a long-running
+        session's memory; ``batch_stats`` then leaves it out).
+
+        Raises:
+            KeyError: no such sequence.
+            RuntimeError: it is still in the batch.
+        """
+        self.controller.forget(seq_id)
+        self._ids.remove(seq_id)
+        self._shown.pop(seq_id, None)
+
     def token_ids(self, seq_id: int) -> list[int]:
         """Sequence ``seq_id``'s generated tokens so far."""
         return list(self.controller.sequence(seq_id).tokens)
