@@ -10,6 +10,12 @@ specter-spec's ``SpecController``.
 from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, architecture_for
 from specter_models.cpu_experts import CpuExpertExecutor, CpuKernelUnavailableError
 from specter_models.engine import (
+    BatchChunk,
+    BatchConfig,
+    BatchFullError,
+    BatchGeneration,
+    BatchResult,
+    BatchSession,
     CpuExpertsConfig,
     DraftDoesNotFitError,
     Engine,
@@ -70,6 +76,12 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "TINY_PRESETS",
     "Architecture",
+    "BatchChunk",
+    "BatchConfig",
+    "BatchFullError",
+    "BatchGeneration",
+    "BatchResult",
+    "BatchSession",
     "ByteTokenizer",
     "CpuExpertExecutor",
     "CpuExpertsConfig",

@@ -1,10 +1,13 @@
 """The adaptive depth's verdict on speculation: read from its costs, kept per setup, and an
 engine of that setup decoding plainly, without the draft, where the draft did not pay."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from specter_models import (
+    BatchConfig,
     Engine,
     EngineConfig,
     KernelConfig,
@@ -93,6 +96,10 @@ def test_verdicts_are_kept_for_their_setup_only(tmp_path, monkeypatch, capsys):
     verdict_path(other).write_text(verdict_path(setup).read_text())
     assert read_verdict(other) is None  # written for another setup: not trusted
     assert "written for another setup or schema" in capsys.readouterr().err
+    # A batch's KV slots take memory a budget's expert slots would have had: its own setup.
+    batched = _setup(dataclasses.replace(_config(), batch=BatchConfig(max_batch=4)))
+    assert batched == dict(setup, max_batch=4)
+    assert verdict_path(batched) != verdict_path(setup)
 
 
 @pytest.fixture(scope="module")

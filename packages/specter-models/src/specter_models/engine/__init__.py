@@ -9,7 +9,10 @@ Example:
     8
 """
 
+from specter_models.engine.batch_generation import BatchGeneration, BatchResult
+from specter_models.engine.batch_session import BatchChunk, BatchSession
 from specter_models.engine.config import (
+    BatchConfig,
     CpuExpertsConfig,
     EngineConfig,
     KernelConfig,
@@ -21,9 +24,16 @@ from specter_models.engine.engine import PLAIN_STREAM_FILLS, Engine
 from specter_models.engine.generation import Generation, GenerationChunk
 from specter_models.engine.loading import load
 from specter_models.engine.plans import DraftDoesNotFitError
+from specter_spec import BatchFullError
 
 __all__ = [
     "PLAIN_STREAM_FILLS",
+    "BatchChunk",
+    "BatchConfig",
+    "BatchFullError",
+    "BatchGeneration",
+    "BatchResult",
+    "BatchSession",
     "CpuExpertsConfig",
     "DraftDoesNotFitError",
     "Engine",

@@ -140,6 +140,8 @@ def verdict_setup(
         stream_fills=memory.stream_fills,
         stream_staging=memory.stream_staging,
         max_seq_len=max_seq_len,
+        # The KV slots of a batch take memory a budget's expert slots would have had.
+        **({"max_batch": config.batch.max_batch} if config.batch.max_batch > 1 else {}),
         batch_invariant=kernels.batch_invariant,
         cuda_graphs=kernels.cuda_graphs,
         piecewise_graphs=kernels.piecewise_graphs,
