@@ -12,6 +12,9 @@ from specter_spec.acceptance import (
     rejection_sample,
     residual_distribution,
 )
+from specter_spec.batch_controller import BatchedSpecController
+from specter_spec.batch_model import BatchSpecModel, SlotModels, SlotRows
+from specter_spec.batch_sequence import BatchEvent, BatchFullError, BatchSequence, BatchStepRecord
 from specter_spec.controller import SpecController
 from specter_spec.depth import (
     AdaptiveDepth,
@@ -42,6 +45,12 @@ __all__ = [
     "AcceptanceResult",
     "AdaptiveDepth",
     "AdaptiveDepthConfig",
+    "BatchEvent",
+    "BatchFullError",
+    "BatchSequence",
+    "BatchSpecModel",
+    "BatchStepRecord",
+    "BatchedSpecController",
     "DepthPolicy",
     "DepthProfile",
     "FixedDepth",
@@ -53,6 +62,8 @@ __all__ = [
     "PhaseClock",
     "RecordedAcceptance",
     "SamplingConfig",
+    "SlotModels",
+    "SlotRows",
     "SpecController",
     "SpecModel",
     "SpeculationObserver",
