@@ -254,11 +254,8 @@ class BenchRunner(
 
     def _count_runs(self) -> int:
         if self.config.experiment == "batch":
-            return (
-                sum(len(s.systems) for s in self.stages)
-                * len(set(self.config.batch_sizes))
-                * (self.config.runs)
-            )
+            systems = sum(len(s.systems) for s in self.stages)
+            return systems * len(set(self.config.batch_sizes)) * self.config.runs
         n = len(self.ttft_prompts) if self.config.experiment == "ttft" else len(self.prompts)
         total = 0
         for stage in self.stages:
