@@ -22,7 +22,34 @@ import torch
 from specter_bench.batch_run import BatchRun, SequenceClock
 from specter_bench.hf_baseline import HFRunner, _allow_one_compile_per_layer
 
-__all__ = ["HFBatchRunner", "left_padded"]
+__all__ = ["BATCHED_MM_CAPPED", "BATCHED_MM_MAX_GATHER_BYTES", "HFBatchRunner", "left_padded"]
+
+BATCHED_MM_CAPPED = "specter_batched_mm_capped"
+"""The experts implementation the batched runner registers in place of ``batched_mm``."""
+
+BATCHED_MM_MAX_GATHER_BYTES = 4e9
+"""The most bytes of gathered expert copies a ``batched_mm`` forward may take in the batched
+runner; larger forwards go through ``grouped_mm``. 4 GB keeps DeepSeek-V2-Lite's decode steps
+up to B = 32 (192 copies of 17.3 MB: 3.3 GB) and single 16-token prompts on ``batched_mm``,
+and sends prompts of several sequences to ``grouped_mm``."""
+
+
+def capped_batched_mm_forward(
+    module: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """transformers' ``batched_mm`` experts where the gathered copies of
+    ``top_k_index [T, k]``'s experts fit :data:`BATCHED_MM_MAX_GATHER_BYTES`, else
+    ``grouped_mm`` (``hidden_states [T, H]``)."""
+    from transformers.integrations import moe
+
+    gate_up, down = module.gate_up_proj, module.down_proj
+    per_copy = (gate_up[0].numel() + down[0].numel()) * gate_up.element_size()
+    if top_k_index.numel() * per_copy <= BATCHED_MM_MAX_GATHER_BYTES:
+        return moe.batched_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    return moe.grouped_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
 
 
 def left_padded(
@@ -79,6 +106,12 @@ class HFBatchRunner:
 
     def __init__(self, runner: HFRunner, *, batch_sizes: int = 1) -> None:
         self.runner = runner
+        if runner.settings.get("experts_implementation") == "batched_mm":
+            from transformers.integrations.moe import ExpertsInterface
+
+            ExpertsInterface.register(BATCHED_MM_CAPPED, capped_batched_mm_forward)
+            runner.model.set_experts_implementation(BATCHED_MM_CAPPED)
+            runner.settings["experts_implementation"] = BATCHED_MM_CAPPED
         self.settings = dict(runner.settings)
         if self.settings.get("compile"):
             limit = _allow_one_compile_per_layer(runner.model, shapes=batch_sizes)
