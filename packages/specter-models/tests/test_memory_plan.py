@@ -103,3 +103,16 @@ def test_describe_names_a_fixed_slot_count_and_the_host_stores_dtype():
     wide = plan_memory(config, slots_per_layer=2, dtype=torch.float32).describe()
     assert "host store (every routed expert, float32)" in wide
     assert "pinned" not in wide.split("host store")[1].split("\n")[0]
+
+
+def test_a_batch_of_sequences_holds_a_kv_slot_each():
+    config = get_preset("deepseek-v2-lite").make_config()
+    one = plan_memory(config, 24, max_seq_len=8192)
+    four = plan_memory(config, 24, max_seq_len=8192, max_batch=4)
+    assert four.kv_cache_bytes == 4 * one.kv_cache_bytes
+    assert four.buffer_bytes > one.buffer_bytes  # logits and MLP rows of four sequences
+    assert four.slots_per_layer < one.slots_per_layer  # the budget pays for them
+    assert four.max_batch == 4
+    assert "KV cache (4 sequences x 8192 positions)" in four.describe()
+    with pytest.raises(ValueError, match="max_batch must be an int >= 1"):
+        plan_memory(config, 24, max_batch=0)

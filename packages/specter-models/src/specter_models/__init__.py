@@ -10,6 +10,7 @@ specter-spec's ``SpecController``.
 from specter_models.architecture import SUPPORTED_MODEL_TYPES, Architecture, architecture_for
 from specter_models.cpu_experts import CpuExpertExecutor, CpuKernelUnavailableError
 from specter_models.engine import (
+    BatchConfig,
     CpuExpertsConfig,
     DraftDoesNotFitError,
     Engine,
@@ -70,6 +71,7 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "TINY_PRESETS",
     "Architecture",
+    "BatchConfig",
     "ByteTokenizer",
     "CpuExpertExecutor",
     "CpuExpertsConfig",

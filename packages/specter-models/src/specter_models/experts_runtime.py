@@ -104,6 +104,9 @@ class ExpertsRuntime:
         # The CPU expert executor (cpu_experts.py): None, or the one that computes every
         # layer's CPU-homed experts on the host. Installed between forwards.
         self.cpu_experts: Any = None
+        # Batched decoding's working-set counts (working_set.py): None, or the WorkingSet
+        # every forward's routed experts are marked in.
+        self.working_set: Any = None
 
     @property
     def miss_path(self) -> str:

@@ -220,6 +220,7 @@ def choose_hot_experts(
     max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
     draft_group_size: int | None = None,
     pruned_per_layer: int | str = 0,
+    max_batch: int = 1,
 ) -> HotExpertChoice:
     """Pick ``h`` and the hot sets for ``load_model(..., hot_experts=)`` at a budget.
 
@@ -240,7 +241,8 @@ def choose_hot_experts(
         window: tokens per replayed step.
         candidates: the ``h`` to try (default: 0 and every ``E // 16``-th count, all counts
             for ``E < 32``; those the budget cannot hold are skipped).
-        dtype, max_seq_len, max_verify_rows, draft_group_size: as ``plan_memory``.
+        dtype, max_seq_len, max_verify_rows, draft_group_size, max_batch: as
+            ``plan_memory``.
         pruned_per_layer: ``p``, experts per layer the draft skips (a pruned draft): each
             plan holds ``E - h - p`` INT4 experts, candidates with ``h + p >= E`` are
             skipped, and the choice names the ``p`` least routed experts of the whole
@@ -263,11 +265,12 @@ def choose_hot_experts(
             config, gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
             max_verify_rows=max_verify_rows, draft_group_size=draft_group_size,
             hot_experts_per_layer=h, pruned_experts_per_layer=pruned_per_layer,
+            max_batch=max_batch,
         )  # fmt: skip
 
     pruned_per_layer = resolve_pruned_per_layer(
         config, gpu_memory_gb, pruned_per_layer, dtype=dtype, max_seq_len=max_seq_len,
-        max_verify_rows=max_verify_rows, draft_group_size=draft_group_size,
+        max_verify_rows=max_verify_rows, draft_group_size=draft_group_size, max_batch=max_batch,
     )  # fmt: skip
     base = plan(0)
     E, L = base.num_experts, base.num_moe_layers
@@ -337,6 +340,7 @@ def replay_plain_decoding(
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
     staging_slots: int = 0,
+    max_batch: int = 1,
 ) -> PlainReplay:
     """Replay the calibration routing through plain decoding's cache at a budget.
 
@@ -349,7 +353,7 @@ def replay_plain_decoding(
         config: the model's transformers config.
         gpu_memory_gb: the budget.
         calibration_routes: ``[T, L, k]`` routings, as for ``choose_hot_experts``.
-        dtype, max_seq_len, max_verify_rows, staging_slots: as ``plan_memory``.
+        dtype, max_seq_len, max_verify_rows, staging_slots, max_batch: as ``plan_memory``.
 
     Raises:
         ValueError: no calibration routing, or one of fewer than two tokens alone.
@@ -360,6 +364,7 @@ def replay_plain_decoding(
     plan = plan_memory(
         config, gpu_memory_gb, dtype=dtype, max_seq_len=max_seq_len,
         max_verify_rows=max_verify_rows, with_draft=False, staging_slots=staging_slots,
+        max_batch=max_batch,
     )  # fmt: skip
     slots, E = plan.slots_per_layer, plan.num_experts
     if slots >= E:

@@ -62,6 +62,11 @@ class StaticKVLayer(CacheLayerMixin):
         max_seq_len: ``S``, positions the buffers hold.
         dtype: element type of the cached states.
         device: where the buffers live.
+        storage: ``(keys, values)`` to use as the buffers instead of new ones, of the shapes
+            above (a slot of ``KVSlots``' batched buffers); None allocates them.
+
+    Raises:
+        ValueError: ``storage`` of other shapes, dtype or device.
     """
 
     is_compileable = False
@@ -74,13 +79,24 @@ class StaticKVLayer(CacheLayerMixin):
         max_seq_len: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        storage: tuple[torch.Tensor, torch.Tensor] | None = None,
     ):
         super().__init__()
         (hk, dk), (hv, dv) = row_shape
         self.max_seq_len = max_seq_len
         self.dtype, self.device = dtype, torch.device(device)
-        self.keys = torch.zeros(1, hk, max_seq_len, dk, dtype=dtype, device=self.device)
-        self.values = torch.zeros(1, hv, max_seq_len, dv, dtype=dtype, device=self.device)
+        if storage is None:
+            self.keys = torch.zeros(1, hk, max_seq_len, dk, dtype=dtype, device=self.device)
+            self.values = torch.zeros(1, hv, max_seq_len, dv, dtype=dtype, device=self.device)
+        else:
+            self.keys, self.values = storage
+            shapes = ((1, hk, max_seq_len, dk), (1, hv, max_seq_len, dv))
+            for name, buf, shape in zip(("keys", "values"), storage, shapes, strict=True):
+                if tuple(buf.shape) != shape or buf.dtype != dtype or buf.device != self.device:
+                    raise ValueError(
+                        f"StaticKVLayer storage {name} is {tuple(buf.shape)} {buf.dtype} on "
+                        f"{buf.device}; expected {shape} {dtype} on {self.device}"
+                    )
         self.length = 0
         self.is_initialized = True
         self._window: tuple[int, torch.Tensor, int] | None = None  # see StaticKVCache.window
@@ -232,9 +248,12 @@ class StaticKVCache(Cache):
         max_seq_len: positions each layer holds.
         dtype: the model's dtype.
         device: the model's device.
+        storage: one ``(keys, values)`` per layer to use as its buffers (see
+            ``StaticKVLayer``), or None to allocate them.
 
     Raises:
-        ValueError: no layer, or a non-positive ``max_seq_len``.
+        ValueError: no layer, a non-positive ``max_seq_len``, or ``storage`` that does not
+            fit.
 
     Example:
         >>> cache = StaticKVCache(
@@ -252,12 +271,22 @@ class StaticKVCache(Cache):
         max_seq_len: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        storage: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ):
         if not row_shapes:
             raise ValueError("StaticKVCache needs at least one layer")
         if not isinstance(max_seq_len, int) or max_seq_len < 1:
             raise ValueError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
-        layers = [StaticKVLayer(shape, max_seq_len, dtype, device) for shape in row_shapes]
+        if storage is not None and len(storage) != len(row_shapes):
+            raise ValueError(
+                f"StaticKVCache storage holds {len(storage)} layers for {len(row_shapes)} row "
+                "shapes; give one (keys, values) per layer"
+            )
+        parts = [None] * len(row_shapes) if storage is None else list(storage)
+        layers = [
+            StaticKVLayer(shape, max_seq_len, dtype, device, part)
+            for shape, part in zip(row_shapes, parts, strict=True)
+        ]
         super().__init__(layers=layers)
         self.max_seq_len = max_seq_len
 

@@ -48,7 +48,7 @@ from specter_models.fused_routers import install_fused_routers
 from specter_models.gptq_checkpoint import load_gptq_draft
 from specter_models.int4_draft import Int4LayerBuilder
 from specter_models.invariant_scopes import install_batch_invariance
-from specter_models.kv_cache import StaticKVCache
+from specter_models.kv_slots import KVSlots
 from specter_models.memory_meter import MemoryMeter
 from specter_models.memory_plan import DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_VERIFY_ROWS, plan_memory
 from specter_models.model_builder import build_on_meta, materialize, swap_routed_experts
@@ -113,6 +113,7 @@ def load_model(
     stream_fills: int = DEFAULT_STREAM_FILLS,
     stream_staging: int = DEFAULT_STREAM_STAGING,
     stream_waits: bool = DEFAULT_STREAM_WAITS,
+    max_batch: int = 1,
 ) -> SpecterModel:
     """Load a model for speculative decoding with offloaded experts and an INT4 draft.
 
@@ -130,6 +131,7 @@ def load_model(
         draft: ``"rtn"`` (quantize the experts on load, round-to-nearest), a GPTQ checkpoint
             folder of the same model, or None (target only: no INT4 experts, more slots).
         max_seq_len: positions the KV cache holds (prompt plus generation plus K).
+        max_batch: sequences the KV cache holds at once (``KVSlots``, for batched decoding).
         policy: the expert cache's replacement policy (``"lru"``, ``"lfu"``,
             ``"predictive"`` or an instance).
         seed: the random-weight seed of a preset (ignored for checkpoints).
@@ -154,14 +156,10 @@ def load_model(
         piecewise_graphs: with CUDA graphs, graph the target under a budget too, piecewise
             between its routed-expert calls (None, the default: whenever ``cuda_graphs``
             is on; False keeps budgeted target steps eager).
-        fused_norms: run RMSNorm modules as one fused kernel on CUDA (``fused_norms``);
-            False keeps transformers' own arithmetic.
-        fused_rotary: run DeepSeek-V2's rotary embedding as one fused kernel per tensor on
-            CUDA (``fused_rotary``); False keeps transformers' function.
-        fused_routers: run DeepSeek-V2's greedy and Qwen2-MoE's routers as two fused kernel
-            launches on CUDA (``fused_routers``); False keeps transformers' router code.
-        absorbed_mla: run DeepSeek-V2's attention in the absorbed MLA form over the
-            compressed cache (``absorbed_mla``); False keeps transformers' expanded form.
+        fused_norms: RMSNorm modules as one fused kernel on CUDA (``fused_norms``).
+        fused_rotary: DeepSeek-V2's rotary embedding fused on CUDA (``fused_rotary``).
+        fused_routers: DeepSeek-V2's and Qwen2-MoE's routers fused on CUDA (``fused_routers``).
+        absorbed_mla: DeepSeek-V2's attention in the absorbed MLA form (``absorbed_mla``).
         fused_mlp: run the dense and shared-expert SwiGLU MLPs as one gate/up GEMM and one
             ``silu_and_mul`` (``fused_mlp``); False keeps their two GEMMs and two kernels.
         fused_projections: run DeepSeek-V2's ``q_proj`` and ``kv_a_proj_with_mqa`` as one
@@ -283,6 +281,7 @@ def load_model(
         hot_experts_per_layer=len(hot[0]) if hot else 0,
         staging_slots=stream_staging,
         pruned_experts_per_layer=len(pruned[0]) if pruned else 0,
+        max_batch=max_batch,
     )
 
     meter = MemoryMeter(device)
@@ -395,7 +394,8 @@ def load_model(
             row_truncation if isinstance(row_truncation, RowTruncation) else RowTruncation()
         )
     row_shape = arch.kv_row_shapes(config)
-    kv = SharedKV(StaticKVCache([row_shape] * len(model.model.layers), max_seq_len, dtype, device))
+    kv_slots = KVSlots([row_shape] * len(model.model.layers), max_seq_len, max_batch, dtype, device)
+    kv = SharedKV(kv_slots.cache(0))
     if plan.slots_per_layer == E:
         # No budget: every expert resident from the start (the all-resident configuration).
         cache.prefetch({layer: list(range(E)) for layer in range(len(layers))})
@@ -424,6 +424,7 @@ def load_model(
         runtime=runtime,
         experts=experts,
         kv=kv,
+        kv_slots=kv_slots,
         counter=counter,
         prefetcher=prefetcher,
         has_draft=draft is not None,

@@ -83,6 +83,8 @@ class MemoryPlan:
             layer (specter-models' ``stream_staging``; 0: none): fixed state.
         pruned_experts_per_layer: experts per MoE layer the draft skips (no INT4 copy, not
             pinned; 0: none).
+        max_batch: sequences the KV cache holds at once (batched decoding), each
+            ``max_seq_len`` positions.
     """
 
     model_type: str
@@ -100,6 +102,7 @@ class MemoryPlan:
     hot_experts_per_layer: int = 0
     staging_slots: int = 0
     pruned_experts_per_layer: int = 0
+    max_batch: int = 1
 
     @property
     def staging_bytes(self) -> int:
@@ -165,7 +168,10 @@ class MemoryPlan:
             ("budget", budget),
             ("non-expert weights", _gb(self.non_expert_bytes)),
             draft,
-            (f"KV cache ({self.max_seq_len} positions)", _gb(self.kv_cache_bytes)),
+            (
+                f"KV cache ({_kv_positions(self.max_seq_len, self.max_batch)})",
+                _gb(self.kv_cache_bytes),
+            ),
             ("activation buffers (estimate)", _gb(self.buffer_bytes)),
             *(
                 [(f"staging buffer ({self.staging_slots} FP16 experts)", _gb(self.staging_bytes))]
@@ -190,6 +196,12 @@ class MemoryPlan:
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
+def _kv_positions(max_seq_len: int, max_batch: int) -> str:
+    if max_batch == 1:
+        return f"{max_seq_len} positions"
+    return f"{max_batch} sequences x {max_seq_len} positions"
+
+
 def _gb(n: int) -> str:
     return f"{n / GB:.2f} GB" if n >= 0.1 * GB else f"{n / 1e6:.3f} MB"
 
@@ -207,6 +219,7 @@ def plan_memory(
     hot_experts_per_layer: int = 0,
     staging_slots: int = 0,
     pruned_experts_per_layer: int = 0,
+    max_batch: int = 1,
 ) -> MemoryPlan:
     """Plan GPU memory for a model under a budget (or a fixed slot count).
 
@@ -227,6 +240,10 @@ def plan_memory(
         pruned_experts_per_layer: experts per layer the draft skips: neither pinned nor
             given an INT4 copy (``load_model(draft_pruned_experts=)``); with the hot ones, at most
             ``E - 1`` (one expert stays INT4).
+        max_batch: sequences decoded together (``BatchConfig.max_batch``): the KV cache
+            holds ``max_batch`` slots of ``max_seq_len`` positions, and a forward up to
+            ``max_batch * max_verify_rows`` rows (logits and MLP workspace; attention runs
+            one sequence at a time).
 
     Returns:
         The plan.
@@ -263,6 +280,10 @@ def plan_memory(
             f"skips, of the {E - hot} per layer that are not pinned hot ones; at least one "
             f"stays INT4), got {pruned!r}"
         )
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(
+            f"max_batch must be an int >= 1 (sequences decoded together), got {max_batch!r}"
+        )
     if isinstance(staging_slots, bool) or not isinstance(staging_slots, int) or staging_slots < 0:
         raise ValueError(
             f"staging_slots must be an int >= 0 (FP16 experts of the staging buffer), got "
@@ -273,8 +294,10 @@ def plan_memory(
     int4_bytes = int4_expert_bytes(H, I, draft_group_size)
     draft_bytes = L * (E - hot - pruned) * int4_bytes if with_draft else 0
     (hk, dk), (hv, dv) = arch.kv_row_shapes(config)
-    kv_bytes = len(model.model.layers) * max_seq_len * (hk * dk + hv * dv) * itemsize
-    buffers = _workspace_bytes(config, arch.mla, itemsize, max_seq_len, max_verify_rows, H, I)
+    kv_bytes = max_batch * len(model.model.layers) * max_seq_len * (hk * dk + hv * dv) * itemsize
+    buffers = _workspace_bytes(
+        config, arch.mla, itemsize, max_seq_len, max_verify_rows, H, I, batch=max_batch
+    )
     plan_args: dict[str, object] = {
         "model_type": arch.model_type,
         "dtype": str(dtype).removeprefix("torch."),
@@ -289,6 +312,7 @@ def plan_memory(
         "hot_experts_per_layer": hot,
         "staging_slots": staging_slots,
         "pruned_experts_per_layer": pruned,
+        "max_batch": max_batch,
     }
     least = min(E, hot + 1)  # the pinned experts plus one evictable slot
     if slots_per_layer is not None:
@@ -309,7 +333,8 @@ def plan_memory(
         pinned = f" ({hot} pinned hot experts plus one evictable)" if hot else ""
         breakdown = (
             f"non-expert weights {_gb(non_expert)}, INT4 draft experts {_gb(draft_bytes)}, "
-            f"KV cache ({max_seq_len} positions) {_gb(kv_bytes)}, buffers {_gb(buffers)}"
+            f"KV cache ({_kv_positions(max_seq_len, max_batch)}) {_gb(kv_bytes)}, "
+            f"buffers {_gb(buffers)}"
             + (f", a staging buffer {_gb(staging_bytes)}" if staging_bytes else "")
             + f", and {least} FP16 expert slot(s) per layer{pinned} "
             f"{_gb(L * least * expert_bytes)}"
@@ -334,14 +359,17 @@ def _workspace_bytes(
     rows: int,
     hidden: int,
     intermediate: int,
+    batch: int = 1,
 ) -> int:
-    """Peak transient activations of one forward of ``rows`` rows, plus a fixed reserve.
+    """Peak transient activations of one forward of ``rows`` rows of each of ``batch``
+    sequences, plus a fixed reserve.
 
     Logits (model dtype, plus a float32 copy for sampling) coexist with the last layer's
-    transients; within a layer, attention or the MLP dominates.
+    transients; within a layer, attention (one sequence at a time) or the MLP (every
+    sequence's rows) dominates.
     """
     heads = config.num_attention_heads
-    logits = rows * config.vocab_size * (itemsize + 4)
+    logits = batch * rows * config.vocab_size * (itemsize + 4)
     if mla:
         # DeepSeek expands the cached latents of every position into per-head keys and values.
         per_position = heads * (
@@ -356,5 +384,5 @@ def _workspace_bytes(
         getattr(config, "shared_expert_intermediate_size", 0) or 0,
         intermediate * config.num_experts_per_tok * 2,
     )
-    mlp = rows * dense * 4 * 3 + rows * hidden * 4 * 4
+    mlp = batch * rows * (dense * 4 * 3 + hidden * 4 * 4)
     return WORKSPACE_RESERVE_BYTES + logits + max(attention, mlp)

@@ -213,6 +213,9 @@ class SpecterExperts(nn.Module):
         """
         top_k_index = self.routed_ids(top_k_index)
         mode = self.runtime.mode
+        working_set = self.runtime.working_set
+        if working_set is not None and mode is not None:  # batched decoding's statistics
+            working_set.observe(self.layer, mode, top_k_index)
         if mode is ExpertsMode.DRAFT:
             return self._draft(hidden_states, top_k_index, top_k_weights)
         if mode is ExpertsMode.TARGET:

@@ -14,6 +14,7 @@ from specter_cache import ExpertCache, RoutingCounter, SpeculativePrefetcher
 from specter_models.architecture import Architecture
 from specter_models.cpu_experts import CPU_MAX_ROWS, CpuExpertExecutor, check_cpu_kernel
 from specter_models.experts_runtime import ExpertsMode, ExpertsRuntime
+from specter_models.kv_slots import KVSlots
 from specter_models.memory_meter import MemoryPeaks
 from specter_models.memory_plan import DEFAULT_MAX_VERIFY_ROWS, MemoryPlan
 from specter_models.shared_overlap import SharedExpertOverlap
@@ -70,6 +71,8 @@ class SpecterModel:
         shared_overlap: the switch of the shared experts' side stream (``shared_overlap``),
             or None when the model was built without it. Graphs already captured keep the
             setting they were captured with.
+        kv_slots: the KV cache's sequence slots (``KVSlots``; slot 0 is ``kv``'s): as many
+            as ``load(max_batch=)`` asked for, for batched decoding (``batch_decoding``).
 
     Example:
         >>> from specter_spec import SpecController
@@ -94,6 +97,7 @@ class SpecterModel:
         source: str,
         max_verify_rows: int = DEFAULT_MAX_VERIFY_ROWS,
         shared_overlap: SharedExpertOverlap | None = None,
+        kv_slots: KVSlots | None = None,
     ):
         self.model = model
         self.config: PretrainedConfig = model.config
@@ -111,6 +115,7 @@ class SpecterModel:
         self.source = source
         self.max_verify_rows = max_verify_rows
         self.shared_overlap = shared_overlap
+        self.kv_slots = kv_slots
 
     def __repr__(self) -> str:
         plan = self.memory.plan
@@ -396,6 +401,9 @@ class SpecterModel:
             if adapter is not None and adapter.graphs is not None:
                 adapter.graphs.stats.reset_counts()
         self.kv.reset()
+        if self.kv_slots is not None:  # every sequence slot of batched decoding too
+            for slot in range(self.kv_slots.num_slots):
+                self.kv_slots.cache(slot).crop_to(0)
         self.counter.clear()
         self.cache.reset_stats()
         self.prefetcher.reset_stats()

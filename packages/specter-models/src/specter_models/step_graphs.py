@@ -313,6 +313,19 @@ class StepGraphs:
         """Whether graphs are still on (a failed capture switches them off)."""
         return self.stats.disabled_reason is None
 
+    def for_cache(self, cache: StaticKVCache) -> StepGraphs:
+        """The same choices (rows, windows, buckets, when window mode applies) over another
+        KV cache, run eagerly, never captured: what a forward of this role gives there, bit
+        for bit, without graphs bound to this cache's addresses (a batched sequence's slot,
+        ``batch_adapters``)."""
+        eager = StepGraphs(
+            self.model, self.runtime, cache, self.mode, max_rows=self.max_rows,
+            window_step=self.window_step, capture=False, applicable=self._applicable,
+            piecewise=self.piecewise,
+        )  # fmt: skip
+        eager.stats.disabled_reason = self.stats.disabled_reason
+        return eager
+
     def window_for(self, end: int) -> int:
         """The window of a forward that fills positions up to ``end``."""
         step = self.window_step

@@ -10,6 +10,7 @@ Example:
 """
 
 from specter_models.engine.config import (
+    BatchConfig,
     CpuExpertsConfig,
     EngineConfig,
     KernelConfig,
@@ -24,6 +25,7 @@ from specter_models.engine.plans import DraftDoesNotFitError
 
 __all__ = [
     "PLAIN_STREAM_FILLS",
+    "BatchConfig",
     "CpuExpertsConfig",
     "DraftDoesNotFitError",
     "Engine",

@@ -14,6 +14,7 @@ from specter_models.presets import DEMO_MODEL
 
 __all__ = [
     "CPU_EXPERT_MODES",
+    "BatchConfig",
     "CpuExpertsConfig",
     "EngineConfig",
     "KernelConfig",
@@ -275,6 +276,24 @@ class CpuExpertsConfig:
 
 
 @dataclass(frozen=True)
+class BatchConfig:
+    """How many sequences the engine decodes together (``Engine.generate_batch``,
+    ``Engine.batch_session``).
+
+    Attributes:
+        max_batch: sequences decoded at once, at least 1. The KV cache holds ``max_batch``
+            slots of ``MemoryConfig.max_seq_len`` positions each, and the memory plan counts
+            them (a budget's slots pay for them); 1: single-sequence decoding only.
+    """
+
+    max_batch: int = 1
+
+    def __post_init__(self) -> None:
+        if not (_is_int(self.max_batch) and self.max_batch >= 1):
+            _fail("BatchConfig", "max_batch", self.max_batch, "an int >= 1")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything :meth:`~specter_models.engine.Engine.from_config` needs."""
 
@@ -283,6 +302,7 @@ class EngineConfig:
     kernels: KernelConfig = field(default_factory=KernelConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     cpu_experts: CpuExpertsConfig = field(default_factory=CpuExpertsConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
     def __post_init__(self) -> None:
         for name, kind in (
@@ -291,6 +311,7 @@ class EngineConfig:
             ("kernels", KernelConfig),
             ("speculation", SpeculationConfig),
             ("cpu_experts", CpuExpertsConfig),
+            ("batch", BatchConfig),
         ):
             if not isinstance(getattr(self, name), kind):
                 _fail("EngineConfig", name, getattr(self, name), f"a {kind.__name__}")

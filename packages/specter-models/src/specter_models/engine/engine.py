@@ -4,7 +4,7 @@
 its checks, the pinned hot set and pruned draft (chosen on a calibration prompt's routing,
 or read from a file), the choice between speculating and plain decoding, the CUDA graphs
 captured ahead, the adaptive depth's kept costs and warm-up. ``Engine.generate`` then
-streams completions.
+streams completions; ``generate_batch`` and ``batch_session`` decode several together.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 
+from specter_models.batch_adapters import BatchedSlots
 from specter_models.engine.auto_budget import auto_budget
+from specter_models.engine.batch_generation import BatchGeneration, batch_requests
+from specter_models.engine.batch_session import BatchSession
 from specter_models.engine.config import EngineConfig
 from specter_models.engine.cpu_setup import set_up_cpu_experts
 from specter_models.engine.decode_window import DecodeWindow, make_depth_policy
@@ -184,7 +187,11 @@ class Engine:
                 f"{self.max_positions} positions (max_position_embeddings); give at most that."
             )
         self.max_seq_len = max_seq_len
-        plan_args = {"dtype": dtype, "max_seq_len": max_seq_len}
+        plan_args = {
+            "dtype": dtype,
+            "max_seq_len": max_seq_len,
+            "max_batch": config.batch.max_batch,
+        }
         budget = memory.gpu_memory_gb
         if budget == "auto":
             chosen = auto_budget(
@@ -378,6 +385,8 @@ class Engine:
         has_tokenizer = loaded.tokenizer is not None
         self._stop_ids = [eos] if isinstance(eos, int) and has_tokenizer else []
         self._used = False
+        self._session: BatchSession | None = None
+        self._batch: tuple[BatchedSlots, Any] | None = None
         self.setup_stats = {
             "speculation": speculation,
             "auto_choice": auto_choice,
@@ -426,6 +435,7 @@ class Engine:
             miss_path=miss_path,
             stream_fills=stream_fills,
             stream_staging=config.memory.stream_staging,
+            max_batch=config.batch.max_batch,
         )
 
     def _controller(self, sampling: SamplingConfig) -> SpecController:
@@ -467,20 +477,8 @@ class Engine:
             ValueError: an empty prompt, a bad ``max_new_tokens``, or a prompt and
                 ``max_new_tokens`` the KV cache cannot hold.
         """
-        ids = _prompt_ids(self.tokenizer, prompt, "prompt")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens}.")
-        largest = self.config.speculation.largest_depth if self._speculate else 0
-        need = len(ids) + max_new_tokens + largest + 2
-        if need > self.max_seq_len:
-            raise ValueError(
-                f"the prompt ({len(ids)} tokens) plus max_new_tokens={max_new_tokens} and one "
-                f"verification of depth {largest} need {need} positions; the engine's KV cache "
-                f"holds {self.max_seq_len} (MemoryConfig.max_seq_len). Shorten the prompt, "
-                "generate fewer tokens or raise max_seq_len."
-            )
+        ids = self._checked_prompt(prompt, max_new_tokens)
+        self._check_idle("Engine.generate")
         if self._used:
             self.model.reset()
         self._used = True
@@ -495,6 +493,96 @@ class Engine:
             engine_stats=self.setup_stats,
             on_finish=self._keep_depth_costs,
         )
+
+    def _checked_prompt(self, prompt: str | Sequence[int], max_new_tokens: int) -> list[int]:
+        """``prompt``'s token ids, checked with ``max_new_tokens`` against the KV cache.
+
+        Raises:
+            ValueError: an empty prompt, a bad ``max_new_tokens``, or more positions than
+                the KV cache (a slot of it, batched) holds.
+        """
+        ids = _prompt_ids(self.tokenizer, prompt, "prompt")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens}.")
+        largest = self.config.speculation.largest_depth if self._speculate else 0
+        need = len(ids) + max_new_tokens + largest + 2
+        if need > self.max_seq_len:
+            raise ValueError(
+                f"the prompt ({len(ids)} tokens) plus max_new_tokens={max_new_tokens} and one "
+                f"verification of depth {largest} need {need} positions; the engine's KV cache "
+                f"holds {self.max_seq_len} (MemoryConfig.max_seq_len). Shorten the prompt, "
+                "generate fewer tokens or raise max_seq_len."
+            )
+        return ids
+
+    # ------------------------------------------------------------------------- batches
+    def batch_session(self) -> BatchSession:
+        """A session decoding up to ``BatchConfig.max_batch`` sequences together, each in
+        its own KV slot: ``add`` sequences, ``step`` them, ``cancel`` one (see
+        :class:`~specter_models.engine.batch_session.BatchSession`). Each sequence's greedy
+        output is what ``generate`` decodes for it alone. The model is reset first.
+
+        Raises:
+            RuntimeError: another session still has active sequences.
+            ValueError: a model whose setup batched decoding does not cover (CPU-homed
+                experts).
+        """
+        self._check_idle("Engine.batch_session")
+        if self._batch is None:
+            policy = make_depth_policy(self.depth, self.config.speculation.largest_depth)
+            self._batch = (BatchedSlots(self.model), policy)
+        if self._used:
+            self.model.reset()
+        self._used = True
+        slots, policy = self._batch
+        self._session = BatchSession(
+            self, slots, policy, speculate=self._speculate, prompt_ids=self._checked_prompt
+        )
+        return self._session
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        *,
+        max_new_tokens: int | Sequence[int],
+        sampling: SamplingConfig | Sequence[SamplingConfig | None] | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> BatchGeneration:
+        """Complete several prompts together (at most ``BatchConfig.max_batch``); iterate
+        the result to run it.
+
+        Args:
+            prompts: texts or token-id lists.
+            max_new_tokens: one budget for all, or one per prompt.
+            sampling: one ``SamplingConfig`` for all, or one per prompt (each seeds its own
+                generator); default greedy.
+            stop_token_ids: tokens that end a sequence (default: the tokenizer's end of
+                sequence where the model has a tokenizer of its own).
+
+        Returns:
+            A :class:`~specter_models.engine.batch_generation.BatchGeneration`.
+
+        Raises:
+            ValueError, TypeError: no prompt, too many, a bad prompt or budget, per-prompt
+                lists of the wrong length.
+            RuntimeError: a batch session still has active sequences.
+        """
+        prompts, budgets, samplings = batch_requests(
+            prompts, max_new_tokens, sampling, self.config.batch.max_batch
+        )
+        ids = [self._checked_prompt(p, n) for p, n in zip(prompts, budgets, strict=True)]
+        session = self.batch_session()
+        return BatchGeneration(session, ids, budgets, samplings, stop_token_ids, self.setup_stats)
+
+    def _check_idle(self, what: str) -> None:
+        session = self._session
+        if session is not None and session.active:
+            raise RuntimeError(
+                f"{what}: a batch session is decoding {session.active} sequences on this "
+                "engine; step it until they finish (or cancel them) first."
+            )
 
     def _keep_depth_costs(self) -> None:
         if self._depth_memory is not None:

@@ -194,6 +194,7 @@ def choose_prompt_engine(
     staging_slots: int = 0,
     continuation_tokens: int = 0,
     pruned_per_layer: int | str = 0,
+    max_batch: int = 1,
 ) -> PromptChoice:
     """Choose the hot set at ``gpu_memory_gb`` on the target's routing of the prompt (and of
     its first ``continuation_tokens`` greedy tokens, decoded plainly by the same load), and
@@ -207,7 +208,8 @@ def choose_prompt_engine(
         gpu_memory_gb: the budget the hot set is for.
         prompt_ids: the prompt's token ids (at least two: the choice scores each half of
             the routing on the other).
-        dtype, max_seq_len: those of the load the hot set is for (they size its plan).
+        dtype, max_seq_len, max_batch: those of the load the hot set is for (they size its
+            plan).
         compare_plain: also replay plain decoding's side.
         staging_slots: the staging buffer plain decoding's plan holds.
         continuation_tokens: greedy tokens to decode after the prompt and route too (0:
@@ -252,13 +254,13 @@ def choose_prompt_engine(
         release_memory()
     hot = specter_models.choose_hot_experts(
         config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len,
-        pruned_per_layer=pruned_per_layer,
+        pruned_per_layer=pruned_per_layer, max_batch=max_batch,
     )  # fmt: skip
     plain = None
     if compare_plain:
         plain = specter_models.replay_plain_decoding(
             config, gpu_memory_gb, [routing], dtype=dtype, max_seq_len=max_seq_len,
-            staging_slots=staging_slots,
+            staging_slots=staging_slots, max_batch=max_batch,
         )  # fmt: skip
     return PromptChoice(hot, plain, int(routing.shape[0]))
 

@@ -72,4 +72,5 @@ def load(
         miss_path=miss_path,
         stream_fills=fills,
         stream_staging=memory.stream_staging,
+        max_batch=config.batch.max_batch,
     )
