@@ -103,6 +103,9 @@ def test_models_without_targets_show_the_ratios_without_one():
     assert next(c for c in cells if c["batch_size"] == 4 and "1.3" not in c["target"])
     dsv2 = [c for c in evaluate_batch_targets(records) if c["model"] == DSV2]
     assert all(c["ratio"] is None for c in dsv2)  # DeepSeek-V2-Lite's cells: not measured
+    every = [c for c in dsv2 if c["target"] == "specter / offload >= 1"]
+    assert [c["batch_size"] for c in every] == [None]  # one row for "every B", unmeasured
+    assert batch_targets_table(records).count("not measured") == 3
 
 
 def test_speculation_turned_off_is_quoted_beside_the_target():

@@ -82,6 +82,33 @@ def test_transformers_batches_decode_what_each_prompt_decodes_at_b_1(tmp_path):
     assert records[0]["budget_gb"] is None  # every weight on the device
 
 
+def test_every_system_batches_on_the_real_engine_with_the_greedy_tokens_it_decodes_alone(tmp_path):
+    # Speculating and plain batches, at a budget that leaves experts without a slot, must
+    # give each prompt the greedy tokens it gives alone (float64: no near-tie flips), and
+    # transformers' batches agree with them.
+    config = _config(tmp_path, model="tiny-deepseek-v2", depth=2, max_new_tokens=8)
+    records = _run(config)
+    batch = [r["data"] for r in records if r["kind"] == "batch"]
+    assert [(d["system"], d["batch_size"]) for d in batch] == [
+        (system, size) for system in ("specter", "offload", "hf") for size in (1, 2, 3)
+    ]
+    assert all(d["new_tokens"] == [8] * d["batch_size"] for d in batch)
+    assert sum(d["sequences_checked"] for d in batch) == 3 * 6 - 3  # all but the first decodes
+    assert all(d["sequences_matching_reference"] == d["sequences_checked"] for d in batch)
+    engine = [d for d in batch if d["system"] != "hf"]
+    assert all(
+        d["sequences_matching_engine_reference"] == d["sequences_checked_engine"] for d in engine
+    )
+    for d in engine:
+        assert 1 <= d["distinct_experts_target"] <= 8  # tiny-deepseek-v2: 8 routed experts
+        assert d["slots_per_layer"] < 8  # under the budget some expert has no slot
+    specter = [d for d in engine if d["system"] == "specter"]
+    assert all(d["distinct_experts_draft"] is not None for d in specter)
+    assert all(0 <= d["acceptance_rate"] <= 1 for d in specter)
+    assert all(d["speculation"].startswith("on") for d in specter)
+    assert all(d["distinct_experts_draft"] is None for d in engine if d["system"] == "offload")
+
+
 class _ScriptedBatch:
     """``Engine.generate_batch``'s result for the scripted engine: each sequence's token i
     is (sum of its prompt + i) % 50, two tokens a step when speculating."""

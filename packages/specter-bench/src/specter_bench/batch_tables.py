@@ -211,7 +211,7 @@ def batch_table(records: Iterable[dict[str, Any]]) -> str:
     return markdown_table(headers, rows)
 
 
-def _cells(target: BatchTarget, model: str, index: dict) -> list[tuple[int, dict, dict]]:
+def _cells(target: BatchTarget, model: str, index: dict) -> list[tuple[int | None, dict, dict]]:
     """``(B, mine by run, versus by run)`` of each cell ``target`` names for ``model``."""
     if target.batch_size is not None:
         sizes = [target.batch_size]
@@ -221,6 +221,8 @@ def _cells(target: BatchTarget, model: str, index: dict) -> list[tuple[int, dict
             for (m, budget, system, b) in index
             if m == model and budget == target.budget_gb and system == target.system
         )
+    if not sizes:  # nothing measured: one row says so
+        return [(target.batch_size, {}, {})]
     cells = []
     for size in sizes:
         other = target.versus_batch_size or size

@@ -97,10 +97,10 @@ class BatchTarget:
     batch_size: int | None = None
     versus_batch_size: int | None = None
 
-    def name_at(self, batch_size: int) -> str:
+    def name_at(self, batch_size: int | None) -> str:
         """``"specter / offload >= 1.3"`` or ``"specter B=8 / specter B=1 >= 4"``."""
         other = self.versus_batch_size
-        if other is None or other == batch_size:
+        if other is None or other == batch_size or batch_size is None:
             return f"{self.system} / {self.versus} {self.limit_text}"
         return f"{self.system} B={batch_size} / {self.versus} B={other} {self.limit_text}"
 

@@ -17,10 +17,15 @@ time per output token, the engine's statistics for its sequence) go to the metri
 one-at-a-time serving, and the ``specter_batch_size`` gauge says how many sequences the
 running batch holds. A step that fails ends every running request with the error and
 starts a new session.
+
+The engine reports a cancelled sequence as finished at the step after ``cancel``; the
+request has ended by then, so that chunk is dropped, and the sequence holds its place in
+the batch until that step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import time
@@ -185,13 +190,21 @@ class _BatchLoop:
         self.scheduler.metrics.batch_size.set(len(self.running))
 
     def fail_all(self, exc: Exception) -> None:
+        """End every running request with ``exc``; their sequences leave (a step of only
+        cancelled sequences computes nothing) and a new session starts on a reset model."""
         for seq_id, item in list(self.running.items()):
             self.running.pop(seq_id)
+            with contextlib.suppress(KeyError):
+                self.session.cancel(seq_id)
             self.scheduler.observe(item.job, item.first, item.last,
                                    len(item.generation.token_ids), {})  # fmt: skip
             self.scheduler.released()
             item.job.post("error", exc)
-        self.session = self.engine.batch_session()
+        try:
+            self.session.step()
+            self.session = self.engine.batch_session()
+        except Exception:  # the old session cannot drain: keep serving on it
+            log.exception("the engine's batch did not drain after a failed step")
 
     def run(self) -> None:
         metrics = self.scheduler.metrics
