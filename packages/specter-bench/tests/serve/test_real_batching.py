@@ -139,7 +139,7 @@ def test_concurrent_clients_get_the_sequential_greedy_text(server, capsys):
 
 def test_a_disconnect_mid_stream_frees_its_place(server):
     cancelled = server.metric('specter_generations_cancelled_total{reason="disconnect"}')
-    long = {"max_tokens": 600, "ignore_eos": True}
+    long = {"max_tokens": 300, "ignore_eos": True}
     done: list[float] = []
 
     def stay() -> None:
