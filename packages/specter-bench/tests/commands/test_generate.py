@@ -657,3 +657,42 @@ def test_generate_cpu_experts_on_where_the_kernel_cannot_run_says_why(capsys, mo
     assert "cannot run here" in err
     assert "--cpu-experts off" in err
     assert "Traceback" not in err
+
+
+def test_generate_decodes_several_prompts_together_as_each_alone(capsys):
+    common = ["--model", "tiny-qwen2-moe", "--max-new-tokens", "6", "--depth", "2", "--json"]
+    alone = []
+    for prompt in ("def f(x):", "ab"):
+        code, out, err = _run(capsys, "generate", *common, prompt)
+        assert code == 0, err
+        alone.append(json.loads(out)["token_ids"])
+    code, out, err = _run(
+        capsys, "generate", *common, "--max-batch", "2", "def f(x):", "--prompt", "ab",
+        "--prompt", "def f(x):",
+    )  # fmt: skip
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["prompts"] == ["def f(x):", "ab", "def f(x):"]
+    assert [r["token_ids"] for r in record["results"]] == [*alone, alone[0]]
+    assert [r["stop_reason"] for r in record["results"]] == ["max_new_tokens"] * 3
+    stats = record["statistics"]
+    assert stats["max_batch"] == 2
+    assert stats["tokens_out"] == 18
+    assert 1 < stats["mean_active_batch"] <= 2  # the third joined when a slot was free
+    assert len(stats["working_set_target_per_layer"]) == 2  # one per MoE layer
+    code, out, err = _run(
+        capsys, "generate", *common[:-1], "--max-batch", "2", "--prompt", "x", "--prompt", "yz"
+    )
+    assert code == 0, err
+    assert out.startswith("[1/2] x") or out.startswith("[2/2] yz")
+    for row in ("sequences", "2 (at most 2 at once)", "experts a verification needs per layer"):
+        assert row in out
+
+
+def test_generate_refuses_an_empty_prompt_and_a_batch_below_one(capsys):
+    code, _, err = _run(capsys, "generate", "--prompt", "a", "--prompt", "")
+    assert code == 2
+    assert "prompt 2 is empty" in err
+    code, _, err = _run(capsys, "generate", "--max-batch", "0", "x")
+    assert code == 2
+    assert "--max-batch" in err

@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_PROMPT",
     "CommandError",
+    "add_batch_args",
     "add_cpu_expert_args",
     "add_model_args",
     "add_prompt_source_args",
@@ -215,6 +216,19 @@ def add_cpu_expert_args(p: argparse.ArgumentParser, *, sweep: bool) -> None:
         help="host threads the CPU experts run on: 1 to this machine's cores, or all "
         "(default: every core but one)"
         + ("; a comma-separated list sweeps them (e.g. 1,2,4,8,all)" if sweep else ""),
+    )
+
+
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """``--max-batch N``: sequences decoded together (``BatchConfig.max_batch``)."""
+    p.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="sequences decoded together, each in a KV slot of its own (the memory plan "
+        "counts the N slots): one draft pass and one verification a step for all of them "
+        "(default 1: one at a time)",
     )
 
 

@@ -17,10 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from specter_bench.batched_generation import all_prompts, run_batch
 from specter_bench.commands.args import (
     DEFAULT_MODEL,
     DEFAULT_PROMPT,
     CommandError,
+    add_batch_args,
     add_cpu_expert_args,
     add_model_args,
     auto_or_non_negative_int,
@@ -48,6 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     gen.add_argument("prompt", nargs="?", help="the prompt text (default: a code prompt)")
     gen.add_argument("--prompt-file", help="read the prompt from this file")
+    gen.add_argument(
+        "--prompt", dest="prompts", action="append", metavar="TEXT",
+        help="one more prompt (repeat it): decoded with the others, up to --max-batch at once",
+    )  # fmt: skip
+    add_batch_args(gen)
     add_model_args(gen, default=DEFAULT_MODEL, weights_seed_flag="--weights-seed")
     gen.add_argument(
         "--gpu-memory-gb",
@@ -414,6 +421,7 @@ def engine_config_from_args(args: argparse.Namespace, *, device: str, prompt_tok
         CommandError: options that contradict each other.
     """
     from specter_models import (
+        BatchConfig,
         CpuExpertsConfig,
         EngineConfig,
         KernelConfig,
@@ -486,6 +494,7 @@ def engine_config_from_args(args: argparse.Namespace, *, device: str, prompt_tok
         cpu_experts=CpuExpertsConfig(
             mode=getattr(args, "cpu_experts", "off"), threads=getattr(args, "cpu_threads", None)
         ),
+        batch=BatchConfig(max_batch=getattr(args, "max_batch", 1)),
     )
 
 
@@ -550,7 +559,8 @@ def run(args: argparse.Namespace) -> int:
     """Set the engine up, stream the completion to stdout, then print statistics; exit
     status 0."""
     _check_sampling(args)
-    text = _prompt_text(args)
+    texts = all_prompts(args, _prompt_text(args))
+    text = texts[0]
     from specter_models import Engine, MemoryBudgetError
     from specter_models.engine.generation import NonFiniteLogitsError
     from specter_models.engine.model_source import load_tokenizer, model_config, num_experts_of
@@ -569,14 +579,17 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu_memory_gb == "unlimited":
         args.gpu_memory_gb = None
     args.max_positions = getattr(config, "max_position_embeddings", None)
-    prompt_tokens = len(load_tokenizer(args.model, int(config.vocab_size)).encode(text))
+    tokenizer = load_tokenizer(args.model, int(config.vocab_size))
+    prompt_tokens = max(len(tokenizer.encode(t)) for t in texts)
     engine_config = engine_config_from_args(args, device=device, prompt_tokens=prompt_tokens)
     try:
         engine = Engine.from_config(engine_config, calibration_prompt=text, log=_stderr)
     except MemoryBudgetError as exc:
         raise CommandError(_budget_advice(args, exc)) from exc
-    generation = engine.generate(text, max_new_tokens=args.max_new_tokens, sampling=sampling)
     try:
+        if len(texts) > 1 or args.max_batch > 1:
+            return run_batch(args, engine, texts, sampling)
+        generation = engine.generate(text, max_new_tokens=args.max_new_tokens, sampling=sampling)
         _emit(args, text, generation)
     except NonFiniteLogitsError as exc:
         from specter_models.engine.non_finite import first_non_finite_layer
