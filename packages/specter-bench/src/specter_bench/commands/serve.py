@@ -259,14 +259,8 @@ def load_engine(
     sized = argparse.Namespace(**vars(args))
     sized.max_positions = positions
     sized.max_new_tokens = positions - reserve
+    # --max-batch N: one KV slot per request of the running batch (BatchConfig.max_batch).
     engine_config = engine_config_from_args(sized, device=device, prompt_tokens=0)
-    max_batch = getattr(args, "max_batch", 1)
-    if max_batch > 1:  # one KV slot per request of the running batch
-        import dataclasses
-
-        from specter_models.engine.config import BatchConfig
-
-        engine_config = dataclasses.replace(engine_config, batch=BatchConfig(max_batch=max_batch))
     try:
         return Engine.from_config(engine_config, calibration_prompt=calibration_prompt, log=log)
     except DraftDoesNotFitError as exc:
