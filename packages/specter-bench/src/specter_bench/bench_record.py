@@ -8,7 +8,7 @@ Every line is one JSON object with a ``kind``:
   precision/recall, host-to-device bytes and stall per token, peak GPU memory, the Belady
   bound and the greedy cross-check against ``hf``;
 * any other kind (``"working_set"``, ``"routing_agreement"``, ``"policy_hit_rate"``,
-  ``"depth_sweep"``, ``"memory"``, ``"ttft"``, ``"kernel"``, ``"skipped"``):
+  ``"depth_sweep"``, ``"memory"``, ``"ttft"``, ``"batch"``, ``"kernel"``, ``"skipped"``):
   :class:`ExperimentRecord`,
   with the measurement under ``data``.
 
@@ -97,6 +97,7 @@ EXPERIMENT_KINDS = (
     "hot_experts",
     "hot_sweep",
     "ttft",
+    "batch",
     "cpu_placement",
     "kernel",
     "skipped",

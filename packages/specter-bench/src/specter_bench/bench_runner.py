@@ -23,7 +23,9 @@ finished stage. Around the decodes:
   allocator's and the driver's), host memory (peak resident set, pinned expert store), and
   the time from the process's start to the model loaded and to its first token;
 * the ``ttft`` experiment (:mod:`~specter_bench.bench_ttft`): ``ttft`` records instead of
-  ``tpot`` ones, for prompts of exactly ``--prompt-lengths`` tokens.
+  ``tpot`` ones, for prompts of exactly ``--prompt-lengths`` tokens;
+* the ``batch`` experiment (:mod:`~specter_bench.bench_batch`): ``batch`` records, each
+  system decoding the first B prompts together for each ``--batch-sizes`` B.
 
 ``max_minutes`` is checked before every decode: once past it, nothing new starts, what
 finished is written, and a ``skipped`` record lists what was not measured.
@@ -44,6 +46,7 @@ import torch
 from tqdm import tqdm
 
 from specter_bench.belady import measure_expert_transfer_s
+from specter_bench.bench_batch import BatchStages
 from specter_bench.bench_cpu import CpuExpertVariants
 from specter_bench.bench_decodes import DecodeLoop
 from specter_bench.bench_hf_stages import HFStages
@@ -99,6 +102,7 @@ class BenchRunner(
     HFStages,
     ReplayedRouting,
     CpuExpertVariants,
+    BatchStages,
 ):
     """Runs one :class:`~specter_bench.experiments.BenchConfig`.
 
@@ -150,7 +154,12 @@ class BenchRunner(
         need = longest + config.max_new_tokens + config.max_depth + 2
         self.max_seq_len = -(-need // 64) * 64
         low, high = self._default_budgets()
-        self.budgets = resolve_budgets(config.budgets, low, high)
+        requested = config.budgets
+        if requested is None and config.experiment == "batch":
+            requested = (high,)  # the batched experiment runs at the high budget
+        self.budgets = resolve_budgets(requested, low, high)
+        if config.experiment == "batch":
+            self._check_batch_prompts()
         self.stages = plan_stages(config, self.budgets)
         date = datetime.date.today().isoformat()
         self.path = Path(config.out_dir) / f"bench-{self.name}-{config.tag or date}.jsonl"
@@ -229,7 +238,24 @@ class BenchRunner(
         data = {"what": what, "reason": reason, "systems": list(systems)}
         self._write(result, [self._experiment("skipped", budget, data)])
 
+    def _check_batch_prompts(self) -> None:
+        """The batch experiment decodes B distinct prompts together: at least the largest B.
+
+        Raises:
+            ValueError: fewer prompts than the largest batch size.
+        """
+        largest = max(self.config.batch_sizes)
+        if len(self.prompts) < largest:
+            raise ValueError(
+                f"the batch experiment decodes B distinct prompts together, but the prompt "
+                f"source gave {len(self.prompts)}, fewer than the largest batch size {largest}: "
+                f"give --num-prompts {largest} (or more) from a source that holds that many."
+            )
+
     def _count_runs(self) -> int:
+        if self.config.experiment == "batch":
+            systems = sum(len(s.systems) for s in self.stages)
+            return systems * len(set(self.config.batch_sizes)) * self.config.runs
         n = len(self.ttft_prompts) if self.config.experiment == "ttft" else len(self.prompts)
         total = 0
         for stage in self.stages:
@@ -276,6 +302,8 @@ class BenchRunner(
                 try:
                     if stage.kind == "hf":
                         self._hf_stage(stage, result, bar)
+                    elif stage.kind in ("batch", "hf-batch"):
+                        self._batch_stage(stage, result, bar)
                     elif stage.kind == "engine":
                         self._engine_stage(stage, result, bar)
                     elif stage.kind == "hot-sweep":

@@ -29,6 +29,8 @@ from specter_bench.routing_analysis import DEFAULT_DEPTHS
 
 __all__ = [
     "ABLATIONS",
+    "BATCH_SYSTEMS",
+    "DEFAULT_BATCH_SIZES",
     "DEFAULT_CALIBRATION_PROMPTS",
     "EXPERIMENTS",
     "BenchConfig",
@@ -52,6 +54,14 @@ ABLATIONS = (
     "specter-staged",
 )
 HF_SYSTEMS = ("hf", "hf-default")
+BATCH_SYSTEMS = ("specter", "offload", "hf")
+"""Systems of the ``batch`` experiment: the engine speculating, the same engine without a
+draft, and transformers' batched ``generate`` in its fastest configuration."""
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+"""Batch sizes B of the ``batch`` experiment."""
+BATCH_PROMPT_TOKENS = 16
+"""The ``batch`` experiment's prompts are cut to this many tokens unless told otherwise
+(``max_prompt_tokens``): 16-token prefixes, 128 new tokens each."""
 DEFAULT_SWEEP_DEPTHS = (0, 2, 4, 8, 16, 32)
 DEFAULT_CALIBRATION_PROMPTS = 8
 """Calibration prompts whose decodes count each budget's hot set (see ``BenchConfig``)."""
@@ -66,6 +76,8 @@ EXPERIMENTS = {
     "depth-sweep": "specter's TPOT against depth K at the high budget",
     "hot-sweep": "specter's TPOT against the pinned hot count at the high budget",
     "offload": "hf-offload at the low budget (very slow: few tokens and prompts)",
+    "batch": "mean TPOT, throughput and distinct experts per layer of specter, offload and "
+    "hf's batched generate at the high budget for each of --batch-sizes",
     "all": "default plus hf-offload",
 }
 """Experiment names and what they measure."""
@@ -141,6 +153,8 @@ class BenchConfig:
         fallback: with an adaptive depth, ``specter`` decodes as ``offload`` at a budget
             where its warm-up chose K = 0 (False: it speculates there anyway, to measure
             what the draft costs).
+        batch_sizes: the ``batch`` experiment's batch sizes B: each system decodes the
+            first B prompts together (one engine load per system sized for the largest B).
     """
 
     model: str
@@ -180,6 +194,7 @@ class BenchConfig:
     runs: int = 1
     prompt_lengths: tuple[int, ...] = DEFAULT_PROMPT_LENGTHS
     fallback: bool = True
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
@@ -245,10 +260,39 @@ class BenchConfig:
                 f"cpu_threads must be thread counts from 1 to this machine's {cores} cores, got "
                 f"{list(self.cpu_threads)!r}."
             )
+        self._check_batch()
         for name in ("max_new_tokens", "max_prompt_tokens", "max_depth", "sweep_prompts", "runs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+
+    def _check_batch(self) -> None:
+        """The ``batch`` experiment's own checks: its batch sizes and systems."""
+        sizes = self.batch_sizes
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                            for b in sizes):  # fmt: skip
+            raise ValueError(
+                f"batch_sizes must be ints >= 1 (sequences decoded together), got "
+                f"{list(sizes)!r}; e.g. 1,2,4,8,16,32."
+            )
+        if self.experiment != "batch":
+            return
+        other = [s for s in self.systems or () if s not in BATCH_SYSTEMS]
+        if other:
+            raise ValueError(
+                f"the batch experiment measures {', '.join(BATCH_SYSTEMS)}, not "
+                f"{', '.join(other)}; leave them out of --systems."
+            )
+        if self.routing_trace is not None:
+            raise ValueError(
+                "the batch experiment decodes with the model's own routing; a routing trace "
+                "replays one sequence at a time: run it with --routing random."
+            )
+        if tuple(self.cpu_experts) != ("off",):
+            raise ValueError(
+                f"--cpu-experts {','.join(self.cpu_experts)}: the batch experiment runs with "
+                "every expert on the GPU or streamed; leave --cpu-experts out."
+            )
 
 
 @dataclass(frozen=True)
@@ -257,8 +301,10 @@ class Stage:
 
     Attributes:
         kind: ``"hf"`` (transformers, every weight on the device), ``"engine"`` (a Specter
-            load), ``"hot-sweep"`` (one Specter load per pinned hot count) or ``"offload"``
-            (transformers with accelerate offload).
+            load), ``"hot-sweep"`` (one Specter load per pinned hot count), ``"offload"``
+            (transformers with accelerate offload), ``"batch"`` (one ``specter_models.Engine``
+            of a ``batch`` experiment's system, sized for its largest batch) or
+            ``"hf-batch"`` (transformers' batched ``generate``).
         budget_gb: the budget (None: unlimited).
         with_draft: an engine load with the INT4 draft (``lru`` alone loads none).
         policy: the engine cache's replacement policy.
@@ -375,6 +421,8 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
     engine's stages only (transformers cannot replay a trace).
     """
     exp = config.experiment
+    if exp == "batch":
+        return _batch_stages(config, budgets)
     finite = [b for b in budgets if b is not None]
     high = max(finite) if finite else None
     low = min(finite) if finite else None
@@ -443,4 +491,22 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
         stages.append(Stage("hot-sweep", high, ()))
     if offload and low is not None:
         stages.append(Stage("offload", low, ("hf-offload",)))
+    return stages
+
+
+def _batch_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[Stage]:
+    """The ``batch`` experiment: one engine stage per (budget, engine system), ``specter``
+    first at each budget, then transformers' batched ``generate`` (every weight on the
+    device, measured once)."""
+    systems = [s for s in BATCH_SYSTEMS if s in (config.systems or BATCH_SYSTEMS)]
+    if config.systems is not None:  # named systems keep their order
+        systems = [s for s in config.systems if s in BATCH_SYSTEMS]
+    stages = []
+    for budget in _order(budgets):
+        for system in systems:
+            if system in ENGINE_SYSTEMS:
+                draft = ENGINE_SYSTEMS[system].needs_draft
+                stages.append(Stage("batch", budget, (system,), with_draft=draft))
+    if "hf" in systems:
+        stages.append(Stage("hf-batch", None, ("hf",)))
     return stages

@@ -101,8 +101,9 @@ def _register_decode_experts() -> None:
     ExpertsInterface.register(DECODE_BATCHED_MM, batched_mm_decode_experts_forward)
 
 
-def _allow_one_compile_per_layer(model: torch.nn.Module) -> int:
-    """Raise dynamo's recompile limit to cover one compiled frame per decoder layer.
+def _allow_one_compile_per_layer(model: torch.nn.Module, shapes: int = 1) -> int:
+    """Raise dynamo's recompile limit to cover one compiled frame per decoder layer (per
+    input shape: ``shapes`` batch sizes compile one decode step each).
 
     A graph break inside a decoder layer (PhiMoE's router) makes dynamo compile each layer's
     forward on its own, specialised on ``layer_idx``; with the default limit of 8 the layers
@@ -112,7 +113,7 @@ def _allow_one_compile_per_layer(model: torch.nn.Module) -> int:
     import torch._dynamo.config as dynamo_config
 
     layers = int(getattr(model.config, "num_hidden_layers", 0) or 0)
-    wanted = 2 * layers + 8
+    wanted = (2 * layers + 8) * max(1, shapes)
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     limit = max(getattr(dynamo_config, name), wanted)
     setattr(dynamo_config, name, limit)

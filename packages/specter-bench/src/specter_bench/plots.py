@@ -1,5 +1,5 @@
 """PNG plots of benchmark records: TPOT per system, working set against K, hit rate per
-policy, the depth sweep.
+policy, the depth sweep, throughput and TPOT against the batch size.
 
 Figures are built with ``matplotlib.figure.Figure`` and its Agg canvas, never through
 ``pyplot``: no display, no global state, safe on a headless GPU machine. Each ``plot_*``
@@ -22,6 +22,7 @@ from specter_bench.table_format import system_order
 from specter_bench.tpot_tables import summarize_tpot
 
 __all__ = [
+    "plot_batch",
     "plot_depth_sweep",
     "plot_policy_hit_rate",
     "plot_tpot_per_system",
@@ -179,6 +180,55 @@ def plot_depth_sweep(records: Iterable[dict[str, Any]]) -> Figure:
         ax.set_xlabel("speculation depth K")
         ax.set_ylabel("TPOT (ms)")
         ax.legend(fontsize="small")
+    return fig
+
+
+def plot_batch(records: Iterable[dict[str, Any]]) -> Figure:
+    """Decode throughput and mean TPOT against the batch size B, one line per system (and
+    budget), two panels per model; a cell measured in several runs draws its latest.
+
+    Raises:
+        ValueError: no ``batch`` records.
+    """
+    from specter_bench.batch_tables import summarize_batch
+
+    latest: dict[tuple[str, float | None, str, int], Any] = {}
+    for s in summarize_batch(records):  # sorted by run within a cell: the last is the latest
+        latest[(s.model, s.budget_gb, s.system, s.batch_size)] = s
+    models = sorted({key[0] for key in latest})
+    fig, axes = _figure(2 * len(models), "Batched decoding: throughput and TPOT against B")
+    for i, model in enumerate(models):
+        rate_ax, tpot_ax = axes[2 * i], axes[2 * i + 1]
+        lines = sorted(
+            {(budget, system) for (m, budget, system, _) in latest if m == model},
+            key=lambda line: (line[0] is None, line[0] or 0.0, system_order(line[1])),
+        )
+        budgets = {budget for budget, _ in lines}
+        sizes: set[int] = set()
+        for budget, system in lines:
+            cells = sorted(
+                (size, s)
+                for (m, b, sys_, size), s in latest.items()
+                if (m, b, sys_) == (model, budget, system)
+            )
+            sizes.update(size for size, _ in cells)
+            label = system if len(budgets) == 1 else f"{system} ({budget_label(budget)})"
+            xs = [size for size, _ in cells]
+            nan = float("nan")
+            rate_ax.plot(xs, [nan if s.throughput is None else s.throughput for _, s in cells],
+                         marker="o", label=label)  # fmt: skip
+            tpot_ax.plot(xs, [nan if s.mean_tpot_ms is None else s.mean_tpot_ms for _, s in cells],
+                         marker="o", label=label)  # fmt: skip
+        where = ", ".join(budget_label(b) for b in _budget_order(budgets))
+        for ax, ylabel in ((rate_ax, "decode throughput (tokens/s)"),
+                           (tpot_ax, "mean TPOT per sequence (ms)")):  # fmt: skip
+            ax.set_xscale("log", base=2)
+            ticks = sorted(sizes)
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.set_xlabel("batch size B")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{model} ({where})")
+            ax.legend(fontsize="small")
     return fig
 
 

@@ -17,8 +17,10 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from specter_bench.batch_tables import batch_table, batch_targets_table
 from specter_bench.bench_record import read_records
 from specter_bench.plots import (
+    plot_batch,
     plot_depth_sweep,
     plot_policy_hit_rate,
     plot_tpot_per_system,
@@ -68,6 +70,8 @@ _SECTIONS: tuple[_Section, ...] = (
     ("TPOT per system", "tpot", tpot_table, plot_tpot_per_system),
     ("Latency per phase", "tpot", phase_table, None),
     ("Time to first token", "ttft", ttft_table, None),
+    ("Batch targets", "batch", batch_targets_table, None),
+    ("Batched decoding", "batch", batch_table, plot_batch),
     ("Memory accounting", "memory", memory_table, None),
     ("Memory against the budget", "memory", memory_use_table, None),
     ("Load time", "memory", load_table, None),
@@ -142,6 +146,33 @@ _CAPTIONS = {
         "and their range; prefill and TPOT at that length; `= ref`: greedy tokens equal the "
         "first system's at that length."
     ),
+    "Batch targets": (
+        "The batched experiment's targets on DeepSeek-V2-Lite at 24 GB (`--experiment batch`, "
+        "greedy, decode throughput): `specter` at B = 8 at least 4 times its own throughput "
+        "at B = 1, at least 1.3 times `offload`'s (the same engine without a draft, batched) "
+        "at B = 4 and at least `offload`'s at every B. Both sides come from one run; with "
+        "repeated runs (`--runs`) the ratio is computed run by run and a cell is met only at "
+        "its worst run (the smallest ratio). The speculation column says what the engine did "
+        "at that batch size (on at depth K, K lowered, or turned off, and why). Other models "
+        "show the same ratios at their high budget (no target)."
+    ),
+    "Batched decoding": (
+        "Each system decodes the first B prompts together (`specter bench --experiment "
+        "batch`: 16-token prefixes, 128 new tokens each, greedy, no stop token): `specter` and "
+        "`offload` through `Engine.generate_batch` at the budget (one engine each, sized for "
+        "the largest B), `hf` as transformers' batched `generate` (left-padded, static cache, "
+        "compiled, every weight on the GPU). Mean TPOT: per sequence, the time from its first "
+        "tokens to its last over the tokens after the first ones, averaged over the batch; "
+        "tokens/s: the batch's decode throughput, every sequence's tokens after its first ones "
+        "over the time from the batch's first tokens to its last (the median over runs, "
+        "`tokens/s range` their minimum and maximum); `x B=1`: over the same system's at B = "
+        "1; `/ offload`: over `offload`'s at the same B. Experts/layer/step: distinct routed "
+        "experts per MoE layer in one step of the batch (every sequence's tokens of that "
+        "verification or decode step), the mean over steps, for the target and the INT4 draft "
+        "(the engine's statistics; `-` for transformers). `= ref` / `= engine`: sequences "
+        "whose greedy tokens equal the prompt's first decode in the run (any system / an "
+        "engine system)."
+    ),
     "Memory against the budget": (
         "Per engine load: the allocator's peak (`torch.cuda.max_memory_allocated`, what the "
         "budget bounds), the driver's peak (`torch.cuda.mem_get_info` total less free, sampled "
@@ -211,6 +242,7 @@ _PLOT_FILES = {
     plot_working_set: "working_set.png",
     plot_policy_hit_rate: "policy_hit_rate.png",
     plot_depth_sweep: "depth_sweep.png",
+    plot_batch: "batch.png",
 }
 
 

@@ -19,7 +19,15 @@ from specter_bench.repeated_runs import ratio_holds
 from specter_bench.table_format import markdown_table, run_label
 from specter_bench.tpot_tables import SystemSummary, summarize_tpot
 
-__all__ = ["RECENT_RUNS", "TARGETS", "Target", "evaluate_targets", "targets_table"]
+__all__ = [
+    "BATCH_TARGETS",
+    "RECENT_RUNS",
+    "TARGETS",
+    "BatchTarget",
+    "Target",
+    "evaluate_targets",
+    "targets_table",
+]
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,46 @@ third of transformers' fastest configuration; and at 24 GB at most twice Specter
 all-resident time (the offloading overhead). ``lru`` and ``spec-lru`` are textbook
 references and the Belady bound a reported figure (``TPOT / Belady`` in the TPOT table),
 not targets."""
+
+
+@dataclass(frozen=True)
+class BatchTarget:
+    """One throughput target of the ``batch`` experiment: ``system``'s decode throughput at
+    batch size ``batch_size`` over ``versus``'s at ``versus_batch_size``, at least ``limit``.
+
+    ``batch_size`` None means every batch size measured (one cell each, ``versus`` at the
+    same size); ``versus_batch_size`` None means the same size as ``batch_size``. A ratio of
+    throughputs is met at its worst run, the smallest.
+    """
+
+    system: str
+    versus: str
+    limit: float
+    limit_text: str
+    budget_gb: float | None
+    model: str | None = None
+    batch_size: int | None = None
+    versus_batch_size: int | None = None
+
+    def name_at(self, batch_size: int | None) -> str:
+        """``"specter / offload >= 1.3"`` or ``"specter B=8 / specter B=1 >= 4"``."""
+        other = self.versus_batch_size
+        if other is None or other == batch_size or batch_size is None:
+            return f"{self.system} / {self.versus} {self.limit_text}"
+        return f"{self.system} B={batch_size} / {self.versus} B={other} {self.limit_text}"
+
+
+BATCH_TARGETS = (
+    BatchTarget("specter", "specter", 4.0, ">= 4", 24.0, DSV2, batch_size=8, versus_batch_size=1),
+    BatchTarget("specter", "offload", 1.3, ">= 1.3", 24.0, DSV2, batch_size=4),
+    BatchTarget("specter", "offload", 1.0, ">= 1", 24.0, DSV2),
+)
+"""The batched experiment's targets on DeepSeek-V2-Lite at 24 GB (throughput, greedy): at
+B = 8 at least 4 times ``specter``'s own throughput at B = 1; at least 1.3 times
+``offload``'s (the same engine without a draft, batched) at B = 4, and at least ``offload``'s
+at every B (where speculation does not pay at a batch size, the engine lowers K or turns it
+off and its statistics say so). Other models show the same ratios at their high budget,
+without a target."""
 
 RECENT_RUNS = 5
 """How many of the latest runs that measured both sides of a ratio the Targets table

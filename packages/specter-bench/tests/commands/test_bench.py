@@ -240,6 +240,36 @@ def test_bench_headline_options_reach_the_config():
     assert (config.experiment, config.prompt_lengths, config.runs) == ("ttft", (512, 2048), 1)
     default = bench_config_from_args(parser.parse_args(["bench", "--model", "m"]), "cpu")
     assert default.prompt_lengths == (512, 2048, 8192)
+    assert (default.max_prompt_tokens, default.prompts.limit) == (512, 3)
+
+
+def test_bench_batch_options_reach_the_config():
+    from specter_bench.cli import build_parser
+    from specter_bench.commands.bench import bench_config_from_args
+
+    parser = build_parser()
+    argv = ["bench", "--model", "deepseek-v2-lite", "--experiment", "batch"]
+    config = bench_config_from_args(parser.parse_args(argv), "cpu")
+    # The paper's protocol: 16-token prefixes, 128 new tokens, B up to 32 distinct prompts.
+    assert config.batch_sizes == (1, 2, 4, 8, 16, 32)
+    assert (config.max_prompt_tokens, config.max_new_tokens, config.prompts.limit) == (16, 128, 32)
+    config = bench_config_from_args(
+        parser.parse_args([*argv, "--batch-sizes", "1,4", "--max-prompt-tokens", "64"]), "cpu"
+    )
+    assert (config.batch_sizes, config.max_prompt_tokens, config.prompts.limit) == ((1, 4), 64, 4)
+
+
+def test_bench_batch_needs_as_many_prompts_as_its_largest_batch(capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"x = {i}"}) + "\n" for i in range(2)))
+    code, _, err = _run(
+        capsys, "bench", "--model", "tiny-qwen2-moe", "--device", "cpu", "--experiment", "batch",
+        "--batch-sizes", "1,4", "--prompts", "jsonl", "--prompts-path", str(prompts),
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 2
+    assert "gave 2, fewer than the largest batch size 4: give --num-prompts 4" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(
@@ -249,6 +279,10 @@ def test_bench_headline_options_reach_the_config():
         (["--runs", "0"], "expected an int >= 1, got '0'"),
         (["--systems", "specter-plain-pipe"], "'specter-plain-pipe' no longer runs; use offload"),
         (["--experiment", "ttft", "--systems", "hf"], "the ttft experiment measures engine"),
+        (["--experiment", "batch", "--batch-sizes", "1,0"], "expected a comma-separated list of"),
+        (["--experiment", "batch", "--batch-sizes", "two"], "ints >= 1 such as 1,2,4,8,16,32"),
+        (["--batch-sizes", "1,2"], "add --experiment batch"),
+        (["--experiment", "batch", "--systems", "spec-lru"], "measures specter, offload, hf"),
     ],
 )
 def test_bench_rejects_bad_headline_options_in_one_line(capsys, argv, message):

@@ -22,6 +22,7 @@ collect_ignore = [
         "test_measure.py",
         "test_metrics.py",
         "test_real_server.py",
+        "test_real_batching.py",
         "test_serve_command.py",
     )
     if _missing or (name == "test_real_server.py" and importlib.util.find_spec("openai") is None)

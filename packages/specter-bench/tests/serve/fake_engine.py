@@ -2,7 +2,9 @@
 
 ``FakeEngine`` answers every prompt with ``script`` (cycled), ``tokens_per_step`` characters
 a step (one token per character), ``step_s`` seconds a step; it records the generations it
-started, so tests can check that a cancel reached the engine.
+started, so tests can check that a cancel reached the engine. Its ``batch_session()`` runs
+the same script for several sequences at once, one step for all of them at a time
+(``step_s`` a step, whatever the batch), up to ``max_batch``.
 """
 
 from __future__ import annotations
@@ -100,6 +102,98 @@ class FakeGeneration:
             self.finished.set()
 
 
+class BatchFullError(Exception):
+    """``max_batch`` sequences are active (named as the engine's)."""
+
+
+class FakeBatchChunk:
+    def __init__(self, index, token_ids, text, finished, finish_reason):
+        self.index = index
+        self.token_ids = token_ids
+        self.text = text
+        self.finished = finished
+        self.finish_reason = finish_reason
+
+
+class FakeBatchSession:
+    """The scripted engine's running batch: ``add``/``step``/``cancel``/``stats``.
+
+    Attributes:
+        peak: the most sequences that were active in one step.
+        cancelled: ids of the sequences cancelled.
+        steps: the steps run.
+    """
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+        self.sequences: dict[int, dict[str, Any]] = {}
+        self.leaving: set[int] = set()
+        self.finished: dict[int, dict[str, Any]] = {}
+        self.peak = 0
+        self.cancelled: list[int] = []
+        self.steps = 0
+        self._next = 0
+
+    @property
+    def active(self) -> int:
+        return len(self.sequences)
+
+    def add(self, prompt, *, max_new_tokens, sampling=None, stop_token_ids=None) -> int:
+        if len(self.sequences) >= self.engine.max_batch:
+            raise BatchFullError(f"{self.engine.max_batch} sequences are active")
+        if self.engine.fail_with is not None:
+            raise self.engine.fail_with
+        seq = self._next
+        self._next += 1
+        self.sequences[seq] = {"n": max_new_tokens, "made": 0, "stops": stop_token_ids or []}
+        return seq
+
+    def cancel(self, seq_id: int) -> None:
+        self.cancelled.append(seq_id)
+        self.leaving.add(seq_id)
+
+    def stats(self, seq_id: int) -> dict[str, Any]:
+        return dict(self.finished.get(seq_id) or {"new_tokens": 0})
+
+    def step(self) -> list[FakeBatchChunk]:
+        engine = self.engine
+        for seq in self.leaving:  # cancelled sequences leave at the boundary
+            state = self.sequences.pop(seq, None)
+            if state is not None:
+                self.finished[seq] = {"new_tokens": state["made"], "acceptance_rate": 0.5}
+        self.leaving.clear()
+        if not self.sequences:  # only leaving ones: nothing runs
+            return []
+        if engine.fail_step is not None:
+            raise engine.fail_step
+        self.peak = max(self.peak, len(self.sequences))
+        self.steps += 1
+        time.sleep(engine.step_s)
+        chunks = []
+        script = engine.script
+        for seq, state in list(self.sequences.items()):
+            room = state["n"] - state["made"]
+            step: list[int] = []
+            for _ in range(min(engine.tokens_per_step, room)):
+                i = state["made"] + len(step)
+                step.append(EOS if i == engine.eos_at else ord(script[i % len(script)]) + 2)
+                if step[-1] in state["stops"]:
+                    break
+            state["made"] += len(step)
+            reason = None
+            if step and step[-1] in state["stops"]:
+                reason = "stop_token"
+            elif state["made"] >= state["n"]:
+                reason = "max_new_tokens"
+            chunks.append(
+                FakeBatchChunk(seq, step, engine.tokenizer.decode(step), reason is not None, reason)
+            )
+            if reason is not None:
+                del self.sequences[seq]
+                self.finished[seq] = {"new_tokens": state["made"], "acceptance_rate": 0.5}
+        return chunks
+
+
 class FakeEngine:
     """A scripted engine (see the module docstring).
 
@@ -121,6 +215,7 @@ class FakeEngine:
         max_positions: int = 256,
         chat_template: str | None = None,
         depth: bool = True,
+        max_batch: int = 1,
     ) -> None:
         self.script = script
         self.step_s = step_s
@@ -130,7 +225,10 @@ class FakeEngine:
         self.reserved_positions = 4
         self.tokenizer = FakeTokenizer(chat_template)
         self.fail_with: Exception | None = None
+        self.fail_step: Exception | None = None
         self.generations: list[FakeGeneration] = []
+        self.max_batch = max_batch
+        self.sessions: list[FakeBatchSession] = []
         if not depth:
             self.generate = self._generate_without_depth  # type: ignore[method-assign]
 
@@ -149,6 +247,11 @@ class FakeEngine:
         )
         self.generations.append(generation)
         return generation
+
+    def batch_session(self) -> FakeBatchSession:
+        session = FakeBatchSession(self)
+        self.sessions.append(session)
+        return session
 
     def _generate_without_depth(
         self,

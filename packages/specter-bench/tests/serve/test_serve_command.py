@@ -12,7 +12,9 @@ from specter_bench.cli import main
 def test_help_lists_the_endpoints(capsys):
     assert main(["serve", "--help"]) == 0
     out = capsys.readouterr().out
-    for words in ("/v1/completions", "--api-key", "--max-queue", "--measure", "127.0.0.1"):
+    for words in (
+        "/v1/completions", "--api-key", "--max-queue", "--max-batch", "--measure", "127.0.0.1",
+    ):  # fmt: skip
         assert words in out
 
 
@@ -21,6 +23,7 @@ def test_help_lists_the_endpoints(capsys):
     [
         (["--port", "-1"], "expected an int >= 0"),
         (["--max-queue", "x"], "expected an int >= 0"),
+        (["--max-batch", "0"], "expected an int >= 1"),
         (["--request-timeout", "-3"], "seconds > 0"),
         (["--api-key", ""], "--api-key is empty"),
         (["--api-key-file", "/no/such/key"], "/no/such/key: no such file"),

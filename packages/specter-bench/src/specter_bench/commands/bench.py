@@ -23,7 +23,27 @@ from specter_bench.commands.args import (
     resolve_device,
 )
 
-__all__ = ["bench_config_from_args", "register", "routing_trace_of", "run"]
+__all__ = [
+    "bench_config_from_args",
+    "parse_batch_sizes",
+    "register",
+    "routing_trace_of",
+    "run",
+]
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """``1,2,4,8``: batch sizes, ints >= 1."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of batch sizes, ints >= 1 such as "
+            f"1,2,4,8,16,32, got {text!r}"
+        )
+    return values
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,7 +59,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--experiment",
         default="default",
         help="default (TPOT at the model's low/high/unlimited budgets + routing experiments), "
-        "tpot, ttft, routing, depth-sweep, hot-sweep, ablations, offload (hf-offload) or all",
+        "tpot, ttft, routing, depth-sweep, hot-sweep, ablations, offload (hf-offload), batch "
+        "(specter, offload and transformers decoding B prompts together) or all",
+    )
+    bench.add_argument(
+        "--batch-sizes",
+        type=parse_batch_sizes,
+        default=None,
+        help="batch sizes B of the batch experiment (default 1,2,4,8,16,32): each system "
+        "decodes the first B prompts together; it needs as many prompts as the largest B "
+        "(its default --num-prompts) and cuts them to 16 tokens unless --max-prompt-tokens "
+        "says otherwise",
     )
     bench.add_argument(
         "--systems", help="comma-separated systems (default: the experiment's), e.g. lru,specter"
@@ -51,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated GB or 'unlimited' (default: the model's low,high,unlimited)",
     )
     add_prompt_source_args(bench)
+    bench.set_defaults(max_prompt_tokens=None)  # 512, or the batch experiment's 16
     bench.add_argument(
         "--max-new-tokens",
         type=positive_int,
@@ -221,7 +252,13 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> Any:
     Raises:
         ValueError: a missing model, an unknown experiment or system, or bad values.
     """
-    from specter_bench.experiments import DEFAULT_CALIBRATION_PROMPTS, EXPERIMENTS, BenchConfig
+    from specter_bench.experiments import (
+        BATCH_PROMPT_TOKENS,
+        DEFAULT_BATCH_SIZES,
+        DEFAULT_CALIBRATION_PROMPTS,
+        EXPERIMENTS,
+        BenchConfig,
+    )
     from specter_bench.model_loading import EngineOptions
 
     if not args.model:
@@ -245,6 +282,19 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> Any:
         kwargs["sweep_prompts"] = args.sweep_prompts
     if args.prompt_lengths is not None:
         kwargs["prompt_lengths"] = tuple(args.prompt_lengths)
+    batch = args.experiment == "batch"
+    sizes = getattr(args, "batch_sizes", None)
+    if sizes is not None and not batch:
+        raise ValueError(
+            f"--batch-sizes {','.join(map(str, sizes))} sets the batch experiment's batch "
+            "sizes; add --experiment batch (or leave --batch-sizes out)."
+        )
+    if sizes is not None:
+        kwargs["batch_sizes"] = tuple(sizes)
+    max_prompt_tokens = getattr(args, "max_prompt_tokens", None)
+    if max_prompt_tokens is None:
+        max_prompt_tokens = BATCH_PROMPT_TOKENS if batch else 512
+    default_prompts = max(sizes or DEFAULT_BATCH_SIZES) if batch else 3
     if args.depths is not None:
         kwargs["sweep_depths"] = tuple(args.depths)
         kwargs["working_set_depths"] = tuple(d for d in args.depths if d >= 1) or (1,)
@@ -253,9 +303,9 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> Any:
         experiment=args.experiment,
         systems=systems,
         budgets=budgets,
-        prompts=prompt_source_config(args, default_limit=3),
+        prompts=prompt_source_config(args, default_limit=default_prompts),
         max_new_tokens=args.max_new_tokens,
-        max_prompt_tokens=args.max_prompt_tokens,
+        max_prompt_tokens=max_prompt_tokens,
         depth=depth,
         device=device,
         dtype=parse_dtype(args.dtype, device),
@@ -288,8 +338,9 @@ def bench_config_from_args(args: argparse.Namespace, device: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the experiment, print the TPOT and target tables (the TTFT table for ``ttft``)
-    and the memory against the budget; exit status 0."""
+    """Run the experiment, print the TPOT and target tables (the TTFT table for ``ttft``,
+    the batch table and its targets for ``batch``) and the memory against the budget; exit
+    status 0."""
     from specter_bench.bench_runner import BenchRunner
     from specter_bench.tables import memory_use_table, targets_table, tpot_table, ttft_table
 
@@ -311,6 +362,12 @@ def run(args: argparse.Namespace) -> int:
     ttft = [r for r in result.records if r["kind"] == "ttft"]
     if ttft:
         print(ttft_table(ttft))
+    batch = [r for r in result.records if r["kind"] == "batch"]
+    if batch:
+        from specter_bench.batch_tables import batch_table, batch_targets_table
+
+        print(batch_table(batch))
+        print(batch_targets_table(batch))
     memory = [r for r in result.records if r["kind"] == "memory"]
     if memory:
         print(memory_use_table(memory))

@@ -51,8 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)",
         description="Serve one model over an OpenAI-compatible HTTP API: POST "
         "/v1/completions and /v1/chat/completions (stream true or false), GET /v1/models, "
-        "/health and /metrics (Prometheus). Requests queue first in, first out; the "
-        "server listens on 127.0.0.1 unless --host says otherwise.",
+        "/health and /metrics (Prometheus). Requests queue first in, first out, and run one "
+        "at a time or, with --max-batch N, N at once (continuous batching); the server "
+        "listens on 127.0.0.1 unless --host says otherwise.",
     )
     add_model_args(p, default=DEFAULT_MODEL, weights_seed_flag="--weights-seed")
     p.add_argument(
@@ -120,11 +121,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tokenizer has none (or to replace its own)",
     )
     p.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=1,
+        help="the most requests generated at once (default 1: one at a time, in arrival "
+        "order); N > 1 batches continuously: waiting requests join the running batch at step "
+        "boundaries, up to N, and finished ones leave (the KV cache holds N sequences of "
+        "--max-seq-len positions)",
+    )
+    p.add_argument(
         "--max-queue",
         type=non_negative_int,
         default=32,
-        help="requests that may wait while one generates; more get 429 with Retry-After "
-        "(default 32)",
+        help="requests that may wait while --max-batch generate; more get 429 with "
+        "Retry-After (default 32)",
     )
     p.add_argument(
         "--queue-timeout",
@@ -203,6 +213,7 @@ def _serve_config(args: argparse.Namespace) -> object:
         port=args.port,
         api_key=api_key,
         max_queue=args.max_queue,
+        max_batch=args.max_batch,
         queue_timeout_s=args.queue_timeout,
         request_timeout_s=args.request_timeout,
         max_body_bytes=args.max_body_bytes,
@@ -214,7 +225,7 @@ def load_engine(
     args: argparse.Namespace, *, calibration_prompt: str, max_seq_len: int | None, log
 ) -> object:
     """``Engine.from_config`` of ``specter serve``'s options (generate's demo defaults
-    applied; the KV cache holds ``max_seq_len`` positions).
+    applied; the KV cache holds ``max_batch`` sequences of ``max_seq_len`` positions).
 
     Raises:
         CommandError: the model's KV cache cannot hold ``max_seq_len`` positions, or the
@@ -248,6 +259,7 @@ def load_engine(
     sized = argparse.Namespace(**vars(args))
     sized.max_positions = positions
     sized.max_new_tokens = positions - reserve
+    # --max-batch N: one KV slot per request of the running batch (BatchConfig.max_batch).
     engine_config = engine_config_from_args(sized, device=device, prompt_tokens=0)
     try:
         return Engine.from_config(engine_config, calibration_prompt=calibration_prompt, log=log)

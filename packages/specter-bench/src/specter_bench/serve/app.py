@@ -122,6 +122,12 @@ class _Service:
             refuse("stop", f"{len(stops)} stop strings: at most {MAX_STOP_STRINGS}")
         if body.depth is not None and not accepts_depth(engine):
             refuse("depth", "this engine chooses its depth itself; leave depth out")
+        if body.depth is not None and self.scheduler.max_batch > 1:
+            refuse(
+                "depth",
+                f"this server batches requests (--max-batch {self.scheduler.max_batch}): every "
+                "sequence of the batch decodes at the engine's depth; leave depth out",
+            )
         greedy = not body.temperature
         if greedy and (body.top_p not in (None, 1, 1.0) or body.top_k not in (None, 0)):
             refuse(
@@ -183,7 +189,8 @@ class _Service:
             raise APIError(
                 429,
                 f"the server is busy: {full.waiting} requests are waiting for the engine "
-                f"(its queue holds {self.config.max_queue}); retry after {full.retry_after_s} s",
+                f"(its queue holds {self.config.max_queue} while {self.config.max_batch} "
+                f"generate); retry after {full.retry_after_s} s",
                 type="rate_limit_error",
                 code="queue_full",
                 headers={"Retry-After": str(full.retry_after_s)},

@@ -16,7 +16,11 @@ class ServeConfig:
         host: the address to bind (127.0.0.1: this machine only).
         port: the TCP port (0: any free port, printed at start).
         api_key: the Bearer key every endpoint but ``/health`` requires (None: none).
-        max_queue: requests that may wait while one generates; one more gets 429.
+        max_queue: requests that may wait while the engine's batch is full; one more gets
+            429.
+        max_batch: the most requests generated at once: 1 runs them one at a time; N > 1
+            batches continuously (waiting requests join the running batch at step
+            boundaries, up to N; the engine must be built for N sequences).
         queue_timeout_s: the most seconds a request waits for the engine (None: no limit);
             past it the request gets 503 with ``Retry-After``.
         request_timeout_s: the most seconds a generation runs (None: no limit); past it
@@ -33,6 +37,7 @@ class ServeConfig:
     port: int = 8000
     api_key: str | None = None
     max_queue: int = 32
+    max_batch: int = 1
     queue_timeout_s: float | None = 600.0
     request_timeout_s: float | None = 600.0
     max_body_bytes: int = 1 << 20
@@ -42,6 +47,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int):
+            raise ValueError(f"max_batch must be an int >= 1, got {self.max_batch!r}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.api_key == "":

@@ -16,6 +16,7 @@ from specter_spec import SamplingConfig
 
 __all__ = [
     "DEFAULT_RESERVED_POSITIONS",
+    "BatchSessionHandle",
     "GenerationChunk",
     "GenerationHandle",
     "ServingEngine",
@@ -61,8 +62,38 @@ class GenerationHandle(Protocol):
 
 
 @runtime_checkable
+class BatchSessionHandle(Protocol):
+    """The engine's running batch (``specter_models.Engine.batch_session()``), driven by the
+    server's one worker thread for continuous batching.
+
+    ``add`` prefills a sequence and returns its id (it joins at the next step; it raises
+    ``BatchFullError`` while ``max_batch`` sequences are active); ``step`` runs one decode
+    step of every active sequence and returns its chunks (``index`` the sequence's id,
+    ``token_ids``, ``text``, ``finished``, ``finish_reason``); ``cancel`` makes a sequence
+    leave at the next step boundary; ``stats`` is a sequence's statistics."""
+
+    active: int
+
+    def add(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> int: ...
+
+    def step(self) -> list[Any]: ...
+
+    def cancel(self, seq_id: int) -> None: ...
+
+    def stats(self, seq_id: int) -> dict[str, Any]: ...
+
+
+@runtime_checkable
 class ServingEngine(Protocol):
-    """The part of ``specter_models.Engine`` the server uses."""
+    """The part of ``specter_models.Engine`` the server uses (and, to serve with
+    ``max_batch`` > 1, its ``batch_session()``: a :class:`BatchSessionHandle`)."""
 
     tokenizer: Any
     max_positions: int

@@ -4,8 +4,9 @@ Counters carry totals (PromQL's ``rate`` turns them into per-second figures and 
 ``rate(specter_draft_accepted_tokens_total[5m]) / rate(specter_draft_proposed_tokens_total[5m])``
 is the acceptance rate); histograms carry per-request figures (latencies, and each
 request's acceptance rate, mean depth, expert cache hit rate, prefetch precision and
-recall); gauges the queue. Each figure comes from the generation's statistics; a figure
-the engine did not report (None: no speculation, no cache traffic) is not observed.
+recall); gauges the queue and the running batch. Each figure comes from the generation's
+statistics; a figure the engine did not report (None: no speculation, no cache traffic) is
+not observed.
 """
 
 from __future__ import annotations
@@ -100,6 +101,11 @@ class ServerMetrics:
         )
         self.running = Gauge(
             "specter_requests_running", "requests the engine is generating for", registry=r
+        )
+        self.batch_size = Gauge(
+            "specter_batch_size",
+            "sequences in the engine's running batch (continuous batching, --max-batch)",
+            registry=r,
         )
         self.proposed = Counter(
             "specter_draft_proposed_tokens", "tokens the INT4 draft proposed", registry=r

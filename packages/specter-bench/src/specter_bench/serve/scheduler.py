@@ -1,8 +1,10 @@
 """The FIFO queue in front of the engine, and the one worker thread that drives it.
 
-The engine decodes one sequence at a time, so requests wait in arrival order and a single
-worker thread runs them; the queue is where batching will plug in. The same thread loads
-the engine first (so CUDA graphs are captured and replayed on one thread), and the server
+Requests wait in arrival order and a single worker thread runs them: one at a time
+(``max_batch`` 1), or with continuous batching (``max_batch`` N > 1,
+:mod:`~specter_bench.serve.batching`), where waiting requests join the engine's running
+batch at step boundaries, up to N, and finished ones leave. The same thread loads the
+engine first (so CUDA graphs are captured and replayed on one thread), and the server
 answers ``/health`` as ready once it has. The queue is bounded: a request that finds it
 full is refused at once (429 with ``Retry-After``) instead of waiting without limit.
 
@@ -114,8 +116,11 @@ class Scheduler:
     Args:
         load: builds the engine (runs on the worker thread).
         metrics: where queue depth and finished generations are recorded.
-        max_queue: jobs that may wait while one runs; one more is refused (0: none wait).
+        max_queue: jobs that may wait while the engine's batch is full; one more is
+            refused (0: none wait).
         queue_timeout_s: the most seconds a job may wait before it is refused (None: none).
+        max_batch: the most generations the engine runs at once (1: one at a time; more:
+            continuous batching through the engine's ``batch_session``).
     """
 
     def __init__(
@@ -125,12 +130,16 @@ class Scheduler:
         *,
         max_queue: int = 32,
         queue_timeout_s: float | None = None,
+        max_batch: int = 1,
     ) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self._load = load
         self.metrics = metrics
         self.max_queue = max_queue
+        self.max_batch = max_batch
         self.queue_timeout_s = queue_timeout_s
         self.engine: ServingEngine | None = None
         self.load_error: BaseException | None = None
@@ -166,20 +175,21 @@ class Scheduler:
         """Queue ``job`` (call on the event loop's thread).
 
         Raises:
-            QueueFullError: ``max_queue`` jobs wait already while one runs.
+            QueueFullError: ``max_queue`` jobs wait already while ``max_batch`` run.
         """
         job._loop = asyncio.get_running_loop()
         with self._lock:
-            if self._running + self._waiting > self.max_queue:
+            if self._running + self._waiting >= self.max_batch + self.max_queue:
                 raise QueueFullError(self._waiting, self._retry_after(self._waiting))
             self._waiting += 1
             self.metrics.queue_depth.set(self._waiting)
         self._queue.put(job)
 
     def _retry_after(self, waiting: int) -> int:
-        """Seconds until a place frees, from the recent jobs' mean duration (at least 1)."""
+        """Seconds until a place frees, from the recent jobs' mean duration and the
+        generations that run at once (at least 1)."""
         mean = sum(self._recent_s) / len(self._recent_s) if self._recent_s else 1.0
-        return max(1, math.ceil(mean * max(1, waiting)))
+        return max(1, math.ceil(mean * max(1, waiting) / self.max_batch))
 
     # ------------------------------------------------------------------------ worker side
 
@@ -191,37 +201,94 @@ class Scheduler:
             log.error("loading the model failed: %s", exc)
             self.finished_loading.set()
             return
+        if self.max_batch > 1 and not callable(getattr(self.engine, "batch_session", None)):
+            self.load_error = ValueError(
+                f"max_batch={self.max_batch}: this engine has no batch_session, so it decodes "
+                "one request at a time; serve it with --max-batch 1"
+            )
+            log.error("%s", self.load_error)
+            self.finished_loading.set()
+            return
         self.ready.set()
         self.finished_loading.set()
+        if self.max_batch > 1:
+            from specter_bench.serve.batching import serve_batched
+
+            serve_batched(self, self.engine)
+            return
         while True:
             job = self._queue.get()
             if job is None:
                 return
-            with self._lock:
-                self._waiting -= 1
-                self._running += 1
-                self.metrics.queue_depth.set(self._waiting)
-                self.metrics.running.set(self._running)
+            self.dequeued()
             final: tuple[str, Any] = ("error", RuntimeError("the engine's worker failed"))
             try:
                 final = self._run(job)
             finally:
                 # The engine is free before the client hears of the end, so a client that
                 # sends its next request at once finds the place its last one left.
-                with self._lock:
-                    self._running -= 1
-                    self.metrics.running.set(self._running)
+                self.released()
                 job.post(*final)
 
-    def _run(self, job: Job) -> tuple[str, Any]:
-        """Run one job, posting its start and chunks; returns its final event."""
+    def dequeued(self) -> None:
+        """A job left the queue for the engine (worker side)."""
+        with self._lock:
+            self._waiting -= 1
+            self._running += 1
+            self.metrics.queue_depth.set(self._waiting)
+            self.metrics.running.set(self._running)
+
+    def released(self) -> None:
+        """A job's generation ended: its place in the engine is free (worker side)."""
+        with self._lock:
+            self._running -= 1
+            self.metrics.running.set(self._running)
+
+    def take(self, block: bool) -> Job | None:
+        """The next queued job (waiting for one when ``block``).
+
+        Raises:
+            queue.Empty: none is queued and ``block`` is False.
+        """
+        return self._queue.get(block=block)
+
+    def admission_error(self, job: Job) -> tuple[str, Any] | None:
+        """The final event of a job that must not start (cancelled while queued, or past the
+        queue timeout), else None; sets ``job.started``."""
         job.started = time.perf_counter()
         waited = job.started - job.arrived
         if job.cancelled:
             return ("end", None)
         if self.queue_timeout_s is not None and waited > self.queue_timeout_s:
             return ("error", TimeoutError(f"waited {waited:.1f} s for the engine"))
+        return None
+
+    def observe(
+        self, job: Job, first: float | None, last: float, tokens: int, stats: dict[str, Any]
+    ) -> None:
+        """Record a finished (or stopped) job's figures in the metrics."""
+        assert job.started is not None
+        ended = time.perf_counter()
+        self._recent_s.append(ended - job.started)
+        self.metrics.observe_generation(
+            queue_s=job.started - job.arrived,
+            ttft_s=None if first is None else first - job.arrived,
+            tpot_s=(last - first) / (tokens - 1) if first is not None and tokens > 1 else None,
+            duration_s=ended - job.arrived,
+            prompt_tokens=len(job.prompt_ids),
+            completion_tokens=tokens,
+            stats=stats,
+        )
+        if job.cancel_reason is not None:
+            self.metrics.cancelled.labels(job.cancel_reason).inc()
+
+    def _run(self, job: Job) -> tuple[str, Any]:
+        """Run one job, posting its start and chunks; returns its final event."""
+        refused = self.admission_error(job)
+        if refused is not None:
+            return refused
         assert self.engine is not None
+        assert job.started is not None
         job.post("start", None)
         extra = {} if job.depth is None else {"depth": job.depth}
         first: float | None = None
@@ -254,18 +321,5 @@ class Scheduler:
             log.exception("the engine failed on a request")
             return ("error", exc)
         finally:
-            ended = time.perf_counter()
-            self._recent_s.append(ended - job.started)
-            stats = dict(getattr(generation, "stats", None) or {})
-            self.metrics.observe_generation(
-                queue_s=waited,
-                ttft_s=None if first is None else first - job.arrived,
-                tpot_s=(last - first) / (tokens - 1) if first is not None and tokens > 1 else None,
-                duration_s=ended - job.arrived,
-                prompt_tokens=len(job.prompt_ids),
-                completion_tokens=tokens,
-                stats=stats,
-            )
-            if job.cancel_reason is not None:
-                self.metrics.cancelled.labels(job.cancel_reason).inc()
+            self.observe(job, first, last, tokens, dict(getattr(generation, "stats", None) or {}))
         return ("end", generation)

@@ -54,7 +54,11 @@ def _build(
 ) -> tuple[uvicorn.Server, Scheduler, ServerMetrics]:
     metrics = ServerMetrics()
     scheduler = Scheduler(
-        load, metrics, max_queue=config.max_queue, queue_timeout_s=config.queue_timeout_s
+        load,
+        metrics,
+        max_queue=config.max_queue,
+        queue_timeout_s=config.queue_timeout_s,
+        max_batch=config.max_batch,
     )
     app = create_app(config, scheduler, metrics)
     server = uvicorn.Server(
