@@ -182,3 +182,19 @@ def test_cuda_greedy_batch_equals_each_prompt_alone(model, slots, depth):
     expected = _alone(engine, prompts, budgets, stop_token_ids=[])
     generation = engine.generate_batch(prompts, max_new_tokens=budgets, stop_token_ids=[])
     assert [r.token_ids for r in generation.result().results] == expected
+
+
+def test_the_batch_statistics_say_whether_it_speculated():
+    from specter_models.engine.batch_session import speculation_said
+
+    assert speculation_said(False, [0, 0]) == "off (plain decoding)"
+    assert speculation_said(True, [0, 0, 0]) == "off (K = 0 at every step)"
+    assert speculation_said(True, [3, 0, 2, 0]) == "on (K = 0 at 2 of 4 steps)"
+    assert speculation_said(True, [3, 3]) == "on"
+    # What the batch did wins over the engine's setup statistics of the same name.
+    plain = _engine(0, max_batch=2)
+    stats = plain.generate_batch(PROMPTS[:2], max_new_tokens=4, stop_token_ids=[]).result().stats
+    assert stats["speculation"] == "off (plain decoding)"
+    fixed = _engine(3, max_batch=2)
+    stats = fixed.generate_batch(PROMPTS[:2], max_new_tokens=6, stop_token_ids=[]).result().stats
+    assert stats["speculation"].startswith("on")

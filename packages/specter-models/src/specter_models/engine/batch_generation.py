@@ -102,9 +102,9 @@ class BatchGeneration:
                 yield BatchChunk(
                     index, chunk.token_ids, chunk.text, chunk.finished, chunk.finish_reason
                 )
-        stats = session.batch_stats(self._ids)
-        stats.update(self._engine_stats)
-        self.stats = stats
+        # The batch's own figures win over the engine's setup statistics of the same name
+        # (``speculation``: what this batch did, not what the setup chose).
+        self.stats = {**self._engine_stats, **session.batch_stats(self._ids)}
 
     def _finish(self, index: int) -> None:
         session, seq_id = self.session, self._ids[index]

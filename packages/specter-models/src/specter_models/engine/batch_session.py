@@ -93,6 +93,7 @@ def batch_summary(
         "mean_active_batch": sum(r.active for r in history) / steps if steps else None,
         "mean_depth": sum(r.depth for r in history) / steps if steps else None,
         "rows_per_step": sum(r.rows for r in history) / steps if steps else None,
+        "speculation": speculation_said(controller.draft is not None, [r.depth for r in history]),
         "acceptance": [seq.stats.acceptance_rate for seq in sequences],
         "working_set": working.as_dict(),
         "working_set_target_per_layer": working.mean_per_layer(ExpertsMode.TARGET),
@@ -104,6 +105,20 @@ def batch_summary(
         "peak_gpu_memory_gb": peak_gpu_bytes / 1e9 if peak_gpu_bytes else None,
         "device": str(loaded.device),
     }
+
+
+def speculation_said(drafts: bool, depths: Sequence[int]) -> str:
+    """What the batch's statistics say of speculation, from each step's K: plain decoding,
+    on, or off (K = 0: the adaptive depth's choice, or a step whose sequences had no
+    budget left to draft for) at some or every step."""
+    if not drafts:
+        return "off (plain decoding)"
+    plain = sum(depth == 0 for depth in depths)
+    if depths and plain == len(depths):
+        return "off (K = 0 at every step)"
+    if plain:
+        return f"on (K = 0 at {plain} of {len(depths)} steps)"
+    return "on"
 
 
 class BatchSession:
