@@ -9,10 +9,8 @@ place in the batch, and a load of eight clients is answered completely.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from serve.serve_subprocess import serve_subprocess
 from specter_bench.cli import main
 from specter_bench.serve.client import run_load
 
@@ -29,7 +28,6 @@ PROMPTS = [
     "import os\n\ndef list_files(path):\n",
     "class Stack:\n    def __init__(self):\n",
 ]
-START_TIMEOUT_S = 600
 
 
 class BatchingServer:
@@ -68,46 +66,8 @@ class BatchingServer:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[BatchingServer]:
-    command = [
-        sys.executable, "-m", "specter_bench", "serve", "--device", "cpu", "--port", "0",
-        "--max-batch", "3", "--max-queue", "16",
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    log: list[str] = []
-    found = threading.Event()
-    url: list[str] = []
-
-    def drain() -> None:  # keep reading stderr so the server never blocks on it
-        assert process.stderr is not None
-        for line in process.stderr:
-            log.append(line)
-            match = re.search(r"listening on (http://\S+)", line)
-            if match and not url:
-                url.append(match.group(1))
-                found.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        assert found.wait(START_TIMEOUT_S), "".join(log)
-        while time.monotonic() < deadline:
-            assert process.poll() is None, "".join(log)
-            try:
-                if httpx.get(url[0] + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail("the server did not become healthy:\n" + "".join(log))
-        yield BatchingServer(process, url[0], log)
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    with serve_subprocess(["--max-batch", "3", "--max-queue", "16"]) as (process, url, log):
+        yield BatchingServer(process, url, log)
 
 
 def test_concurrent_clients_get_the_sequential_greedy_text(server, capsys):

@@ -7,10 +7,8 @@ one generating), with an API key and a chat template, since the demo's tokenizer
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from serve.serve_subprocess import serve_subprocess
 from specter_bench.cli import main
 from specter_bench.serve.client import run_load
 
@@ -26,7 +25,6 @@ MODEL = "specter-code-tiny"
 KEY = "test-key"
 PROMPT = 'def is_even(n):\n    """Return True when n is even."""\n'
 TEMPLATE = "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}# answer:\n"
-START_TIMEOUT_S = 600
 
 
 class RunningServer:
@@ -48,46 +46,9 @@ class RunningServer:
 def server(tmp_path_factory) -> Iterator[RunningServer]:
     template = tmp_path_factory.mktemp("serve") / "chat.jinja"
     template.write_text(TEMPLATE, encoding="utf-8")
-    command = [
-        sys.executable, "-m", "specter_bench", "serve", "--device", "cpu", "--port", "0",
-        "--api-key", KEY, "--max-queue", "7", "--chat-template", str(template),
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    log: list[str] = []
-    found = threading.Event()
-    url: list[str] = []
-
-    def drain() -> None:  # keep reading stderr so the server never blocks on it
-        assert process.stderr is not None
-        for line in process.stderr:
-            log.append(line)
-            match = re.search(r"listening on (http://\S+)", line)
-            if match and not url:
-                url.append(match.group(1))
-                found.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        assert found.wait(START_TIMEOUT_S), "".join(log)
-        while time.monotonic() < deadline:
-            assert process.poll() is None, "".join(log)
-            try:
-                if httpx.get(url[0] + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail("the server did not become healthy:\n" + "".join(log))
-        yield RunningServer(process, url[0], log)
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    options = ["--api-key", KEY, "--max-queue", "7", "--chat-template", str(template)]
+    with serve_subprocess(options) as (process, url, log):
+        yield RunningServer(process, url, log)
 
 
 def _greedy(server: RunningServer, prompt: str, max_tokens: int, **extra) -> str:
