@@ -56,11 +56,33 @@ def setup_key(**setup: Any) -> dict[str, Any]:
     return dict(sorted(setup.items()))
 
 
-def depth_costs_path(setup: dict[str, Any]) -> Path:
-    """The file of ``setup`` (a :func:`setup_key`) under the cache folder."""
+def setup_file(setup: dict[str, Any], folder: str) -> Path:
+    """The file of ``setup`` (a :func:`setup_key`) in ``folder`` of the cache folder."""
     root = os.environ.get(CACHE_ENV_VAR) or str(Path.home() / ".cache" / "specter")
     digest = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:20]
-    return Path(root) / "depth-costs" / f"{digest}.json"
+    return Path(root) / folder / f"{digest}.json"
+
+
+def depth_costs_path(setup: dict[str, Any]) -> Path:
+    """The file of ``setup`` (a :func:`setup_key`) under the cache folder."""
+    return setup_file(setup, "depth-costs")
+
+
+def model_and_versions(model: str, device: str) -> dict[str, Any]:
+    """The parts of every setup key that name the model (a checkpoint folder resolved), the
+    device and the versions whose kernels step times depend on."""
+    import triton
+
+    import specter_spec
+
+    folder = Path(model)
+    return {
+        "model": str(folder.resolve()) if folder.exists() else model,
+        "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "specter_spec": specter_spec.__version__,
+    }
 
 
 def read_depth_costs(
@@ -114,15 +136,9 @@ def engine_setup(
 ) -> dict[str, Any]:
     """The :func:`setup_key` of ``loaded`` (a ``SpecterModel`` of ``model``, a preset or a
     checkpoint folder) on ``device``: what its decode's step times depend on."""
-    import triton
-
-    import specter_spec
-
     plan = loaded.memory.plan
-    folder = Path(model)
     return setup_key(
-        model=str(folder.resolve()) if folder.exists() else model,
-        device=torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
+        **model_and_versions(model, device),
         dtype=str(dtype),
         budget_gb=budget_gb,
         slots_per_layer=plan.slots_per_layer,
@@ -135,9 +151,6 @@ def engine_setup(
         batch_invariant=bool(loaded.batch_invariant),
         cuda_graphs=bool(loaded.cuda_graphs),
         max_depth=max_depth,
-        torch=torch.__version__,
-        triton=triton.__version__,
-        specter_spec=specter_spec.__version__,
     )
 
 

@@ -21,7 +21,6 @@ files live in ``$SPECTER_CACHE_DIR/speculation`` beside the depth costs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 
 import torch
 
-from specter_models.engine.depth_memory import CACHE_ENV_VAR, setup_key
+from specter_models.engine.depth_memory import model_and_versions, setup_file, setup_key
 from specter_spec import AdaptiveDepth
 
 __all__ = [
@@ -119,17 +118,11 @@ def verdict_setup(
     """The :func:`~specter_models.engine.depth_memory.setup_key` a verdict belongs to: what
     an ``EngineConfig`` sets before loading (``"auto"`` budgets resolved), the device, and
     the versions whose kernels the step times depend on."""
-    import triton
-
-    import specter_spec
-
     load, memory, kernels = config.load, config.memory, config.kernels
-    folder = Path(load.model)
     return setup_key(
-        model=str(folder.resolve()) if folder.exists() else load.model,
+        **model_and_versions(load.model, device),
         weights_seed=load.weights_seed,
         draft=load.draft,
-        device=torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         dtype=str(dtype),
         budget_gb=budget_gb,
         slots_per_layer=memory.slots_per_layer,
@@ -147,17 +140,12 @@ def verdict_setup(
         piecewise_graphs=kernels.piecewise_graphs,
         shared_overlap=kernels.shared_overlap,
         max_depth=config.speculation.max_depth,
-        torch=torch.__version__,
-        triton=triton.__version__,
-        specter_spec=specter_spec.__version__,
     )
 
 
 def verdict_path(setup: dict[str, Any]) -> Path:
     """The file of ``setup`` under ``$SPECTER_CACHE_DIR/speculation``."""
-    root = os.environ.get(CACHE_ENV_VAR) or str(Path.home() / ".cache" / "specter")
-    digest = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:20]
-    return Path(root) / "speculation" / f"{digest}.json"
+    return setup_file(setup, "speculation")
 
 
 def read_verdict(
