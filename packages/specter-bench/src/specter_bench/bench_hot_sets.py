@@ -53,19 +53,27 @@ class HotSetStages:
             f"hot set at {budget_text(budget)}: {choice.describe()} (replayed loads per candidate: "
             f"{choice.loads})"
         )
-        data = {
-            **choice.as_dict(),
-            "forced": forced is not None,
-            "calibration_prompts": [p.prompt.id for p in self.calibration],
-            "calibration_tokens": [int(r.shape[0]) for r in routes],
-        }
         note = (
             "chosen by replaying the calibration prompts' target routing (greedy decode, "
             "teacher-forced) through LRU with each candidate's slots and hot set pinned, the "
             "hot set counted on the other prompts; loads = that replay's expert loads"
         )
-        self._write(result, [self._experiment("hot_experts", budget, data, note)])
+        self._record_hot_choice(budget, result, choice, routes, note, forced=forced is not None)
         return choice
+
+    def _record_hot_choice(
+        self, budget: float, result: BenchResult, choice: Any, routes: list, note: str,
+        **extra: Any,
+    ) -> None:  # fmt: skip
+        """Write a hot-set choice's ``hot_experts`` record: the choice, ``extra`` fields and
+        the calibration prompts and token counts it was chosen on."""
+        data = {
+            **choice.as_dict(),
+            **extra,
+            "calibration_prompts": [p.prompt.id for p in self.calibration],
+            "calibration_tokens": [int(r.shape[0]) for r in routes],
+        }
+        self._write(result, [self._experiment("hot_experts", budget, data, note)])
 
     def _plain_hot_choice(self, budget: float, result: BenchResult) -> Any | None:
         """The pinned hot set of a draftless load at ``budget`` (``offload``'s:
@@ -88,19 +96,14 @@ class HotSetStages:
             f"plain hot set at {budget_text(budget)}: {choice.describe()} (replayed loads per "
             f"candidate: {choice.loads})"
         )
-        data = {
-            **choice.as_dict(),
-            "with_draft": False,
-            "forced": False,
-            "calibration_prompts": [p.prompt.id for p in self.calibration],
-            "calibration_tokens": [int(r.shape[0]) for r in routes],
-        }
         note = (
             "for draftless decoding (offload): the calibration routing replayed token by token "
             "through LRU over the budget's draftless slots with each candidate pinned, every "
             "candidate warm-started, the hot set counted on the other prompts"
         )
-        self._write(result, [self._experiment("hot_experts", budget, data, note)])
+        self._record_hot_choice(
+            budget, result, choice, routes, note, with_draft=False, forced=False
+        )
         return choice
 
     def _hot_sweep_stage(self, stage: Stage, result: BenchResult, bar: tqdm) -> None:
