@@ -27,7 +27,7 @@ from specter_bench.table_format import (
     system_order,
     with_record_runs,
 )
-from specter_bench.target_tables import BATCH_TARGETS, BatchTarget
+from specter_bench.target_tables import BATCH_TARGETS, BatchTarget, untargeted_high_budgets
 
 __all__ = [
     "BatchSummary",
@@ -234,11 +234,8 @@ def _cells(target: BatchTarget, model: str, index: dict) -> list[tuple[int | Non
 
 def _elsewhere(summaries: Sequence[BatchSummary], targets: Sequence[BatchTarget]) -> list:
     """The targets' ratios for models without targets, at their largest finite budget."""
-    targeted = {t.model for t in targets}
     out = []
-    for model in sorted({s.model for s in summaries} - targeted):
-        finite = [s.budget_gb for s in summaries if s.model == model and s.budget_gb is not None]
-        high = max(finite, default=None)
+    for model, high in untargeted_high_budgets(summaries, targets):
         for t in targets:
             out.append(
                 replace(

@@ -123,15 +123,23 @@ quotes beside the latest one (a ratio that turns on a baseline's host time moves
 to run; one run cannot say whether a cell is met)."""
 
 
-def _same_ratios_elsewhere(
-    summaries: Sequence[SystemSummary], targets: Sequence[Target]
-) -> list[Target]:
-    """The targets' ratios for models without targets, at their largest finite budget."""
+def untargeted_high_budgets(summaries: Sequence[Any], targets: Sequence[Any]) -> list:
+    """``(model, largest finite budget or None)`` of each summarised model no target names,
+    in name order: where the targets' ratios are shown for information."""
     targeted = {t.model for t in targets}
     out = []
     for model in sorted({s.model for s in summaries} - targeted):
         finite = [s.budget_gb for s in summaries if s.model == model and s.budget_gb is not None]
-        high = max(finite) if finite else None
+        out.append((model, max(finite) if finite else None))
+    return out
+
+
+def _same_ratios_elsewhere(
+    summaries: Sequence[SystemSummary], targets: Sequence[Target]
+) -> list[Target]:
+    """The targets' ratios for models without targets, at their largest finite budget."""
+    out = []
+    for model, high in untargeted_high_budgets(summaries, targets):
         seen = set()
         for t in targets:
             budget = None if t.budget_gb is None else high
