@@ -45,7 +45,12 @@ import torch
 from specter_spec.acceptance import AcceptanceResult, greedy_accept, rejection_sample
 from specter_spec.batch_model import BatchSpecModel, SlotRows, check_batch_model
 from specter_spec.batch_sequence import BatchEvent, BatchFullError, BatchSequence, BatchStepRecord
-from specter_spec.depth.policy import DepthPolicy, FixedDepth, as_depth_policy, check_depth
+from specter_spec.depth.policy import (
+    DepthPolicy,
+    check_depth,
+    controller_depth,
+    is_plain,
+)
 from specter_spec.sampling import SamplingConfig, check_finite_logits, sampling_probs
 from specter_spec.spec_model import model_argmax, model_device
 from specter_spec.speculation_observer import check_observer
@@ -91,15 +96,8 @@ class BatchedSpecController:
         check_kv: bool = True,
     ) -> None:
         check_batch_model(target, "target")
-        self.depth_policy = as_depth_policy(depth)
-        if draft is None:
-            policy = self.depth_policy
-            if not (isinstance(policy, FixedDepth) and policy.depth == 0):
-                raise ValueError(
-                    f"draft is None but depth={depth!r}; speculation needs a draft model. "
-                    "Pass a draft, or depth=0 for batched plain decoding."
-                )
-        else:
+        self.depth_policy = controller_depth(draft, depth, "batched plain decoding")
+        if draft is not None:
             check_batch_model(draft, "draft")
             if draft is target:
                 raise ValueError("draft and target are the same object; give each its own")
@@ -321,9 +319,7 @@ class BatchedSpecController:
         length = seq.prompt_length
         if length > 1:
             target.prefill(slot, seq.committed[: length - 1].unsqueeze(0), 0)
-            speculates = not (
-                isinstance(self.depth_policy, FixedDepth) and self.depth_policy.depth == 0
-            )
+            speculates = not is_plain(self.depth_policy)
             if draft is not None and speculates and draft.kv_length(slot) < length - 1:
                 cached = draft.kv_length(slot)
                 draft.prefill(slot, seq.committed[cached : length - 1].unsqueeze(0), cached)

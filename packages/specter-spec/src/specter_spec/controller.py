@@ -8,7 +8,12 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 import torch
 
 from specter_spec.acceptance import AcceptanceResult, greedy_accept, rejection_sample
-from specter_spec.depth.policy import DepthPolicy, FixedDepth, as_depth_policy, check_depth
+from specter_spec.depth.policy import (
+    DepthPolicy,
+    check_depth,
+    controller_depth,
+    is_plain,
+)
 from specter_spec.phase_clock import PhaseClock
 from specter_spec.queued_steps import PIPELINE_DEPTH, PlainQueue, QueuedPlainStep, TokenReadback
 from specter_spec.recorded_acceptance import AcceptanceOverride, check_acceptance_override
@@ -112,15 +117,8 @@ class SpecController:
             check_acceptance_override(acceptance)
         if pipeline_plain is not None and not isinstance(pipeline_plain, bool):
             raise TypeError(f"pipeline_plain must be True, False or None, got {pipeline_plain!r}")
-        self.depth_policy = as_depth_policy(depth)
-        if draft is None:
-            policy = self.depth_policy
-            if not (isinstance(policy, FixedDepth) and policy.depth == 0):
-                raise ValueError(
-                    f"draft is None but depth={depth!r}; speculation needs a draft model. "
-                    "Pass a draft, or depth=0 for plain target decoding."
-                )
-        else:
+        self.depth_policy = controller_depth(draft, depth, "plain target decoding")
+        if draft is not None:
             check_spec_model(draft, "draft")
             if draft is target:
                 raise ValueError(
@@ -237,9 +235,7 @@ class SpecController:
             prefill(target, committed[: prompt_len - 1].unsqueeze(0), 0)
             # Prefilling the draft here keeps the prompt out of the first
             # iteration's draft time (which the adaptive depth learns from).
-            speculates = not (
-                isinstance(self.depth_policy, FixedDepth) and self.depth_policy.depth == 0
-            )
+            speculates = not is_plain(self.depth_policy)
             if draft is not None and speculates and draft.kv_length < prompt_len - 1:
                 cached = draft.kv_length
                 uncached = committed[cached : prompt_len - 1].unsqueeze(0).to(draft_device)

@@ -76,3 +76,28 @@ def as_depth_policy(depth: int | DepthPolicy) -> DepthPolicy:
     if isinstance(depth, DepthPolicy) and not isinstance(depth, int):
         return depth
     return FixedDepth(check_depth(depth, "depth"))
+
+
+def is_plain(policy: DepthPolicy) -> bool:
+    """Whether ``policy`` never speculates (a fixed depth of 0)."""
+    return isinstance(policy, FixedDepth) and policy.depth == 0
+
+
+def controller_depth(draft: object | None, depth: int | DepthPolicy, plain: str) -> DepthPolicy:
+    """A controller's depth policy from its ``depth`` argument, checked against its draft.
+
+    Args:
+        draft: the draft model, or None.
+        depth: an int or a policy (see :func:`as_depth_policy`).
+        plain: what ``depth=0`` does without a draft, for the error message.
+
+    Raises:
+        ValueError: no draft and a depth that would speculate.
+    """
+    policy = as_depth_policy(depth)
+    if draft is None and not is_plain(policy):
+        raise ValueError(
+            f"draft is None but depth={depth!r}; speculation needs a draft model. "
+            f"Pass a draft, or depth=0 for {plain}."
+        )
+    return policy
