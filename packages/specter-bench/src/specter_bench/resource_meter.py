@@ -106,7 +106,3 @@ class DeviceMemory:
         self.last = int(total - free)
         self.peak = self.last if self.peak is None else max(self.peak, self.last)
         return self.last
-
-    def reset_peak(self) -> None:
-        """Forget the peak (the next sample starts it again)."""
-        self.peak = None
