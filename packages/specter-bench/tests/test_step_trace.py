@@ -99,6 +99,9 @@ def test_summary_is_the_difference_per_token_and_the_report_lists_it():
     assert "| 2 | b | 20.00 | 5.00 |" in text
     assert "sequence: 3 kernels, 60.0 us running, 40.0 us idle between them" in text
     assert "none recorded" in format_step_trace({**result, "budget_gb": None, "sequence": []})
+    assert format_step_trace({**result, "batch": 4}).startswith(
+        "m at 14 GB, 4 sequences a step: TPOT 12.50 ms"
+    )
 
 
 @pytest.mark.parametrize(
@@ -107,8 +110,19 @@ def test_summary_is_the_difference_per_token_and_the_report_lists_it():
         (["--profiled", "0"], "expected an int >= 1"),
         (["--gpu-memory-gb", "-3"], "GPU memory budget must be"),
         (["--device", "cpu"], "profiles CUDA kernels"),
+        (["--batch", "0"], "expected an int >= 1"),
+        (["--batch", "4", "--device", "cpu"], "profiles CUDA kernels"),
     ],
 )
 def test_bad_arguments_fail_with_a_clear_message(capsys, argv, message):
     assert main(["step-trace", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_batch_flag_reaches_the_config():
+    from specter_bench.cli import build_parser
+    from specter_bench.commands.step_trace import config_from_args
+
+    parser = build_parser()
+    assert config_from_args(parser.parse_args(["step-trace", "--batch", "8"])).batch == 8
+    assert config_from_args(parser.parse_args(["step-trace"])).batch == 0

@@ -55,6 +55,11 @@ class StepTraceConfig:
         top: kernels and runtime calls listed by time.
         pipelined: pipelined stream records, as ``specter generate`` decodes.
         device: a CUDA device.
+        batch: 0 traces single-sequence steps (graphed, as above); ``B >= 1`` traces the
+            steps of ``B`` sequences decoded together without a draft
+            (``Engine.generate_batch`` at depth 0, the path ``specter generate
+            --max-batch`` and ``specter serve --max-batch`` take), each profiled "token"
+            one batched step.
     """
 
     model: str = "qwen1.5-moe"
@@ -65,6 +70,7 @@ class StepTraceConfig:
     top: int = 14
     pipelined: bool = True
     device: str = "cuda"
+    batch: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,7 +217,9 @@ def format_step_trace(result: dict[str, Any]) -> str:
     most device time, the runtime calls, and the launch sequence with its totals."""
     budget = result.get("budget_gb")
     lines = [
-        f"{result['model']} at {'unlimited' if budget is None else f'{budget:g} GB'}: "
+        f"{result['model']} at {'unlimited' if budget is None else f'{budget:g} GB'}"
+        + (f", {result['batch']} sequences a step" if result.get("batch") else "")
+        + ": "
         f"TPOT {result['tpot_ms']:.2f} ms; per profiled token: wall "
         f"{result['profiled_wall_ms_per_token']:.3f} ms, kernels busy "
         f"{result['kernel_busy_ms_per_token']:.3f} ms, copies busy "
@@ -259,16 +267,14 @@ def trace_plain_step(config: StepTraceConfig) -> dict[str, Any]:
         ValueError: ``config.device`` is not a CUDA device, or torch sees no GPU.
     """
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     if not config.device.startswith("cuda") or not torch.cuda.is_available():
         raise ValueError(
             f"the step trace profiles CUDA kernels; device {config.device!r} "
             f"(CUDA available: {torch.cuda.is_available()}) cannot run it. Use a CUDA machine."
         )
-    from specter_bench.model_loading import load_tokenizer
-    from specter_bench.prompt_encoding import encode_prompt
-    from specter_bench.prompt_sources import load_humaneval
+    if config.batch:
+        return _trace_batch_step(config)
     from specter_models import EngineConfig, LoadConfig, MemoryConfig, SpeculationConfig, load
     from specter_models.engine.decode_window import DecodeWindow
     from specter_spec import SpecController
@@ -286,10 +292,7 @@ def trace_plain_step(config: StepTraceConfig) -> dict[str, Any]:
             speculation=SpeculationConfig(depth=0),
         )
     )
-    vocab = lm.model.config.vocab_size
-    prompt = encode_prompt(
-        load_humaneval(1)[0].text, load_tokenizer(config.model, vocab), vocab_size=vocab
-    )
+    prompt = _prompt(config.model, lm.model.config.vocab_size)
     if not budget:
         lm.prefetch_all()
     lm.capture_step_graphs(min_length=len(prompt), max_rows=1)
@@ -308,17 +311,8 @@ def trace_plain_step(config: StepTraceConfig) -> dict[str, Any]:
     wall_s = time.perf_counter() - started
     torch.cuda.synchronize()
 
-    def profiled(tokens: int) -> dict[str, Any]:
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            t0 = time.perf_counter()
-            decode(tokens)
-            torch.cuda.synchronize()
-            wall_ms = 1e3 * (time.perf_counter() - t0)
-        return {**profile_totals(prof.events()), "wall_ms": wall_ms}
-
     # The prefill (and its loads) is in both runs; their difference is decode steps alone.
-    base, full = profiled(1), profiled(1 + config.profiled)
+    base, full = _profiled(decode, 1), _profiled(decode, 1 + config.profiled)
     return {
         "model": config.model,
         "budget_gb": budget,
@@ -326,6 +320,82 @@ def trace_plain_step(config: StepTraceConfig) -> dict[str, Any]:
         "decode_wall_s": wall_s,
         "slots_per_layer": lm.memory.plan.slots_per_layer,
         "pipelined_records": bool(getattr(record, "pipelined", False)),
+        "hit_rate": lm.cache.stats()["total"]["hit_rate"],
+        **summarize(full, base, config.profiled, config.top),
+    }
+
+
+def _prompt(model: str, vocab: int) -> list[int]:
+    """The first HumanEval prompt's token ids for ``model``."""
+    from specter_bench.model_loading import load_tokenizer
+    from specter_bench.prompt_encoding import encode_prompt
+    from specter_bench.prompt_sources import load_humaneval
+
+    return encode_prompt(load_humaneval(1)[0].text, load_tokenizer(model, vocab), vocab_size=vocab)
+
+
+def _profiled(decode: Any, tokens: int) -> dict[str, Any]:
+    """``profile_totals`` of ``decode(tokens)`` under torch.profiler, with its wall time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        decode(tokens)
+        torch.cuda.synchronize()
+        wall_ms = 1e3 * (time.perf_counter() - t0)
+    return {**profile_totals(prof.events()), "wall_ms": wall_ms}
+
+
+def _trace_batch_step(config: StepTraceConfig) -> dict[str, Any]:
+    """`trace_plain_step` for ``config.batch`` sequences decoded together without a draft:
+    an engine built as the bench's batched ``offload`` (its defaults under the budget), the
+    first HumanEval prompt ``B`` times, each profiled token one batched step."""
+    import torch
+
+    from specter_models import (
+        BatchConfig,
+        Engine,
+        EngineConfig,
+        LoadConfig,
+        MemoryConfig,
+        SpeculationConfig,
+    )
+
+    budget = config.gpu_memory_gb
+    engine = Engine.from_config(
+        EngineConfig(
+            load=LoadConfig(model=config.model, device=config.device),
+            memory=MemoryConfig(gpu_memory_gb=budget or None, max_seq_len=512),
+            speculation=SpeculationConfig(depth=0, depth_memory=False),
+            batch=BatchConfig(max_batch=config.batch),
+        )
+    )
+    prompt = _prompt(config.model, engine.model.model.config.vocab_size)
+    prompts = [prompt] * config.batch
+
+    def decode(tokens: int) -> Any:
+        generation = engine.generate_batch(prompts, max_new_tokens=tokens, stop_token_ids=[])
+        for _ in generation:
+            pass
+        return generation
+
+    decode(config.tokens)  # warm: compile, fill the cache
+    started = time.perf_counter()
+    generation = decode(config.tokens)
+    wall_s = time.perf_counter() - started
+    torch.cuda.synchronize()
+    stats = generation.stats
+    base, full = _profiled(decode, 1), _profiled(decode, 1 + config.profiled)
+    lm = engine.model
+    return {
+        "model": config.model,
+        "budget_gb": budget,
+        "batch": config.batch,
+        "tpot_ms": 1e3 * wall_s / max(1, stats.get("steps") or config.tokens),
+        "decode_wall_s": wall_s,
+        "slots_per_layer": lm.memory.plan.slots_per_layer,
         "hit_rate": lm.cache.stats()["total"]["hit_rate"],
         **summarize(full, base, config.profiled, config.top),
     }

@@ -2,6 +2,7 @@
 median time and the idle gap before it, beside the step's wall, kernel-busy and copy time.
 
     specter step-trace --model qwen1.5-moe --gpu-memory-gb 14 --out /tmp/step-trace.jsonl
+    specter step-trace --model deepseek-v2-lite --gpu-memory-gb 24 --batch 4
 
 Needs a CUDA GPU (its arguments are checked first, everywhere).
 """
@@ -44,6 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="count each step before the next launches (default: pipelined records, as "
         "`specter generate` decodes)",
     )
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        default=None,
+        help="trace the steps of B sequences decoded together without a draft (the "
+        "--max-batch path of generate and serve; default: single-sequence steps)",
+    )
     p.add_argument("--device", default="cuda", help="a CUDA device (default cuda)")
     p.add_argument("--out", default=None, help="append the result as one JSON line here")
     p.set_defaults(run=run)
@@ -62,6 +70,7 @@ def config_from_args(args: argparse.Namespace):
         top=args.top,
         pipelined=not args.no_pipelined,
         device=args.device,
+        batch=args.batch or 0,
     )
 
 
