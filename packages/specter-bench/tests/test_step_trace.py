@@ -16,11 +16,12 @@ from specter_bench.step_trace import (
 )
 
 
-def _event(name, start, end, cuda=True):
+def _event(name, start, end, cuda=True, own=0.0):
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     return SimpleNamespace(
-        name=name, device_type=kind, time_range=SimpleNamespace(start=start, end=end)
-    )
+        name=name, device_type=kind, time_range=SimpleNamespace(start=start, end=end),
+        self_cpu_time_total=own,
+    )  # fmt: skip
 
 
 def _tokens(count, start=0.0):
@@ -72,7 +73,8 @@ def test_totals_split_kernels_copies_memsets_and_runtime_calls():
         _event("Memcpy HtoD (Pinned -> Device)", 5, 25),
         _event("Memset (Device)", 30, 31),
         _event("cudaStreamSynchronize", 0, 40, cuda=False),
-        _event("aten::add", 0, 3, cuda=False),
+        _event("aten::add", 0, 3, cuda=False, own=2000.0),
+        _event("aten::add", 4, 6, cuda=False, own=500.0),
     ]
     totals = profile_totals(events)
     assert totals["kernels"] == 2  # the memset runs on the device, outside the sequence
@@ -80,6 +82,8 @@ def test_totals_split_kernels_copies_memsets_and_runtime_calls():
     assert totals["kernel_busy_ms"] == pytest.approx(0.011)
     assert totals["copy_busy_ms"] == pytest.approx(0.020)
     assert totals["runtime_calls"] == {"cudaStreamSynchronize": 1}
+    assert totals["host_calls"] == {"aten::add": 2}
+    assert totals["host_ms"]["aten::add"] == pytest.approx(2.5)  # their own time, not spans
 
 
 def test_summary_is_the_difference_per_token_and_the_report_lists_it():

@@ -143,13 +143,18 @@ def profile_totals(events: Iterable[Any]) -> dict[str, Any]:
     Returns:
         ``spans`` (kernels but copies and memsets, sorted), ``kernel_busy_ms``,
         ``copy_busy_ms``, ``kernels`` (count), and name -> value counters ``kernel_ms``,
-        ``kernel_calls``, ``copy_ms``, ``copy_calls``, ``runtime_ms``, ``runtime_calls``.
+        ``kernel_calls``, ``copy_ms``, ``copy_calls``, ``runtime_ms``, ``runtime_calls``,
+        ``host_ms`` and ``host_calls`` (host operators: their own time, ``self_cpu_time_total``,
+        and calls; ``aten::_local_scalar_dense`` counts a read of a device value).
     """
     import torch
 
     cuda = torch.autograd.DeviceType.CUDA
     kernels, copies, spans = [], [], []
-    keys = ("kernel_ms", "kernel_calls", "copy_ms", "copy_calls", "runtime_ms", "runtime_calls")
+    keys = (
+        "kernel_ms", "kernel_calls", "copy_ms", "copy_calls", "runtime_ms", "runtime_calls",
+        "host_ms", "host_calls",
+    )  # fmt: skip
     sums: dict[str, collections.Counter] = {k: collections.Counter() for k in keys}
     for ev in events:
         span = (ev.time_range.start, ev.time_range.end)
@@ -158,6 +163,9 @@ def profile_totals(events: Iterable[Any]) -> dict[str, Any]:
             if ev.name.startswith("cuda"):  # runtime calls: where the host waits
                 sums["runtime_ms"][ev.name[:60]] += ms
                 sums["runtime_calls"][ev.name[:60]] += 1
+            else:  # operators: where the host spends its own time
+                sums["host_ms"][ev.name[:60]] += getattr(ev, "self_cpu_time_total", 0.0) / 1e3
+                sums["host_calls"][ev.name[:60]] += 1
             continue
         name = ev.name[:TOTALS_NAME]
         if "memcpy" in ev.name.lower():
@@ -206,6 +214,8 @@ def summarize(full: dict[str, Any], base: dict[str, Any], steps: int, top: int) 
         "copies_per_token": per_token(full, base, "copy_calls", steps),
         "runtime_ms_per_token": per_token(full, base, "runtime_ms", steps, top),
         "runtime_calls_per_token": per_token(full, base, "runtime_calls", steps, top),
+        "host_ms_per_token": per_token(full, base, "host_ms", steps, top),
+        "host_calls_per_token": per_token(full, base, "host_calls", steps, top),
         "sequence": [
             [k.name, k.median_us, k.gap_us] for k in kernel_sequence(full["spans"], calls)
         ],
@@ -244,6 +254,17 @@ def format_step_trace(result: dict[str, Any]) -> str:
             digits=4,
         ),
     ]
+    host = result.get("host_ms_per_token") or {}
+    if host:
+        calls = result.get("host_calls_per_token") or {}
+        lines += [
+            "",
+            markdown_table(
+                ["host operator", "own ms / token", "calls / token"],
+                [[name, ms, calls.get(name, "")] for name, ms in host.items()],
+                digits=4,
+            ),
+        ]
     sequence = result.get("sequence") or []
     if sequence:
         lines += [
