@@ -513,3 +513,24 @@ def test_a_run_of_repeated_passes_outweighs_a_later_single_pass():
     assert cell["ratio"] == pytest.approx(0.6)
     assert cell["run"].startswith("2026-12-07T10:00")
     assert cell["met"] is True
+
+
+def test_each_target_holds_under_random_and_under_replayed_routing():
+    def rec(system, budget, tpot, routing):
+        record = TpotRecord(
+            system, "deepseek-v2-lite", budget, "humaneval", "p", 5, 8, tpot, None, None, None
+        ).as_dict()
+        record = _in_run(record, "2026-12-08T10:00:00+00:00", experiment="tpot")
+        record["identity"]["routing"] = routing
+        return record
+
+    records = [
+        rec("specter", 24.0, 6.0, "random"), rec("offload", 24.0, 10.0, "random"),
+        rec("specter", 24.0, 9.0, "replay:dsv2.pt"), rec("offload", 24.0, 10.0, "replay:dsv2.pt"),
+    ]  # fmt: skip
+    cells = [t for t in evaluate_targets(records) if t["target"] == "specter / offload <= 0.7"]
+    assert [(c["model"], c["ratio"], c["met"]) for c in cells] == [
+        ("deepseek-v2-lite", pytest.approx(0.6), True),
+        ("deepseek-v2-lite (replay:dsv2.pt)", pytest.approx(0.9), False),
+    ]
+    assert "(no target)" not in targets_table(records)

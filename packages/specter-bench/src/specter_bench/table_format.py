@@ -94,6 +94,12 @@ def model_label(record: dict[str, Any]) -> str:
     return model if routing == "random" else f"{model} ({routing})"
 
 
+def base_model(label: str) -> str:
+    """The model of a :func:`model_label`, without its routing: ``"deepseek-v2-lite"`` for
+    ``"deepseek-v2-lite (replay:dsv2.pt)"``."""
+    return label.split(" (", 1)[0]
+
+
 def run_label(record: dict[str, Any]) -> str:
     """The run (one ``specter bench`` process) a record comes from: its start time and
     commit, ``"2026-11-29T14:24 a05b05e"`` (labels sort by time); empty when the record has

@@ -16,7 +16,7 @@ from typing import Any
 
 from specter_bench.bench_record import budget_label
 from specter_bench.repeated_runs import ratio_holds
-from specter_bench.table_format import markdown_table, run_label
+from specter_bench.table_format import base_model, markdown_table, run_label
 from specter_bench.tpot_tables import SystemSummary, summarize_tpot
 
 __all__ = [
@@ -124,11 +124,12 @@ to run; one run cannot say whether a cell is met)."""
 
 
 def untargeted_high_budgets(summaries: Sequence[Any], targets: Sequence[Any]) -> list:
-    """``(model, largest finite budget or None)`` of each summarised model no target names,
-    in name order: where the targets' ratios are shown for information."""
+    """``(model, largest finite budget or None)`` of each summarised model no target names
+    (under any routing), in name order: where the targets' ratios are shown for
+    information."""
     targeted = {t.model for t in targets}
     out = []
-    for model in sorted({s.model for s in summaries} - targeted):
+    for model in sorted(m for m in {s.model for s in summaries} if base_model(m) not in targeted):
         finite = [s.budget_gb for s in summaries if s.model == model and s.budget_gb is not None]
         out.append((model, max(finite) if finite else None))
     return out
@@ -160,8 +161,10 @@ def evaluate_targets(
 ) -> list[dict[str, Any]]:
     """Each target's measured ratio, whether it is met, and the acceptance beside it.
 
-    Models the targets do not name get the same ratios at their largest finite budget and
-    unlimited, marked ``(no target)`` (``met`` None).
+    A target holds under every routing its model was measured with: random weights' own and
+    each replayed trace (``table_format.model_label``), one cell each. Models the targets do
+    not name get the same ratios at their largest finite budget and unlimited, marked
+    ``(no target)`` (``met`` None).
 
     Each target is quoted from the experiment that measures it. A ratio's two sides come
     from one run when any measured both: the latest TPOT-only run (a ``--experiment tpot``
@@ -197,7 +200,7 @@ def evaluate_targets(
     models = sorted({s.model for s in summaries})
     out = []
     for t in [*targets, *_same_ratios_elsewhere(summaries, targets)]:
-        for model in [t.model] if t.model is not None else models:
+        for model in _routings_of(t.model, models) if t.model is not None else models:
             mine_runs = index.get((model, t.budget_gb, t.system), {})
             same_run = True
             paired: dict[int, float] = {}
@@ -249,6 +252,12 @@ def evaluate_targets(
                 }
             )
     return out
+
+
+def _routings_of(model: str, labels: Sequence[str]) -> list[str]:
+    """The summarised labels of ``model`` (random routing first, then each replayed trace),
+    or ``[model]`` when none was measured."""
+    return [model, *sorted(m for m in labels if m != model and base_model(m) == model)]
 
 
 def _sources(*sides: SystemSummary | None) -> str:

@@ -77,8 +77,9 @@ class BatchedSlots:
         cache = loaded.cache
         self.working_set = WorkingSet(cache.num_layers, cache.num_experts, loaded.device)
         self.packed = PackedForward(
-            loaded.model, runtime, slots.max_seq_len, working_set=self.working_set
-        )
+            loaded.model, runtime, slots.max_seq_len, working_set=self.working_set,
+            graphs=loaded.cuda_graphs,
+        )  # fmt: skip
         self._singles: dict[tuple[str, int], TargetModel | DraftModel] = {}
 
     def single(self, role: str, slot: int) -> TargetModel | DraftModel:
@@ -98,11 +99,21 @@ class BatchedSlots:
 
     def window(self, role: str, rows: int, start: int) -> int:
         """The key rows a forward of ``rows`` rows at ``start`` of this role alone reads."""
-        solo = self.loaded.target if role == "target" else self.loaded.draft
-        graphs = solo.graphs
+        graphs = self._solo_graphs(role)
         if graphs is not None and graphs.applies(rows):
             return graphs.window_for(start + graphs.padded_rows(rows, start))
         return start + rows
+
+    def graphable(self, rows: Sequence[SlotRows], role: str) -> bool:
+        """Whether every sequence's window comes in buckets (its forward alone is a window
+        step), so the packed forward's shape repeats and may be captured
+        (``batch_graphs``)."""
+        graphs = self._solo_graphs(role)
+        return graphs is not None and all(graphs.applies(r.input_ids.shape[0]) for r in rows)
+
+    def _solo_graphs(self, role: str) -> Any:
+        solo = self.loaded.target if role == "target" else self.loaded.draft
+        return solo.graphs
 
     def check_rows(self, rows: Sequence[SlotRows], role: str) -> None:
         """Raise a clear error for rows a packed forward cannot take."""
@@ -196,7 +207,8 @@ class BatchedTarget(_Batched):
                     f"{kv.committed} positions; call truncate(slot, start) to roll back"
                 )
             kv.cache.crop_to(r.start)  # the draft's scratch
-        logits = slots.packed(ExpertsMode.TARGET, slots.segments(rows, self.role))
+        segments = slots.segments(rows, self.role)
+        logits = slots.packed(ExpertsMode.TARGET, segments, slots.graphable(rows, self.role))
         for r in rows:
             slots.kv[r.slot].committed = r.start + r.input_ids.shape[0]
         return logits
@@ -227,4 +239,5 @@ class BatchedDraft(_Batched):
                     f"length {kv.committed} and kv_length {kv.cache.length}"
                 )
             kv.cache.crop_to(r.start)
-        return slots.packed(ExpertsMode.DRAFT, slots.segments(rows, self.role))
+        segments = slots.segments(rows, self.role)
+        return slots.packed(ExpertsMode.DRAFT, segments, slots.graphable(rows, self.role))

@@ -181,7 +181,13 @@ def test_cuda_greedy_batch_equals_each_prompt_alone(model, slots, depth):
     budgets = [24, 6, 24, 20]
     expected = _alone(engine, prompts, budgets, stop_token_ids=[])
     generation = engine.generate_batch(prompts, max_new_tokens=budgets, stop_token_ids=[])
-    assert [r.token_ids for r in generation.result().results] == expected
+    result = generation.result()
+    assert [r.token_ids for r in result.results] == expected
+    graphs = result.stats["graphs"]  # the packed forwards were captured and replayed
+    assert graphs["disabled_reason"] is None
+    if depth != 0 or slots is None:  # a draft or an all-resident target: no host decision
+        assert graphs["captures"] >= 1, graphs
+        assert graphs["replays"] >= 1, graphs
 
 
 def test_the_batch_statistics_say_whether_it_speculated():
@@ -195,6 +201,7 @@ def test_the_batch_statistics_say_whether_it_speculated():
     plain = _engine(0, max_batch=2)
     stats = plain.generate_batch(PROMPTS[:2], max_new_tokens=4, stop_token_ids=[]).result().stats
     assert stats["speculation"] == "off (plain decoding)"
+    assert stats["graphs"] is None  # no CUDA graphs on the CPU
     fixed = _engine(3, max_batch=2)
     stats = fixed.generate_batch(PROMPTS[:2], max_new_tokens=6, stop_token_ids=[]).result().stats
     assert stats["speculation"].startswith("on")

@@ -74,7 +74,8 @@ def batch_summary(
 ) -> dict[str, Any]:
     """The batch's statistics: steps, wall time, tokens, mean active batch, acceptance per
     sequence, the working set per MoE layer (distinct experts a forward needs, mean over
-    forwards, target and draft) and the cache's totals."""
+    forwards, target and draft), the cache's totals and what the packed forwards' CUDA graphs
+    did (None where they are off)."""
     history = controller.history
     steps = len(history)
     wall = sum(record.time_s for record in history)
@@ -104,6 +105,7 @@ def batch_summary(
         "num_experts": loaded.memory.plan.num_experts,
         "peak_gpu_memory_gb": peak_gpu_bytes / 1e9 if peak_gpu_bytes else None,
         "device": str(loaded.device),
+        "graphs": None if slots.packed.graphs is None else slots.packed.graphs.stats.as_dict(),
     }
 
 
