@@ -151,3 +151,36 @@ def test_auto_decode_experts_follow_expert_size(reference, monkeypatch):
     assert hf_baseline.choose_decode_experts(reference) == "grouped_mm"
     runner = HFRunner(fp32, "hf", compile=False)
     assert runner.settings["experts_implementation"] == "grouped_mm"
+
+
+def test_batched_mm_prompts_are_fed_in_chunks_that_cap_the_expert_copies(monkeypatch):
+    # transformers' batched_mm gathers k expert copies per prompt token: a whole 512-token
+    # DeepSeek-V2-Lite prompt ran out of memory. The prompt goes in chunks; tokens stay greedy.
+    from transformers.integrations import moe
+
+    from specter_bench import hf_baseline
+
+    model = build_reference_model("tiny-qwen2-moe", seed=5, device="cpu", dtype=torch.float32)
+    per_token = model.config.num_experts_per_tok * sum(
+        p.numel() for n, p in model.named_parameters() if n.endswith("layers.0.mlp.experts.down_proj")
+        or n.endswith("layers.0.mlp.experts.gate_up_proj")
+    ) // model.config.num_experts * 4  # float32 bytes of one token's copies
+    monkeypatch.setattr(hf_baseline, "BATCHED_MM_PREFILL_BYTES", 3 * per_token)
+    assert hf_baseline.batched_mm_prefill_chunk(model) == 3
+    prompt = [4, 9, 2, 7, 11, 3, 8]
+    expected = _greedy_by_hand(model, prompt, 3)
+    rows = []
+    real = moe.batched_mm_experts_forward
+
+    def spy(module, hidden, ids, weights):
+        rows.append(hidden.shape[0])
+        return real(module, hidden, ids, weights)
+
+    monkeypatch.setitem(moe.ExpertsInterface._global_mapping, "batched_mm", spy)
+    runner = HFRunner(model, "hf", compile=False, decode_experts="batched_mm_prompt_too")
+    assert runner.settings["prefill_chunk_size"] == 3
+    assert runner.generate(prompt, 3).tokens == expected
+    layers = model.config.num_hidden_layers
+    assert rows == [3] * layers + [3] * layers + [1] * layers + [1] * (2 * layers)
+    grouped = HFRunner(model, "hf", compile=False, decode_experts="grouped_mm")
+    assert grouped.settings["prefill_chunk_size"] is None  # grouped_mm copies nothing

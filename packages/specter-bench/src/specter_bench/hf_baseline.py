@@ -49,6 +49,12 @@ Measured on one H200 (static cache, compiled): DeepSeek-V2-Lite's 8.7 M-weight e
 fastest with ``batched_mm`` (docs/benchmarking.md); Phi-3.5-MoE's 78.6 M-weight experts take
 40.6 ms/token with it against 14.4 ms with ``grouped_mm`` (it copies ``k`` experts per token)."""
 
+BATCHED_MM_PREFILL_BYTES = 4_000_000_000
+"""Expert copies transformers' ``batched_mm`` may gather in one prompt forward of ``hf``
+(``batched_mm_prompt_too``): it gathers ``k`` experts per prompt token, so a long prompt is
+fed in chunks of at most this many bytes of copies (``generate(prefill_chunk_size=)``).
+Whole, a 512-token DeepSeek-V2-Lite prompt ran out of memory on one H100 80GB."""
+
 HF_CONFIGS = {
     "hf": {"cache_implementation": "static", "experts_implementation": DECODE_BATCHED_MM},
     "hf-default": {"cache_implementation": None, "experts_implementation": "grouped_mm"},
@@ -73,6 +79,24 @@ def choose_decode_experts(model: torch.nn.Module) -> str:
             small = per_expert <= BATCHED_MM_MAX_EXPERT_PARAMS
             return "batched_mm_prompt_too" if small else "grouped_mm"
     return "batched_mm_prompt_too"
+
+
+def batched_mm_prefill_chunk(model: torch.nn.Module) -> int | None:
+    """Prompt tokens per forward whose ``batched_mm`` expert copies stay within
+    :data:`BATCHED_MM_PREFILL_BYTES` (``k`` routed experts a token), at least 1; None for a
+    model without transformers' stacked experts."""
+    top_k = int(
+        getattr(model.config, "num_experts_per_tok", 0)
+        or getattr(model.config, "moe_top_k", 0)
+        or 1
+    )
+    for module in model.modules():
+        gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+        if isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor):
+            per_expert = (gate_up.numel() + down.numel()) // gate_up.shape[0]
+            copy_bytes = top_k * per_expert * gate_up.element_size()
+            return max(1, BATCHED_MM_PREFILL_BYTES // copy_bytes)
+    return None
 
 
 def batched_mm_decode_experts_forward(
@@ -228,6 +252,10 @@ class HFRunner:
         self.settings["compile"] = compile and self.settings["cache_implementation"] == "static"
         if self.settings["compile"]:
             self.settings["recompile_limit"] = _allow_one_compile_per_layer(model)
+        chunk = None
+        if self.settings["experts_implementation"] == "batched_mm":
+            chunk = batched_mm_prefill_chunk(model)
+        self.settings["prefill_chunk_size"] = chunk
 
     @property
     def device(self) -> torch.device:
@@ -255,6 +283,9 @@ class HFRunner:
                 kwargs["max_cache_len"] = max(self.max_cache_len, len(prompt_ids) + max_new_tokens)
             if not self.settings["compile"]:
                 kwargs["disable_compile"] = True
+            chunk = self.settings.get("prefill_chunk_size")
+            if chunk is not None and len(prompt_ids) > chunk:
+                kwargs["prefill_chunk_size"] = chunk
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
