@@ -161,10 +161,10 @@ def test_batched_mm_prompts_are_fed_in_chunks_that_cap_the_expert_copies(monkeyp
     from specter_bench import hf_baseline
 
     model = build_reference_model("tiny-qwen2-moe", seed=5, device="cpu", dtype=torch.float32)
-    per_token = model.config.num_experts_per_tok * sum(
-        p.numel() for n, p in model.named_parameters() if n.endswith("layers.0.mlp.experts.down_proj")
-        or n.endswith("layers.0.mlp.experts.gate_up_proj")
-    ) // model.config.num_experts * 4  # float32 bytes of one token's copies
+    experts = model.model.layers[0].mlp.experts
+    weights = experts.gate_up_proj.numel() + experts.down_proj.numel()
+    # float32 bytes of one token's k expert copies
+    per_token = model.config.num_experts_per_tok * weights // model.config.num_experts * 4
     monkeypatch.setattr(hf_baseline, "BATCHED_MM_PREFILL_BYTES", 3 * per_token)
     assert hf_baseline.batched_mm_prefill_chunk(model) == 3
     prompt = [4, 9, 2, 7, 11, 3, 8]
