@@ -93,6 +93,42 @@ def test_specter_falls_back_to_offload_where_its_depth_chose_zero(tmp_path, monk
     assert ["specter"] in loads  # the fallback load, beside specter's own and lru's
 
 
+@pytest.mark.parametrize(("specter_ms", "falls_back"), [(9.0, True), (4.0, False)])
+def test_specter_falls_back_where_offload_decoded_its_trial_faster(
+    tmp_path, monkeypatch, specter_ms, falls_back
+):
+    # offload is measured first at the budget; after specter's warm-up, both arms' trial
+    # decode of the first prompt decides: slower than offload, specter decodes as offload.
+    trials = []
+
+    def trial(self, runner):
+        trials.append(runner.system.name)
+        return {"offload": 5.0, "specter": specter_ms}[runner.system.name]
+
+    monkeypatch.setattr(BenchRunner, "_trial_ms", trial)
+    result = _run(
+        tmp_path, prompts=_prompts(tmp_path, limit=1), systems=("specter", "offload"),
+        budgets=(_budget(),),
+    )  # fmt: skip
+    assert trials == ["offload", "specter"]
+    tpot = {r["system"]: r for r in result.records if r["kind"] == "tpot"}
+    assert set(tpot) == {"specter", "offload"}
+    settings = tpot["specter"]["extra"]["settings"]
+    loads = [r["data"]["systems"] for r in result.records if r["kind"] == "memory"]
+    if falls_back:
+        assert settings["speculation"] == (
+            "off (depth auto measured plain decoding faster: 5.00 ms a token against 9.00 "
+            "with the draft on the first prompt)"
+        )
+        assert settings["draft"] is None
+        assert tpot["specter"]["extra"]["tokens"] == tpot["offload"]["extra"]["tokens"]
+        assert loads == [["offload"], ["specter"], ["specter"]]  # the fallback load last
+    else:
+        assert settings["speculation"] == "on (depth auto)"
+        assert settings["draft"] == "int4"
+        assert loads == [["offload"], ["specter"]]  # no fallback load
+
+
 @pytest.mark.parametrize("setting", [{"depth": 2}, {"fallback": False}])
 def test_a_fixed_depth_or_no_fallback_keeps_speculating(tmp_path, monkeypatch, setting):
     from specter_models.engine import speculation_verdict as verdicts

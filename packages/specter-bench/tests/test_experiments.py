@@ -15,42 +15,45 @@ def test_default_plan_covers_every_system_budget_and_experiment():
     described = [(s.kind, s.budget_gb, s.with_draft, s.hot_experts, s.systems) for s in stages]
     assert described[0] == ("hf", None, True, False, ("hf", "hf-default"))
     # Unlimited first (every system shares the all-resident load: nothing to pin), then
-    # 24 GB, then 16 GB, each with its hot-set load (specter) before the plain draft's, then
-    # offload's draftless load with its own hot set (where specter falls back), then lru's;
-    # the ablations and the depth sweep last, at the high budget, split the same way.
+    # 24 GB, then 16 GB: at each, offload's draftless load with its own hot set first (the
+    # plain arm specter's adaptive depth is measured against), then specter's hot-set load,
+    # the plain draft's, the draftless load where specter falls back (only if it does), and
+    # lru's; the ablations and the depth sweep last, at the high budget, split the same way.
     assert described[1] == ("engine", None, True, False, ("specter", "spec-lru", "offload", "lru"))
-    for first, budget in ((2, 24.0), (6, 16.0)):
-        assert described[first : first + 4] == [
+    for first, budget in ((2, 24.0), (7, 16.0)):
+        assert described[first : first + 5] == [
+            ("engine", budget, False, True, ("offload",)),
             ("engine", budget, True, True, ("specter",)),
             ("engine", budget, True, False, ("spec-lru",)),
-            ("engine", budget, False, True, ("offload",)),
+            ("engine", budget, False, True, ()),
             ("engine", budget, False, False, ("lru",)),
         ]
-        assert stages[first + 2].fallback  # specter's adaptive depth may fall back here
-        others = [*stages[first : first + 2], stages[first + 3]]
+        assert stages[first + 3].fallback  # specter's adaptive depth may fall back here
+        others = [*stages[first : first + 3], stages[first + 4]]
         assert not any(s.fallback for s in others)
     hot_ablations = (
         "specter-acquire", "specter-no-prefetch", "specter-token-verify", "specter-row-cut",
         "specter-fill",
     )  # fmt: skip
-    assert described[10] == ("engine", 24.0, True, True, hot_ablations)
+    assert described[12] == ("engine", 24.0, True, True, hot_ablations)
     # Staging has a load of its own: its buffer is fixed state the others would pay for.
-    assert described[11] == ("engine", 24.0, True, True, ("specter-staged",))
-    assert described[12] == (
+    assert described[13] == ("engine", 24.0, True, True, ("specter-staged",))
+    assert described[14] == (
         "engine", 24.0, True, False, ("specter-no-hot", "specter-unfused-draft")
     )  # fmt: skip
-    assert set(hot_ablations) | {"specter-staged"} | set(described[12][4]) == set(ABLATIONS)
-    assert described[13] == ("hot-sweep", 24.0, True, False, ())
-    assert len(stages) == 14  # hf-offload only in "all" / "offload"
-    assert [s.routing for s in stages] == [False, True] + [False] * 12
-    assert [s.depth_sweep for s in stages] == [False] * 10 + [True, False, False, False]
-    assert stages[5].policy == "lru"
-    assert stages[2].policy == "predictive"
+    assert set(hot_ablations) | {"specter-staged"} | set(described[14][4]) == set(ABLATIONS)
+    assert described[15] == ("hot-sweep", 24.0, True, False, ())
+    assert len(stages) == 16  # hf-offload only in "all" / "offload"
+    assert [s.routing for s in stages] == [False, True] + [False] * 14
+    assert [s.depth_sweep for s in stages] == [False] * 12 + [True, False, False, False]
+    assert stages[2].policy == "lru"
+    assert stages[3].policy == "predictive"
 
 
 def test_a_fixed_depth_or_no_specter_plans_no_fallback_load():
     fixed = _stages(experiment="tpot", depth=3, budgets=(24.0,))
     assert [s.systems for s in fixed if not s.with_draft] == [("offload",), ("lru",)]
+    assert fixed[0].with_draft  # no trial to measure against: specter first
     assert not any(s.fallback for s in fixed)
     # specter alone with an adaptive depth: an empty draftless load, used only if it falls back
     alone = _stages(experiment="tpot", systems=("specter",), budgets=(24.0,))
@@ -66,8 +69,9 @@ def test_the_ttft_experiment_runs_engine_systems_only():
     stages = _stages(experiment="ttft", budgets=(24.0, None))
     assert [(s.budget_gb, s.with_draft, s.systems) for s in stages] == [
         (None, True, ("specter", "offload", "lru")),
-        (24.0, True, ("specter",)),
         (24.0, False, ("offload",)),
+        (24.0, True, ("specter",)),
+        (24.0, False, ()),  # where specter falls back, if it does
         (24.0, False, ("lru",)),
     ]
     assert not any(s.routing or s.depth_sweep for s in stages)
@@ -100,7 +104,8 @@ def test_other_experiments():
     )
     assert [s.systems for s in swapped] == [("specter-held", "specter")]
     engine = [s for s in _stages(experiment="tpot", budgets=(24.0,)) if s.kind == "engine"]
-    assert engine[0].systems[0] == "specter"
+    assert engine[0].systems == ("offload",)  # the plain arm of specter's trial, first
+    assert engine[1].systems[0] == "specter"
     # The engine without a draft shares lru's draftless load at a budget, and the draft's
     # load at an unlimited one (every expert resident: the draft costs no slot).
     draftless = _stages(

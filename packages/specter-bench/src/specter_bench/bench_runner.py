@@ -17,8 +17,12 @@ finished stage. Around the decodes:
 * **depth sweep** (high budget): ``specter`` at each depth K on the first prompts;
 * **repeated runs**: each system's measured pass over the prompts runs ``--runs`` times on
   the same load, each decode recording its ``run_index``;
-* **fallback**: ``specter`` with an adaptive depth under a budget whose warm-up chose K = 0
-  decodes as ``offload`` on the draftless load at that budget (its records say so);
+* **fallback**: ``specter`` with an adaptive depth under a budget decodes as ``offload`` on a
+  draftless load at that budget (its records say so) where it is slower: after the
+  warm-ups, each of ``offload`` (measured first at the budget) and ``specter`` decodes the
+  first prompt once more (``--warmup-tokens`` tokens), and ``specter`` falls back when its
+  time a token is above ``offload``'s; without ``offload`` in the run, when its warm-up
+  chose K = 0. ``specter_models.Engine`` chooses the same way at load;
 * a ``memory`` record per engine load: the plan, measured load and decode peaks (the
   allocator's and the driver's), host memory (peak resident set, pinned expert store), and
   the time from the process's start to the model loaded and to its first token;
@@ -187,6 +191,7 @@ class BenchRunner(
         self.hot_choices: dict[float, Any] = {}  # budget -> specter_models.HotExpertChoice
         self.plain_hot_choices: dict[float, Any] = {}  # the same, for draftless loads
         self.fallbacks: dict[float, str] = {}  # budget -> why specter decodes as offload
+        self.plain_trials: dict[float, float] = {}  # budget -> offload's trial, ms a token
         self.ttft_reference: dict[str, tuple[str, list[int]]] = {}
         self.first_token_s: float | None = None
         self._loads = 0  # engine loads so far in this process
@@ -353,26 +358,57 @@ class BenchRunner(
         return wanted
 
     def _fallback_check(self, runner: EngineSystemRunner, stage: Stage) -> Callable | None:
-        """For a system that falls back (``specter``, adaptive depth, under a budget): after
-        its warm-up, whether its depth policy chose K = 0; if so the budget's fallback load
+        """After a warm-up at a budget where ``specter`` (adaptive depth) may fall back: for
+        ``offload``, its trial (:meth:`_trial_ms`) is kept as the plain arm; for a system that
+        falls back, its own trial is compared with that, and where it is slower (or, with no
+        plain arm measured, where its depth policy chose K = 0) the budget's fallback load
         decodes it as ``offload``, and the reason is returned (its decodes here stop)."""
         system = runner.system
         cfg = self.config
-        if not (system.falls_back and cfg.fallback and cfg.depth == "auto" and stage.budget_gb):
+        budget = stage.budget_gb
+        if not (cfg.fallback and cfg.depth == "auto" and budget):
+            return None
+        if system.name == "offload" and not stage.fallback:
+
+            def keep_plain_arm() -> None:
+                self.plain_trials[budget] = self._trial_ms(runner)
+
+            return keep_plain_arm
+        if not system.falls_back:
             return None
         from specter_models.engine.speculation_verdict import speculation_verdict
 
         def check() -> str | None:
+            plain = self.plain_trials.get(budget)
+            if plain is not None:
+                mine = self._trial_ms(runner)
+                if mine <= plain:
+                    return None
+                state = (
+                    f"off (depth auto measured plain decoding faster: {plain:.2f} ms a token "
+                    f"against {mine:.2f} with the draft on the first prompt)"
+                )
+                self.fallbacks[budget] = state
+                return f"{state}: it decodes as offload, on offload's draftless load"
             verdict = speculation_verdict(runner.controller.depth_policy)
             if verdict is None or verdict.pays:
                 return None
-            self.fallbacks[stage.budget_gb] = verdict.state
+            self.fallbacks[budget] = verdict.state
             return (
                 f"{verdict.describe()} after the warm-up: it decodes as offload, on offload's "
                 "draftless load at this budget"
             )
 
         return check
+
+    def _trial_ms(self, runner: EngineSystemRunner) -> float:
+        """Milliseconds a token of one more decode of the first prompt (``--warmup-tokens``
+        tokens, after the warm-ups): the fallback's comparison, the same decode for both
+        arms."""
+        cfg = self.config
+        run = runner.generate(self.prompts[0].ids, min(cfg.max_new_tokens, cfg.warmup_tokens))
+        tokens = max(1, run.decode_tokens or len(run.tokens))
+        return 1e3 * run.decode_s / tokens
 
     def _capture_graphs(self, loaded: Any, systems: list[EngineSystem]) -> None:
         """Every decode step's graph, captured before any measurement: for each miss path of

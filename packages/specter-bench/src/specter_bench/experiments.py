@@ -316,8 +316,10 @@ class Stage:
             ``choose_hot_experts`` on the run's calibration routing with a draft,
             ``choose_plain_hot_experts`` without one).
         fallback: a draftless load where a speculating system that falls back
-            (``EngineSystem.falls_back``) decodes as ``offload`` when its warm-up chose
-            K = 0 (a stage with no systems of its own loads only then).
+            (``EngineSystem.falls_back``) decodes as ``offload``: when ``offload``, measured
+            before it at the budget, decoded the first prompt faster in a trial after the
+            warm-ups, or (``offload`` not measured) when its warm-up chose K = 0. A stage
+            with no systems of its own loads only then.
     """
 
     kind: str
@@ -396,21 +398,32 @@ def _draft_stages(
     return stages
 
 
-def _draftless_stages(budget: float, systems: tuple[str, ...], *, fallback: bool) -> list[Stage]:
-    """The draftless loads of ``systems`` at ``budget``: those with a hot set (``offload``)
-    get a load of their own, where a speculating system falls back when its warm-up says the
-    draft does not pay (``fallback``), then the others (``lru`` and the plain variants)."""
+def _draftless_stages(
+    budget: float, systems: tuple[str, ...], *, fallback: bool
+) -> tuple[list[Stage], list[Stage]]:
+    """The draftless loads of ``systems`` at ``budget``, as ``(before the draft's stages,
+    after them)``: those with a hot set (``offload``) get a load of their own, then the
+    others (``lru`` and the plain variants).
+
+    With ``fallback`` the hot set's load runs first: ``offload`` is the plain arm a
+    speculating system's trial is measured against (``BenchRunner._fallback_check``), and a
+    system that falls back decodes as ``offload`` on a draftless load after the draft's
+    stages."""
     hot = tuple(s for s in systems if ENGINE_SYSTEMS[s].hot_experts)
     plain = tuple(s for s in systems if not ENGINE_SYSTEMS[s].hot_experts)
-    stages = []
-    if hot or fallback:
-        stages.append(
-            Stage("engine", budget, hot, with_draft=False, policy="lru", hot_experts=True,
-                  fallback=fallback)
+    before, after = [], []
+    if hot:
+        (before if fallback else after).append(
+            Stage("engine", budget, hot, with_draft=False, policy="lru", hot_experts=True)
+        )
+    if fallback:
+        after.append(
+            Stage("engine", budget, (), with_draft=False, policy="lru", hot_experts=True,
+                  fallback=True)
         )  # fmt: skip
     if plain:
-        stages.append(Stage("engine", budget, plain, with_draft=False, policy="lru"))
-    return stages
+        after.append(Stage("engine", budget, plain, with_draft=False, policy="lru"))
+    return before, after
 
 
 def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[Stage]:
@@ -477,11 +490,16 @@ def plan_stages(config: BenchConfig, budgets: tuple[float | None, ...]) -> list[
         if budget is None:
             on_draft += draftless  # unlimited: every expert resident, the draft costs no slot
         do_routing = routing and first_draft_stage
+        before, after = (
+            _draftless_stages(budget, draftless, fallback=falls_back)
+            if budget is not None
+            else ([], [])
+        )
+        stages += before
         if on_draft or do_routing:
             stages += _draft_stages(budget, on_draft, routing=do_routing)
             first_draft_stage = False
-        if budget is not None:
-            stages += _draftless_stages(budget, draftless, fallback=falls_back)
+        stages += after
     extras = [s for s in ablations if s not in engine_spec]
     if extras or sweep:
         stages += _draft_stages(
