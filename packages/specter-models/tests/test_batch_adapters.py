@@ -202,7 +202,7 @@ def test_cuda_packed_forwards_have_no_host_sync_with_every_expert_resident(name)
     target, draft = BatchedTarget(slots), BatchedDraft(slots)
     sequences = [(p.cuda(), r.cuda()) for p, r in _sequences(lm.config.vocab_size)]
     _together(lm, target, sequences)  # prefills, and the kernels' first use
-    for checked in (False, True):  # the first round captures each shape, the second replays
+    for checked in (False, True):  # each shape is captured at its first pass, replayed at the next
         drafted = [SlotRows(s, r[:1], target.kv_length(s)) for s, (_, r) in enumerate(sequences)]
         verified = [SlotRows(s, r, target.kv_length(s)) for s, (_, r) in enumerate(sequences)]
         torch.cuda.synchronize()

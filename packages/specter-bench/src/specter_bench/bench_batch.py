@@ -142,6 +142,7 @@ class BatchStages:
                 max_depth=cfg.max_depth,
                 keep_draft=speculate and depth == "auto" and not cfg.fallback,
                 depth_memory=False,  # every run measures from scratch
+                trial_tokens=0,  # the batch's own depth policy lowers K (a trial times one)
             ),
             batch=BatchConfig(max_batch=max_batch),
         )

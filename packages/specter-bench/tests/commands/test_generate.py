@@ -696,3 +696,23 @@ def test_generate_refuses_an_empty_prompt_and_a_batch_below_one(capsys):
     code, _, err = _run(capsys, "generate", "--max-batch", "0", "x")
     assert code == 2
     assert "--max-batch" in err
+
+
+def test_trial_tokens_reach_the_engine_config(capsys):
+    from specter_bench.cli import build_parser
+    from specter_bench.commands.generate import engine_config_from_args
+
+    parser = build_parser()
+    base = ["generate", "--model", "tiny-qwen2-moe", "--gpu-memory-gb", "20", "--depth", "auto"]
+
+    def config(*extra):
+        args = parser.parse_args([*base, *extra])
+        args.max_positions = None  # run() sets it from the model's configuration
+        return engine_config_from_args(args, device="cpu", prompt_tokens=10)
+
+    assert config().speculation.trial_tokens is None  # 32 on CUDA, none elsewhere
+    assert config("--trial-tokens", "8").speculation.trial_tokens == 8
+    assert config("--trial-tokens", "0").speculation.trial_tokens == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, "--trial-tokens", "-1"])
+    assert "--trial-tokens" in capsys.readouterr().err

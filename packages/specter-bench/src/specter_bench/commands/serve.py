@@ -176,6 +176,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         run=run,
         keep_draft=False,
         depth_warmup=None,
+        trial_tokens=None,
         no_depth_memory=False,
         hot_set_tokens=32,
         draft_pruned="auto",

@@ -195,11 +195,12 @@ class SpeculationConfig:
     Attributes:
         depth: proposals per iteration K (0: plain decoding, no INT4 draft loaded, its
             memory becomes FP16 expert slots) or ``"auto"``: an adaptive depth up to
-            ``max_depth``, which under a budget with an auto hot set also decodes plainly
+            ``max_depth``, which under a budget also decodes plainly where plain decoding
+            was faster in the load's timed trial (``trial_tokens``), or, without a trial,
             where the calibration routing, replayed through the draftless slots, moves
             fewer experts than through the draft's, or where an earlier run of the same
             setup found that no depth beats plain decoding (its kept verdict, see
-            ``speculation_verdict``; ``keep_draft`` speculates anyway).
+            ``speculation_verdict``); ``keep_draft`` speculates anyway.
         max_depth: the adaptive depth's largest K.
         keep_draft: with ``depth="auto"``, always load the draft and speculate.
         depth_memory: with ``depth="auto"``, start from the step costs (and, under a
@@ -208,6 +209,10 @@ class SpeculationConfig:
         warmup_tokens: with ``depth="auto"`` and every expert resident, greedy tokens of the
             calibration prompt decoded unrecorded before the first generation, so the
             adaptive depth starts from measured step times (0: none).
+        trial_tokens: with ``depth="auto"`` under a budget and a calibration prompt, tokens
+            of the calibration prompt each of plain decoding and speculation decodes, timed,
+            at load; the faster is kept (``engine.arm_trial``). 0: no trial (decide on the
+            calibration routing's expert loads); None: 32 on a CUDA device, 0 elsewhere.
     """
 
     depth: int | str = "auto"
@@ -215,6 +220,7 @@ class SpeculationConfig:
     keep_draft: bool = False
     depth_memory: bool = True
     warmup_tokens: int = 32
+    trial_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.depth != "auto" and not (_is_int(self.depth) and self.depth >= 0):
@@ -226,6 +232,10 @@ class SpeculationConfig:
                 _fail("SpeculationConfig", name, getattr(self, name), "True or False")
         if not (_is_int(self.warmup_tokens) and self.warmup_tokens >= 0):
             _fail("SpeculationConfig", "warmup_tokens", self.warmup_tokens, "an int >= 0")
+        if self.trial_tokens is not None and not (
+            _is_int(self.trial_tokens) and self.trial_tokens >= 0
+        ):
+            _fail("SpeculationConfig", "trial_tokens", self.trial_tokens, "None or an int >= 0")
         if self.depth == 0 and self.keep_draft:
             raise ValueError(
                 "SpeculationConfig: keep_draft=True keeps the INT4 draft to speculate with, "

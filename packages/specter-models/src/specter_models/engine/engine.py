@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from specter_models.batch_adapters import BatchedSlots
+from specter_models.engine.arm_trial import choose_by_trial, trial_tokens_of
 from specter_models.engine.auto_budget import auto_budget
 from specter_models.engine.batch_generation import BatchGeneration, batch_requests
 from specter_models.engine.batch_session import BatchSession
@@ -33,16 +34,25 @@ from specter_models.engine.hot_sets import (
     choose_prompt_engine,
     pruned_from_file,
     read_hot_set,
+    release_memory,
     resolve_hot_experts,
 )
 from specter_models.engine.model_source import (
     load_tokenizer,
     model_config,
     num_experts_of,
+    prompt_ids,
     resolve_device,
     resolve_dtype,
 )
-from specter_models.engine.plans import DraftDoesNotFitError, budget_plan, neither_fits, plain_plan
+from specter_models.engine.plans import (
+    PLAIN_STREAM_FILLS,
+    DraftDoesNotFitError,
+    budget_plan,
+    engine_choices,
+    neither_fits,
+    plain_plan,
+)
 from specter_models.engine.speculation_verdict import (
     read_verdict,
     speculation_verdict,
@@ -55,47 +65,9 @@ from specter_spec import AdaptiveDepth, SamplingConfig, SpecController
 
 __all__ = ["PLAIN_STREAM_FILLS", "Engine", "engine_choices"]
 
-PLAIN_STREAM_FILLS = 8
-"""Candidate slots per layer plain streamed decoding fills by default (the bench's
-``specter-plain-fill``), whose cache changes only through fills."""
-
-
-def engine_choices(
-    miss_path: str, stream_fills: int | None, *, budgeted: bool, speculate: bool
-) -> tuple[str, int]:
-    """The miss path and fills, with ``"auto"`` and None resolved.
-
-    ``"auto"`` streams under a budget and loads otherwise (with every expert resident there
-    is nothing to miss). Streaming is the measured faster path under a budget: on
-    DeepSeek-V2-Lite plain decoding streamed with fills against acquired, 12.2 against
-    16.6 ms a token at 24 GB and 21.8 against 27.8 at 16 GB on one H200. Fills default to
-    :data:`PLAIN_STREAM_FILLS` for plain streamed decoding, whose cache changes only
-    through them, and to none when speculating, whose prefetches keep the free slots.
-
-    Returns:
-        ``(miss_path, stream_fills)``.
-    """
-    if miss_path == "auto":
-        miss_path = "stream" if budgeted else "load"
-    if stream_fills is None:
-        stream_fills = PLAIN_STREAM_FILLS if miss_path == "stream" and not speculate else 0
-    return miss_path, stream_fills
-
 
 def _silent(line: str) -> None:
     del line
-
-
-def _prompt_ids(tokenizer: Any, prompt: str | Sequence[int], what: str) -> list[int]:
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError(f"the {what} is empty; give some text.")
-        ids = list(tokenizer.encode(prompt))
-    else:
-        ids = [int(i) for i in prompt]
-    if not ids:
-        raise ValueError(f"the {what} has no tokens; give some text or token ids.")
-    return ids
 
 
 class Engine:
@@ -114,8 +86,8 @@ class Engine:
         dtype: the model's dtype.
         depth: the depth it decodes at: an int (0: plain decoding) or ``"auto"``.
         budget_gb: the GPU memory budget in GB (``"auto"`` resolved), or None.
-        setup_stats: what setting up measured (hot-set choice, graph capture, depth
-            warm-up, depth costs), repeated in every generation's ``stats``.
+        setup_stats: what setting up measured (hot-set choice, plain-or-draft trial, graph
+            capture, depth warm-up, depth costs), repeated in every generation's ``stats``.
     """
 
     def __init__(self) -> None:
@@ -151,9 +123,17 @@ class Engine:
         """
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}.")
-        engine = object.__new__(cls)
-        engine._set_up(config, calibration_prompt, log or _silent)
-        return engine
+        log = log or _silent
+
+        def build(chosen: EngineConfig) -> Engine:
+            engine = object.__new__(cls)
+            engine._set_up(chosen, calibration_prompt, log)
+            return engine
+
+        tokens = trial_tokens_of(config, calibration_prompt)
+        if tokens:  # an adaptive depth under a budget: time both decodings (arm_trial)
+            return choose_by_trial(build, config, calibration_prompt, tokens, log)
+        return build(config)
 
     # ------------------------------------------------------------------------ set-up
     def _set_up(
@@ -175,7 +155,7 @@ class Engine:
         ids = (
             None
             if calibration_prompt is None
-            else _prompt_ids(self.tokenizer, calibration_prompt, "calibration prompt")
+            else prompt_ids(self.tokenizer, calibration_prompt, "calibration prompt")
         )
         max_depth = spec.largest_depth
         max_seq_len = memory.max_seq_len
@@ -390,6 +370,7 @@ class Engine:
         self.setup_stats = {
             "speculation": speculation,
             "auto_choice": auto_choice,
+            "arm_trial": None,  # arm_trial.choose_by_trial fills it in where it ran
             "hot_set_choice_s": choice_s,
             **capture,
             "depth_warmup_s": warmup_s,
@@ -501,7 +482,7 @@ class Engine:
             ValueError: an empty prompt, a bad ``max_new_tokens``, or more positions than
                 the KV cache (a slot of it, batched) holds.
         """
-        ids = _prompt_ids(self.tokenizer, prompt, "prompt")
+        ids = prompt_ids(self.tokenizer, prompt, "prompt")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
         if max_new_tokens < 1:
@@ -576,7 +557,21 @@ class Engine:
         session = self.batch_session()
         return BatchGeneration(session, ids, budgets, samplings, stop_token_ids, self.setup_stats)
 
+    def release(self) -> None:
+        """Free the engine's model (device memory, the pinned host store); the engine
+        cannot decode afterwards.
+
+        Raises:
+            RuntimeError: a batch session is still decoding.
+        """
+        self._check_idle("Engine.release")
+        self.model = None
+        self._session = self._batch = None
+        release_memory()
+
     def _check_idle(self, what: str) -> None:
+        if self.model is None:
+            raise RuntimeError(f"{what}: this engine was released; build another one")
         session = self._session
         if session is not None and session.active:
             raise RuntimeError(

@@ -6,6 +6,7 @@ words of :class:`~specter_models.engine.LoadConfig`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "load_tokenizer",
     "model_config",
     "num_experts_of",
+    "prompt_ids",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -123,3 +125,20 @@ def resolve_dtype(name: str | None, device: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}.")
     return DTYPES[name]
+
+
+def prompt_ids(tokenizer: Any, prompt: str | Sequence[int], what: str) -> list[int]:
+    """``prompt``'s token ids (text encoded with ``tokenizer``).
+
+    Raises:
+        ValueError: an empty prompt (``what`` names it in the message).
+    """
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError(f"the {what} is empty; give some text.")
+        ids = list(tokenizer.encode(prompt))
+    else:
+        ids = [int(i) for i in prompt]
+    if not ids:
+        raise ValueError(f"the {what} has no tokens; give some text or token ids.")
+    return ids
