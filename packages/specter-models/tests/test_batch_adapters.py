@@ -219,43 +219,6 @@ def test_cuda_packed_forwards_have_no_host_sync_with_every_expert_resident(name)
     assert stats.replays >= 2, stats
 
 
-def test_packed_graphs_need_cuda():
-    from specter_models.batch_graphs import PackedGraphs
-
-    with pytest.raises(ValueError, match="CUDA graphs need a CUDA model"):
-        PackedGraphs("cpu")
+def test_packed_forwards_on_the_cpu_run_eagerly():
     lm = load_model("tiny-qwen2-moe", device="cpu", dtype=torch.float64, seed=5, max_batch=2)
-    assert BatchedSlots(lm).packed.graphs is None  # no CUDA graphs on the CPU: eager
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_packed_graphs_replay_each_shape_and_drop_the_least_recent():
-    from specter_models.batch_graphs import PackedGraphs
-
-    graphs = PackedGraphs("cuda", max_graphs=2)
-    with pytest.raises(ValueError, match="max_graphs must be an int >= 1"):
-        PackedGraphs("cuda", max_graphs=0)
-    weight = torch.arange(1.0, 4.0, device="cuda")
-
-    def forward(ids, positions):  # [N] -> [N, 3]
-        return (ids * 10 + positions).float()[:, None] * weight
-
-    def run(key, ids, positions):
-        ids = torch.tensor(ids, device="cuda")
-        positions = torch.tensor(positions, device="cuda")
-        out = graphs.run(key, ids, positions, forward)
-        assert torch.equal(out, forward(ids, positions))  # replays see the new inputs
-        return out
-
-    run("a", [1, 2], [5, 6])  # eager, then captured
-    run("a", [3, 4], [7, 8])  # replayed
-    run("b", [1], [0])
-    run("a", [9, 9], [1, 2])  # "a" is now the most recent
-    run("c", [2, 2, 2], [0, 1, 2])  # drops "b"
-    assert graphs.stats.as_dict() == {
-        "captures": 3, "replays": 2, "eager": 3, "evictions": 1, "disabled_reason": None,
-    }  # fmt: skip
-    run("b", [4], [4])  # captured again
-    assert graphs.stats.eager == 4
-    assert len(graphs) == 2
+    assert BatchedSlots(lm).packed.graphs is None  # no CUDA graphs on the CPU

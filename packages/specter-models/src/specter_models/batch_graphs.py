@@ -17,6 +17,12 @@ are streamed or that holds every expert) whose windows come in buckets, so the s
 decode repeat. The least recently used capture is dropped past ``max_graphs``: continuous
 batching changes the set of slots, and each capture keeps its static buffers.
 
+Every capture shares one memory pool and copies its logits into one output buffer kept
+outside the pool (as wide as the most rows captured): what a capture allocates is free again
+when it ends, for the next capture to reuse, so the pool holds about one forward's
+activations whatever the number of shapes. A replay's logits are read before the next
+forward runs, so sharing the buffer costs nothing.
+
 A capture that fails switches the graphs off, with the reason in ``stats`` and a warning;
 the forward's eager result is still returned.
 """
@@ -104,6 +110,7 @@ class PackedGraphs:
         self.stats = PackedGraphStats()
         self._steps: collections.OrderedDict[Hashable, _PackedStep] = collections.OrderedDict()
         self._pool = None
+        self._out: torch.Tensor | None = None  # [rows, V]: every capture's logits
 
     @property
     def active(self) -> bool:
@@ -141,23 +148,35 @@ class PackedGraphs:
         logits = forward(step.input_ids, step.positions)
         self.stats.eager += 1
         if self.active:
-            self._capture(key, step, forward)
+            self._capture(key, step, forward, self._output(logits))
         return logits
 
-    def _capture(self, key: Hashable, step: _PackedStep, forward: PackedForwardFn) -> None:
-        """Record ``forward`` on ``step``'s buffers (nothing runs: this use's result came from
-        the eager forward just before) and keep it, dropping the least recently used past
-        ``max_graphs``."""
+    def _output(self, logits: torch.Tensor) -> torch.Tensor:
+        """The shared output buffer's first rows for a capture of ``logits``' shape, the
+        buffer grown (outside the pool) where it is too small; earlier captures keep the
+        buffer they write."""
+        rows, width = logits.shape
+        out = self._out
+        if out is None or out.shape[0] < rows or out.shape[1] != width or out.dtype != logits.dtype:
+            same = out is not None and out.shape[1] == width and out.dtype == logits.dtype
+            grown = max(rows, 2 * out.shape[0]) if same else rows
+            self._out = out = torch.empty(grown, width, dtype=logits.dtype, device=logits.device)
+        return out[:rows]
+
+    def _capture(
+        self, key: Hashable, step: _PackedStep, forward: PackedForwardFn, out: torch.Tensor
+    ) -> None:
+        """Record ``forward`` on ``step``'s buffers, its logits copied into ``out`` (nothing
+        runs: this use's result came from the eager forward just before), and keep it,
+        dropping the least recently used past ``max_graphs``."""
         if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()  # one pool: graphs never overlap
-        graph = torch.cuda.CUDAGraph()
+            self._pool = _new_pool()  # one pool: graphs never overlap
+
+        def work() -> None:
+            out.copy_(forward(step.input_ids, step.positions))
+
         try:
-            # thread_local: CUDA calls of other threads (a server's) stay legal meanwhile.
-            with (
-                paused_collection(),
-                torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"),
-            ):
-                step.logits = forward(step.input_ids, step.positions)
+            graph = _record(self._pool, work)
         except Exception as error:  # a model op CUDA graphs cannot record
             reason = f"capture of a packed forward failed: {error}"
             self.stats.disabled_reason = reason
@@ -166,9 +185,26 @@ class PackedGraphs:
                 f"CUDA graphs of batched steps switched off: {reason}", RuntimeWarning, stacklevel=3
             )
             return
-        step.graph = graph
+        step.graph, step.logits = graph, out
         self._steps[key] = step
         self.stats.captures += 1
         while len(self._steps) > self.max_graphs:
             self._steps.popitem(last=False)
             self.stats.evictions += 1
+
+
+def _new_pool() -> object:
+    """A memory pool for the captures (``torch.cuda.graph_pool_handle``)."""
+    return torch.cuda.graph_pool_handle()
+
+
+def _record(pool: object, work: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``work``'s launches in ``pool`` (recorded, not run)."""
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: CUDA calls of other threads (a server's) stay legal meanwhile.
+    with (
+        paused_collection(),
+        torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"),
+    ):
+        work()
+    return graph
