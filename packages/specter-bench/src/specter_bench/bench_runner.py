@@ -368,7 +368,8 @@ class BenchRunner(
         budget = stage.budget_gb
         if not (cfg.fallback and cfg.depth == "auto" and budget):
             return None
-        if system.name == "offload" and not stage.fallback:
+        falls_back_here = any(s.fallback and s.budget_gb == budget for s in self.stages)
+        if system.name == "offload" and not stage.fallback and falls_back_here:
 
             def keep_plain_arm() -> None:
                 self.plain_trials[budget] = self._trial_ms(runner)
