@@ -46,13 +46,18 @@ def test_the_trial_runs_for_an_adaptive_depth_under_a_budget_with_a_prompt():
 def test_an_arm_is_timed_on_its_second_decode():
     calls = []
 
-    def generate(prompt, max_new_tokens, stop_token_ids):
-        calls.append((tuple(prompt), max_new_tokens, tuple(stop_token_ids)))
-        stats = {"tpot_ms": 10.0 * len(calls)}
-        return SimpleNamespace(result=lambda: SimpleNamespace(stats=stats))
+    def engine(steady):
+        def generate(prompt, max_new_tokens, stop_token_ids):
+            calls.append((tuple(prompt), max_new_tokens, tuple(stop_token_ids)))
+            stats = {"tpot_ms": 10.0 * len(calls), "steady_tpot_ms": steady and 3.0 * len(calls)}
+            return SimpleNamespace(result=lambda: SimpleNamespace(stats=stats))
 
-    assert arm_trial.trial_ms(SimpleNamespace(generate=generate), PROMPT, 7) == 20.0
+        return SimpleNamespace(generate=generate)
+
+    assert arm_trial.trial_ms(engine(steady=True), PROMPT, 7) == 6.0  # after the first iteration
     assert calls == [(tuple(PROMPT), 7, ())] * 2
+    calls.clear()
+    assert arm_trial.trial_ms(engine(steady=None), PROMPT, 7) == 20.0  # one iteration only
 
 
 @pytest.fixture(scope="module")

@@ -45,10 +45,13 @@ def trial_tokens_of(config: Any, calibration_prompt: object) -> int:
 
 def trial_ms(engine: Any, prompt: str | Sequence[int], tokens: int) -> float:
     """Milliseconds a token of ``engine``'s greedy decode of ``prompt`` for ``tokens``
-    tokens, after one unrecorded decode of the same."""
+    tokens, after one unrecorded decode of the same: the time after its first iteration
+    (``steady_tpot_ms``; that iteration carries the prefill's queued work), or over every
+    token where there was one iteration only."""
     engine.generate(prompt, max_new_tokens=tokens, stop_token_ids=[]).result()
     stats = engine.generate(prompt, max_new_tokens=tokens, stop_token_ids=[]).result().stats
-    return float(stats["tpot_ms"])
+    steady = stats.get("steady_tpot_ms")
+    return float(stats["tpot_ms"] if steady is None else steady)
 
 
 def choose_by_trial(
