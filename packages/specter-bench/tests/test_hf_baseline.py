@@ -165,7 +165,7 @@ def test_batched_mm_prompts_are_fed_in_chunks_that_cap_the_expert_copies(monkeyp
     weights = experts.gate_up_proj.numel() + experts.down_proj.numel()
     # float32 bytes of one token's k expert copies
     per_token = model.config.num_experts_per_tok * weights // model.config.num_experts * 4
-    monkeypatch.setattr(hf_baseline, "BATCHED_MM_PREFILL_BYTES", 3 * per_token)
+    monkeypatch.setattr(hf_baseline, "BATCHED_MM_MAX_GATHER_BYTES", 3 * per_token)
     assert hf_baseline.batched_mm_prefill_chunk(model) == 3
     prompt = [4, 9, 2, 7, 11, 3, 8]
     expected = _greedy_by_hand(model, prompt, 3)

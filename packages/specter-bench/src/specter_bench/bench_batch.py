@@ -109,7 +109,6 @@ class BatchStages:
         from specter_models.engine.config import (
             BatchConfig,
             EngineConfig,
-            KernelConfig,
             LoadConfig,
             MemoryConfig,
             SpeculationConfig,
@@ -131,12 +130,7 @@ class BatchStages:
                 max_seq_len=self.max_seq_len,
                 draft_pruned=cfg.draft_pruned_per_layer if speculate else "auto",
             ),
-            kernels=KernelConfig(
-                batch_invariant=options.batch_invariant,
-                cuda_graphs=options.cuda_graphs,
-                piecewise_graphs=options.piecewise_graphs,
-                shared_overlap=options.shared_overlap,
-            ),
+            kernels=options.kernel_config(),
             speculation=SpeculationConfig(
                 depth=depth,
                 max_depth=cfg.max_depth,

@@ -49,11 +49,12 @@ Measured on one H200 (static cache, compiled): DeepSeek-V2-Lite's 8.7 M-weight e
 fastest with ``batched_mm`` (docs/benchmarking.md); Phi-3.5-MoE's 78.6 M-weight experts take
 40.6 ms/token with it against 14.4 ms with ``grouped_mm`` (it copies ``k`` experts per token)."""
 
-BATCHED_MM_PREFILL_BYTES = 4_000_000_000
-"""Expert copies transformers' ``batched_mm`` may gather in one prompt forward of ``hf``
-(``batched_mm_prompt_too``): it gathers ``k`` experts per prompt token, so a long prompt is
-fed in chunks of at most this many bytes of copies (``generate(prefill_chunk_size=)``).
-Whole, a 512-token DeepSeek-V2-Lite prompt ran out of memory on one H100 80GB."""
+BATCHED_MM_MAX_GATHER_BYTES = 4_000_000_000
+"""Expert copies transformers' ``batched_mm`` may gather in one forward (``k`` per token):
+``hf`` feeds a longer prompt in chunks of at most this many bytes of copies
+(``generate(prefill_chunk_size=)``; whole, a 512-token DeepSeek-V2-Lite prompt ran out of
+memory on one H100 80GB), and the batched runner sends larger forwards through
+``grouped_mm`` (``hf_batch``)."""
 
 HF_CONFIGS = {
     "hf": {"cache_implementation": "static", "experts_implementation": DECODE_BATCHED_MM},
@@ -72,31 +73,36 @@ def choose_decode_experts(model: torch.nn.Module) -> str:
     DeepSeek-V2-Lite the split (``batched_mm``, the prompt through ``grouped_mm``) decoded at
     20.4 ms/token against 9.1 ms on one H200 (31.7 ms on another), so only large experts,
     whose gathered prompt copies do not fit (Phi-3.5-MoE), leave it."""
+    expert = _one_expert(model)
+    if expert is None:
+        return "batched_mm_prompt_too"
+    return "batched_mm_prompt_too" if expert[0] <= BATCHED_MM_MAX_EXPERT_PARAMS else "grouped_mm"
+
+
+def _one_expert(model: torch.nn.Module) -> tuple[int, int] | None:
+    """``(weights, bytes)`` of one routed expert of ``model``'s first stacked experts module
+    (transformers' ``gate_up_proj`` and ``down_proj``), or None without one."""
     for module in model.modules():
         gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
         if isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor):
-            per_expert = (gate_up.numel() + down.numel()) // gate_up.shape[0]
-            small = per_expert <= BATCHED_MM_MAX_EXPERT_PARAMS
-            return "batched_mm_prompt_too" if small else "grouped_mm"
-    return "batched_mm_prompt_too"
+            weights = (gate_up.numel() + down.numel()) // gate_up.shape[0]
+            return weights, weights * gate_up.element_size()
+    return None
 
 
 def batched_mm_prefill_chunk(model: torch.nn.Module) -> int | None:
     """Prompt tokens per forward whose ``batched_mm`` expert copies stay within
-    :data:`BATCHED_MM_PREFILL_BYTES` (``k`` routed experts a token), at least 1; None for a
-    model without transformers' stacked experts."""
+    :data:`BATCHED_MM_MAX_GATHER_BYTES` (``k`` routed experts a token), at least 1; None for
+    a model without transformers' stacked experts."""
+    expert = _one_expert(model)
+    if expert is None:
+        return None
     top_k = int(
         getattr(model.config, "num_experts_per_tok", 0)
         or getattr(model.config, "moe_top_k", 0)
         or 1
     )
-    for module in model.modules():
-        gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
-        if isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor):
-            per_expert = (gate_up.numel() + down.numel()) // gate_up.shape[0]
-            copy_bytes = top_k * per_expert * gate_up.element_size()
-            return max(1, BATCHED_MM_PREFILL_BYTES // copy_bytes)
-    return None
+    return max(1, BATCHED_MM_MAX_GATHER_BYTES // (top_k * expert[1]))
 
 
 def batched_mm_decode_experts_forward(

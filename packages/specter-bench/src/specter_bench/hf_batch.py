@@ -20,18 +20,16 @@ from collections.abc import Sequence
 import torch
 
 from specter_bench.batch_run import BatchRun, SequenceClock
-from specter_bench.hf_baseline import HFRunner, _allow_one_compile_per_layer
+from specter_bench.hf_baseline import (
+    BATCHED_MM_MAX_GATHER_BYTES,
+    HFRunner,
+    _allow_one_compile_per_layer,
+)
 
 __all__ = ["BATCHED_MM_CAPPED", "BATCHED_MM_MAX_GATHER_BYTES", "HFBatchRunner", "left_padded"]
 
 BATCHED_MM_CAPPED = "specter_batched_mm_capped"
 """The experts implementation the batched runner registers in place of ``batched_mm``."""
-
-BATCHED_MM_MAX_GATHER_BYTES = 4e9
-"""The most bytes of gathered expert copies a ``batched_mm`` forward may take in the batched
-runner; larger forwards go through ``grouped_mm``. 4 GB keeps DeepSeek-V2-Lite's decode steps
-up to B = 32 (192 copies of 17.3 MB: 3.3 GB) and single 16-token prompts on ``batched_mm``,
-and sends prompts of several sequences to ``grouped_mm``."""
 
 
 def capped_batched_mm_forward(

@@ -97,7 +97,7 @@ def model_label(record: dict[str, Any]) -> str:
 def base_model(label: str) -> str:
     """The model of a :func:`model_label`, without its routing: ``"deepseek-v2-lite"`` for
     ``"deepseek-v2-lite (replay:dsv2.pt)"``."""
-    return label.split(" (", 1)[0]
+    return label.split(" (replay:", 1)[0]
 
 
 def run_label(record: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from specter_bench.serve.engine import GenerationChunk
-from specter_spec import SamplingConfig
+from specter_spec import BatchFullError, SamplingConfig
 
 EOS = 1
 
@@ -100,10 +100,6 @@ class FakeGeneration:
                 "bytes_moved": 1000,
             }
             self.finished.set()
-
-
-class BatchFullError(Exception):
-    """``max_batch`` sequences are active (named as the engine's)."""
 
 
 class FakeBatchChunk:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specter_bench.serve.scheduler import Job, Scheduler
+from specter_spec import BatchFullError
 
 __all__ = ["BatchedGeneration", "serve_batched"]
 
@@ -123,10 +124,10 @@ class _BatchLoop:
                 sampling=job.sampling,
                 stop_token_ids=list(job.stop_token_ids),
             )
+        except BatchFullError:  # a cancelled sequence still leaving: try again next step
+            self.pending.appendleft(job)
+            return
         except Exception as exc:
-            if type(exc).__name__ == "BatchFullError":  # a cancelled sequence still leaving
-                self.pending.appendleft(job)
-                return
             log.exception("the engine refused a request")
             self.scheduler.released()
             job.post("error", exc)
